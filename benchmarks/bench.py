@@ -1,0 +1,94 @@
+"""crackseg benchmarks: prints a Markdown table and writes JSON with the configuration and versions.
+
+    python benchmarks/bench.py synth [--size 256] [--quick]
+
+Each figure is the median over several timed windows after a warm-up window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+import crackseg
+from crackseg.synth import parse_size, write_dataset
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _median_rate(run_window, items_per_window: int, windows: int) -> tuple[float, list[float]]:
+    """Images per second: one warm-up window, then the median of ``windows`` timed ones."""
+    run_window(0)
+    rates = []
+    for index in range(1, windows + 1):
+        start = time.perf_counter()
+        run_window(index)
+        rates.append(items_per_window / (time.perf_counter() - start))
+    return statistics.median(rates), rates
+
+
+def bench_synth(args: argparse.Namespace) -> list[dict]:
+    """Synthetic data generation, files included (JPEG + PNG), in one process on one core."""
+    torch.set_num_threads(1)
+    per_window = 4 if args.quick else 16
+    windows = 2 if args.quick else 5
+    with tempfile.TemporaryDirectory() as tmp:
+
+        def window(index: int) -> None:
+            write_dataset(Path(tmp) / str(index), per_window, args.size, seed=index)
+
+        rate, rates = _median_rate(window, per_window, windows)
+    height, width = args.size
+    return [{"mode": "synth", "size": f"{height}x{width}", "processes": 1, "images_per_s": round(rate, 1),
+             "window_rates": [round(r, 1) for r in rates], "images_per_window": per_window}]
+
+
+def _environment() -> dict:
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "crackseg": crackseg.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def _markdown(rows: list[dict]) -> str:
+    columns = [key for key in rows[0] if not isinstance(rows[0][key], list)]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["synth"])
+    parser.add_argument("--size", type=parse_size, default=(256, 256), help="image size in px: N or HxW")
+    parser.add_argument("--quick", action="store_true", help="few, short windows: a smoke test, not a figure")
+    parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/MODE.json)")
+    args = parser.parse_args()
+
+    rows = {"synth": bench_synth}[args.mode](args)
+    report = {"environment": _environment(), "rows": rows}
+    out = args.out or RESULTS / f"{args.mode}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(_markdown(rows))
+    print(f"\n{json.dumps(report['environment'])}\nwritten to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from crackseg.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Run a crackseg command as one process per GPU (or per CPU slot) through torchrun.
+#
+#   CUDA_VISIBLE_DEVICES=0,1 ./launch.sh train --data data/demo --run checkpoints/demo
+#   ./launch.sh --nproc 2 train ...                  # CPU: two gloo processes
+#   ./launch.sh --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29400 train ...   # on each box
+#
+# Launcher options come before the command; everything after it goes to crackseg.
+#   --nproc N            processes on this machine (default: GPUs in CUDA_VISIBLE_DEVICES,
+#                        else GPUs that nvidia-smi lists, else 1)
+#   --nnodes N           machines taking part (default 1: single box, --standalone)
+#   --node-rank R        this machine's rank, 0..N-1 (several boxes only)
+#   --rdzv-endpoint H:P  rendezvous host and port, the same on every box (several boxes only)
+#   --rdzv-id ID         job id shared by the boxes (default crackseg)
+#   --max-restarts N     restarts of all workers after a failure; training resumes from
+#                        its last checkpoint (default 3)
+# PYTHON selects the interpreter (default: .venv/bin/python beside this script, else python3).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+python=${PYTHON:-}
+if [[ -z $python ]]; then
+  if [[ -x $here/.venv/bin/python ]]; then python=$here/.venv/bin/python; else python=python3; fi
+fi
+
+nproc="" nnodes=1 node_rank=0 endpoint="" rdzv_id=crackseg max_restarts=3
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+need() { [[ $# -ge 2 && -n $2 ]] || { echo "launch.sh: error: $1 needs a value" >&2; exit 2; }; }
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --nproc) need "$@"; nproc=$2; shift 2 ;;
+    --nnodes) need "$@"; nnodes=$2; shift 2 ;;
+    --node-rank) need "$@"; node_rank=$2; shift 2 ;;
+    --rdzv-endpoint) need "$@"; endpoint=$2; shift 2 ;;
+    --rdzv-id) need "$@"; rdzv_id=$2; shift 2 ;;
+    --max-restarts) need "$@"; max_restarts=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    --*) echo "launch.sh: error: unknown launcher option $1 (launcher options go before the command)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+[[ $# -gt 0 ]] || { usage; exit 2; }
+
+if [[ -z $nproc ]]; then
+  if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+    IFS=, read -ra gpus <<<"$CUDA_VISIBLE_DEVICES"; nproc=${#gpus[@]}
+  elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    nproc=$(nvidia-smi -L | grep -c '^GPU')
+  else
+    nproc=1
+  fi
+fi
+
+if [[ $nnodes -gt 1 ]]; then
+  [[ -n $endpoint ]] || { echo "launch.sh: error: --nnodes $nnodes needs --rdzv-endpoint HOST:PORT" >&2; exit 2; }
+  rendezvous=(--nnodes "$nnodes" --node-rank "$node_rank" --rdzv-backend c10d --rdzv-endpoint "$endpoint" --rdzv-id "$rdzv_id")
+else
+  rendezvous=(--standalone)
+fi
+
+exec "$python" -m torch.distributed.run "${rendezvous[@]}" --nproc-per-node "$nproc" \
+  --max-restarts "$max_restarts" -m crackseg "$@"
