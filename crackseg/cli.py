@@ -45,6 +45,28 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_data_options(parser: argparse.ArgumentParser, root_required: bool) -> None:
+    group = parser.add_argument_group("dataset")
+    if root_required:
+        group.add_argument("root", type=Path, nargs="?", help="dataset folder holding images/ and masks/ (see data/README.md)")
+    group.add_argument("--images", type=Path, help="image folder (default ROOT/images)")
+    group.add_argument("--masks", type=Path, help="mask folder (default ROOT/masks)")
+    group.add_argument(
+        "--mask-pattern", default="{stem}", help="mask file name without suffix, e.g. '{stem}_mask' for 001.jpg <-> 001_mask.png"
+    )
+    group.add_argument("--val-fraction", type=float, default=0.1, help="share of training stems held out for validation when there is no val.txt")
+    group.add_argument("--seed", type=int, default=0, help="seed of the train/val draw")
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from crackseg.data import inspection_report, make_split, open_dataset
+
+    found = open_dataset(args.root, args.images, args.masks, args.mask_pattern)
+    split = make_split([sample.stem for sample in found.samples], args.val_fraction, args.seed, found.listed)
+    print(inspection_report(found, split, args.val_fraction))
+    return 1 if found.problems else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="crackseg",
@@ -73,6 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--workers", type=_positive_int, default=1, help="processes generating images in parallel")
     synth.add_argument("--overwrite", action="store_true", help="replace files already in OUT")
     synth.set_defaults(handler=_cmd_synth)
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="check a dataset and summarize it",
+        description=(
+            "Pair images and masks by file stem, decode every file completely, and report: counts per\n"
+            "split, image sizes, crack-pixel fraction, the crack pixel weight training would use, and\n"
+            "every problem (unmatched files, size mismatches, unreadable or truncated files).\n"
+            "Exit status 0 when clean, 1 when problems were found."
+        ),
+        formatter_class=_HelpFormatter,
+    )
+    _add_data_options(inspect, root_required=True)
+    inspect.set_defaults(handler=_cmd_inspect)
     return parser
 
 

@@ -1,0 +1,421 @@
+"""Crack datasets on disk: pairing by file stem, validation, splits, crack pixel weight, loading.
+
+A dataset is a folder of photos and a folder of masks whose files share stems
+(``images/001.jpg`` <-> ``masks/001.png``). Pairs are made by stem, never by position
+in a listing. :func:`scan` decodes every file once before training (in parallel threads;
+JPEGs at 1/8 scale, which still decodes their whole stream, so truncation is caught)
+and reads the crack pixel counts that :func:`crack_pixel_weight` needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torchvision import tv_tensors
+
+from crackseg.errors import InputError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff")
+SPLITS = ("train", "val", "test")
+CRACK_THRESHOLD = 127  # mask values above this are crack
+
+
+@dataclass(frozen=True)
+class Sample:
+    stem: str
+    image: Path
+    mask: Path
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: Path
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class MaskInfo:
+    height: int
+    width: int
+    crack_pixels: int
+    binary: bool  # only 0 and 255 (or 0 and 1) before thresholding
+
+
+@dataclass
+class Scan:
+    """What :func:`scan` found: usable samples, the problems, and per-stem mask facts."""
+
+    samples: list[Sample]
+    problems: list[Problem]
+    masks: dict[str, MaskInfo] = field(default_factory=dict)
+    listed: dict[str, list[str]] = field(default_factory=dict)  # split files, usable stems only
+
+    @property
+    def non_binary_masks(self) -> int:
+        return sum(not info.binary for info in self.masks.values())
+
+    @property
+    def empty_masks(self) -> int:
+        return sum(info.crack_pixels == 0 for info in self.masks.values())
+
+
+def resolve_folders(root: Path | None, images: Path | None, masks: Path | None) -> tuple[Path, Path]:
+    """The image and mask folders: ``ROOT/images`` and ``ROOT/masks`` unless given explicitly."""
+    if root is None and (images is None or masks is None):
+        raise InputError("give a dataset ROOT, or both --images DIR and --masks DIR")
+    if root is not None and not Path(root).is_dir():
+        raise InputError(f"{root} is not a folder (dataset root)")
+    return Path(images or Path(root) / "images"), Path(masks or Path(root) / "masks")
+
+
+def find_samples(images: Path, masks: Path, mask_pattern: str = "{stem}") -> tuple[list[Sample], list[Problem]]:
+    """Pair every image with the mask named ``mask_pattern.format(stem=...)`` plus any image suffix.
+
+    Returns the pairs sorted by stem, and one problem per unmatched or ambiguous file.
+    """
+    for folder, flag in ((images, "--images"), (masks, "--masks")):
+        if not Path(folder).is_dir():
+            raise InputError(f"{folder} is not a folder ({flag})")
+    if "{stem}" not in mask_pattern:
+        raise InputError(f"--mask-pattern must contain {{stem}}, got {mask_pattern!r}")
+    prefix, suffix = mask_pattern.split("{stem}", 1)
+    mask_name = re.compile(re.escape(prefix) + "(?P<stem>.+)" + re.escape(suffix) + "$")
+
+    problems: list[Problem] = []
+    image_files = _by_stem(Path(images), lambda stem: stem, problems)
+    mask_files = _by_stem(Path(masks), lambda stem: (m := mask_name.match(stem)) and m["stem"], problems)
+    for stem in sorted(image_files.keys() - mask_files.keys()):
+        problems.append(Problem(image_files[stem], f"no mask for this image in {masks}"))
+    for stem in sorted(mask_files.keys() - image_files.keys()):
+        problems.append(Problem(mask_files[stem], f"no image for this mask in {images}"))
+    samples = [Sample(stem, image_files[stem], mask_files[stem]) for stem in sorted(image_files.keys() & mask_files.keys())]
+    return samples, problems
+
+
+def _by_stem(folder: Path, stem_of, problems: list[Problem]) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for path in sorted(folder.iterdir()):
+        if path.suffix.lower() not in IMAGE_SUFFIXES or not path.is_file():
+            continue
+        stem = stem_of(path.stem)
+        if not stem:
+            continue
+        if stem in found:
+            problems.append(Problem(path, f"same stem as {found[stem].name}: cannot tell which to use"))
+            continue
+        found[stem] = path
+    return found
+
+
+def scan(samples: list[Sample], workers: int | None = None) -> Scan:
+    """Decode every image and mask completely and check that their sizes agree."""
+    workers = workers or min(16, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(_check_sample, samples))
+    result = Scan([], [])
+    for sample, (problems, info) in zip(samples, results):
+        if problems:
+            result.problems.extend(problems)
+        else:
+            result.samples.append(sample)
+            result.masks[sample.stem] = info
+    return result
+
+
+def usable_samples(found: Scan, policy: str) -> list[Sample]:
+    """Apply ``--on-bad-sample``: ``error`` raises, listing every problem; ``skip`` keeps the rest.
+
+    No sample is ever replaced by another; under ``skip`` the caller records ``found.problems``.
+    """
+    if policy not in ("error", "skip"):
+        raise InputError(f"--on-bad-sample must be error or skip, got {policy!r}")
+    if found.problems and policy == "error":
+        listing = "\n".join(f"  {problem}" for problem in found.problems)
+        raise InputError(
+            f"{len(found.problems)} problems in the dataset (fix them, or pass --on-bad-sample skip):\n{listing}"
+        )
+    return found.samples
+
+
+def _check_sample(sample: Sample) -> tuple[list[Problem], MaskInfo | None]:
+    problems = []
+    try:
+        with Image.open(sample.image) as image:
+            image_size = image.size
+            if image.format == "JPEG":
+                image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
+            image.load()
+    except (OSError, UnidentifiedImageError, ValueError) as error:
+        problems.append(Problem(sample.image, _describe(error)))
+        image_size = None
+    try:
+        mask = _mask_array(sample.mask)
+    except (OSError, UnidentifiedImageError, ValueError) as error:
+        problems.append(Problem(sample.mask, _describe(error)))
+        return problems, None
+    if image_size is not None and image_size != (mask.shape[1], mask.shape[0]):
+        problems.append(
+            Problem(sample.mask, f"mask is {mask.shape[1]}x{mask.shape[0]} px but its image is {image_size[0]}x{image_size[1]}")
+        )
+    if problems:
+        return problems, None
+    values = np.bincount(mask.ravel(), minlength=256)
+    present = np.flatnonzero(values)
+    if present.max() <= 1 and present.size == 2:
+        return [Problem(sample.mask, "mask holds only 0 and 1; crackseg expects 0 = background, 255 = crack")], None
+    binary = set(present.tolist()) <= {0, 255}
+    return [], MaskInfo(mask.shape[0], mask.shape[1], int(values[CRACK_THRESHOLD + 1 :].sum()), binary)
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, UnidentifiedImageError):
+        return "not a readable image (empty, or another kind of file)"
+    if isinstance(error, FileNotFoundError):
+        return "file not found"
+    return f"cannot decode: {error}"
+
+
+def _mask_array(path: Path) -> np.ndarray:
+    """(H, W) uint8 grey levels of a mask file; 16-bit masks are scaled to 8 bits."""
+    with Image.open(path) as mask:
+        if mask.mode.startswith("I"):
+            return (np.asarray(mask, dtype=np.float64) / 257.0).round().clip(0, 255).astype(np.uint8)
+        return np.asarray(mask.convert("L"))
+
+
+def load_image(path: Path) -> torch.Tensor:
+    """(3, H, W) uint8 RGB; grey, palette, RGBA, CMYK and 16-bit files are converted."""
+    with Image.open(path) as image:
+        if image.mode.startswith("I"):
+            grey = (np.asarray(image, dtype=np.float64) / 257.0).round().clip(0, 255).astype(np.uint8)
+            array = np.repeat(grey[..., None], 3, axis=2)
+        else:
+            array = np.asarray(image.convert("RGB"))
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)
+
+
+def load_mask(path: Path) -> torch.Tensor:
+    """(1, H, W) uint8, 1 = crack (grey level above 127), 0 = background."""
+    return torch.from_numpy((_mask_array(path) > CRACK_THRESHOLD).astype(np.uint8))[None]
+
+
+def open_dataset(
+    root: Path | None,
+    images: Path | None = None,
+    masks: Path | None = None,
+    mask_pattern: str = "{stem}",
+    workers: int | None = None,
+) -> Scan:
+    """Pair, decode and check a whole dataset, and read its split files (``ROOT/{train,val,test}.txt``)."""
+    image_dir, mask_dir = resolve_folders(root, images, masks)
+    samples, problems = find_samples(image_dir, mask_dir, mask_pattern)
+    found = scan(samples, workers)
+    found.problems[:0] = problems
+    paired = {sample.stem for sample in samples}
+    usable = {sample.stem for sample in found.samples}
+    for name in SPLITS:
+        path = Path(root or ".") / f"{name}.txt"
+        if root is None or not path.is_file():
+            continue
+        stems = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        found.problems += [Problem(path, f"lists {stem!r}, which has no image/mask pair") for stem in stems if stem not in paired]
+        found.listed[name] = [stem for stem in stems if stem in usable]
+    return found
+
+
+def make_split(
+    stems: list[str], val_fraction: float, seed: int, listed: dict[str, list[str]] | None = None
+) -> dict[str, list[str]]:
+    """Train / val / test stems: from split files where given (usable stems only), else a seeded draw by stem.
+
+    A stem's place in the draw depends only on (seed, stem), so neither listing order nor
+    new files reshuffle it. Without ``val.txt``, validation is carved from the training
+    stems (``train.txt`` or all stems not in ``test.txt``).
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise InputError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    listed = listed or {}
+    available = set(stems)
+    test = sorted(listed.get("test", []))
+    if "val" in listed:
+        val = sorted(listed["val"])
+        train = sorted(listed.get("train", available - set(val) - set(test)))
+    else:
+        pool = sorted(listed.get("train", available - set(test)))
+        count = round(len(pool) * val_fraction)
+        if val_fraction > 0 and len(pool) >= 2:
+            count = min(max(count, 1), len(pool) - 1)
+        ranked = sorted(pool, key=lambda stem: hashlib.sha256(f"{seed}:{stem}".encode()).hexdigest())
+        val = sorted(ranked[:count])
+        train = sorted(set(pool) - set(val))
+    overlap = (set(train) & set(val)) | (set(train) & set(test)) | (set(val) & set(test))
+    if overlap:
+        raise InputError(f"split files list {len(overlap)} stems in more than one split: {', '.join(sorted(overlap)[:5])}")
+    return {"train": train, "val": val, "test": test}
+
+
+def save_split(path: Path, split: dict[str, list[str]]) -> None:
+    path.write_text(json.dumps(split, indent=1) + "\n")
+
+
+def load_split(path: Path) -> dict[str, list[str]]:
+    try:
+        split = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise InputError(f"{path}: cannot read the saved split ({error})") from None
+    return {name: list(split.get(name, [])) for name in SPLITS}
+
+
+def crack_pixel_weight(masks: list[MaskInfo], scale: float = 1.0) -> float:
+    """``pos_weight`` for BCE: background pixels / crack pixels over ``masks``, times ``scale``."""
+    crack = sum(info.crack_pixels for info in masks)
+    total = sum(info.height * info.width for info in masks)
+    if crack == 0:
+        raise InputError("the training masks hold no crack pixels: nothing to learn (check the mask files)")
+    return scale * (total - crack) / crack
+
+
+class CrackDataset(torch.utils.data.Dataset):
+    """(image, mask) pairs as ``tv_tensors``: image (3, H, W) uint8, mask (1, H, W) uint8 in {0, 1}.
+
+    Indexed by ``(epoch, index)`` (see :class:`EpochSampler`) with a ``seed``, each sample's
+    augmentation is a pure function of (seed, epoch, index): a resumed run draws exactly
+    what an uninterrupted one would, whatever the number of loader workers.
+    ``cache=True`` decodes everything once up front; loader workers forked afterwards
+    share those tensors instead of decoding again every epoch.
+    """
+
+    def __init__(
+        self,
+        samples: list[Sample],
+        transform=None,
+        seed: int | None = None,
+        cache: bool = False,
+        workers: int | None = None,
+    ):
+        self.samples = list(samples)
+        self.transform = transform
+        self.seed = seed
+        self._cache = None
+        if cache:
+            with ThreadPoolExecutor(workers or min(16, os.cpu_count() or 1)) as pool:
+                self._cache = list(pool.map(self._decode, range(len(self.samples))))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def _decode(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        sample = self.samples[index]
+        try:
+            return load_image(sample.image), load_mask(sample.mask)
+        except (OSError, UnidentifiedImageError, ValueError) as error:
+            raise InputError(f"{sample.image}: {_describe(error)} (changed since the dataset was checked?)") from None
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
+        epoch, index = key if isinstance(key, tuple) else (0, key)
+        image, mask = self._cache[index] if self._cache is not None else self._decode(index)
+        image, mask = tv_tensors.Image(image), tv_tensors.Mask(mask)
+        if self.transform is None:
+            return image, mask
+        if self.seed is None:
+            return self.transform(image, mask)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(((self.seed * 1_000_003 + epoch) * 1_000_003 + index) % 2**63)
+            return self.transform(image, mask)
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """Wraps a sampler so each index travels with its epoch: yields ``(epoch, index)``."""
+
+    def __init__(self, sampler: torch.utils.data.Sampler):
+        self.sampler = sampler
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return ((self.epoch, index) for index in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+def make_loader(
+    dataset: torch.utils.data.Dataset,
+    batch_size: int,
+    sampler: torch.utils.data.Sampler,
+    workers: int = 0,
+    pin_memory: bool = False,
+    drop_last: bool = False,
+    collate_fn=None,
+) -> torch.utils.data.DataLoader:
+    """A loader with persistent workers and pinned memory where they help."""
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers > 0 else None,
+        drop_last=drop_last,
+        collate_fn=collate_fn,
+    )
+
+
+def pad_collate(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stack images of different sizes: zero-pad to the largest, and say which pixels are real.
+
+    Returns images (N, 3, H, W) uint8, masks (N, 1, H, W) uint8 and valid (N, 1, H, W) bool.
+    """
+    height = max(image.shape[-2] for image, _ in batch)
+    width = max(image.shape[-1] for image, _ in batch)
+    images = torch.zeros((len(batch), 3, height, width), dtype=torch.uint8)
+    masks = torch.zeros((len(batch), 1, height, width), dtype=torch.uint8)
+    valid = torch.zeros((len(batch), 1, height, width), dtype=torch.bool)
+    for index, (image, mask) in enumerate(batch):
+        h, w = image.shape[-2:]
+        images[index, :, :h, :w] = image
+        masks[index, :, :h, :w] = mask
+        valid[index, :, :h, :w] = True
+    return images, masks, valid
+
+
+def inspection_report(found: Scan, split: dict[str, list[str]], val_fraction: float) -> str:
+    """The text ``crackseg inspect`` prints: counts, sizes, crack fraction, crack weight, problems."""
+    infos = found.masks
+    sizes = Counter(f"{info.width}x{info.height}" for info in infos.values())
+    crack = sum(info.crack_pixels for info in infos.values())
+    total = sum(info.height * info.width for info in infos.values())
+    train = [infos[stem] for stem in split["train"]]
+    source = ", ".join(f"{name}.txt" for name in found.listed) if found.listed else f"seeded, val fraction {val_fraction}"
+    lines = [
+        f"pairs: {len(found.samples)} usable: " + ", ".join(f"{name} {len(stems)}" for name, stems in split.items()) + f" (split: {source})",
+        "sizes: " + ", ".join(f"{size} px: {count}" for size, count in sizes.most_common(8)) + (" ..." if len(sizes) > 8 else ""),
+        f"crack pixels: {100 * crack / max(total, 1):.2f}% of all pixels; {found.empty_masks} masks without cracks",
+    ]
+    if found.non_binary_masks:
+        lines.append(f"warning: {found.non_binary_masks} masks are not pure 0/255 (lossy JPEG?); values above {CRACK_THRESHOLD} count as crack")
+    if any(info.crack_pixels for info in train):
+        lines.append(f"crack pixel weight (pos_weight for training): {crack_pixel_weight(train):.2f}")
+    else:
+        lines.append("crack pixel weight: none, the training masks hold no crack pixels")
+    lines += [f"problem: {problem}" for problem in found.problems]
+    lines.append(f"{len(found.problems)} problems found")
+    return "\n".join(lines)
