@@ -1,6 +1,7 @@
 """crackseg benchmarks: prints a Markdown table and writes JSON with the configuration and versions.
 
     python benchmarks/bench.py synth [--size 256] [--quick]
+    python benchmarks/bench.py data [--size 448] [--crop-size 448] [--count 64] [--workers 0 1 2] [--quick]
 
 Each figure is the median over several timed windows after a warm-up window.
 """
@@ -21,7 +22,9 @@ from pathlib import Path
 import torch
 
 import crackseg
+from crackseg.data import CrackDataset, EpochSampler, make_loader, open_dataset
 from crackseg.synth import parse_size, write_dataset
+from crackseg.transforms import train_transform
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -53,6 +56,40 @@ def bench_synth(args: argparse.Namespace) -> list[dict]:
              "window_rates": [round(r, 1) for r in rates], "images_per_window": per_window}]
 
 
+def bench_data(args: argparse.Namespace) -> list[dict]:
+    """Dataset scan speed, and loader images/s by workers, with and without augmentation and cache."""
+    count = 16 if args.quick else args.count
+    epochs = 1 if args.quick else 3
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "data"
+        write_dataset(root, count, args.size, seed=0, workers=os.cpu_count() or 1)
+        start = time.perf_counter()
+        found = open_dataset(root)
+        scan_rate = count / (time.perf_counter() - start)
+        height, width = args.size
+        rows.append({"mode": "data", "what": f"scan (decode + check), {os.cpu_count()} threads", "size": f"{height}x{width}",
+                     "workers": "-", "images_per_s": round(scan_rate, 1), "per_worker": "-"})
+        for augment in (False, True):
+            for cache in (False, True):
+                transform = train_transform(args.crop_size) if augment else None
+                dataset = CrackDataset(found.samples, transform, seed=0, cache=cache)
+                for workers in args.workers:
+                    sampler = EpochSampler(torch.utils.data.RandomSampler(dataset))
+                    loader = make_loader(dataset, 8, sampler, workers=workers)
+
+                    def window(index: int) -> None:
+                        sampler.set_epoch(index)
+                        for _ in loader:
+                            pass
+
+                    rate, _ = _median_rate(window, len(dataset), epochs)
+                    rows.append({"mode": "data", "what": ("augment" if augment else "decode only") + (" + cache" if cache else ""),
+                                 "size": f"{height}x{width}", "workers": workers, "images_per_s": round(rate, 1),
+                                 "per_worker": round(rate / max(workers, 1), 1)})
+    return rows
+
+
 def _environment() -> dict:
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -75,13 +112,16 @@ def _markdown(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["synth"])
+    parser.add_argument("mode", choices=["synth", "data"])
     parser.add_argument("--size", type=parse_size, default=(256, 256), help="image size in px: N or HxW")
+    parser.add_argument("--crop-size", type=int, default=448, help="training crop in px (data)")
+    parser.add_argument("--count", type=int, default=64, help="images in the generated dataset (data)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="loader worker counts to try (data)")
     parser.add_argument("--quick", action="store_true", help="few, short windows: a smoke test, not a figure")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/MODE.json)")
     args = parser.parse_args()
 
-    rows = {"synth": bench_synth}[args.mode](args)
+    rows = {"synth": bench_synth, "data": bench_data}[args.mode](args)
     report = {"environment": _environment(), "rows": rows}
     out = args.out or RESULTS / f"{args.mode}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
