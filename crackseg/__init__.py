@@ -1,3 +1,20 @@
-"""crackseg: find cracks in photos of concrete, pavement, masonry and walls."""
+"""crackseg: find cracks in photos of concrete, pavement, masonry and walls.
+
+``build_model`` and ``load_model`` are imported on first use, so the command line
+starts without loading PyTorch for commands that do not need it.
+"""
 
 __version__ = "0.1.0"
+__all__ = ["build_model", "load_model"]
+
+
+def __getattr__(name: str):
+    if name == "build_model":
+        from crackseg.models import build_model
+
+        return build_model
+    if name == "load_model":
+        from crackseg.checkpoint import load_model
+
+        return load_model
+    raise AttributeError(f"module 'crackseg' has no attribute {name!r}")

@@ -67,6 +67,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 1 if found.problems else 0
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from crackseg.checkpoint import convert_classic
+
+    model = convert_classic(args.classic, args.arch, args.out, threshold=args.threshold, overwrite=args.overwrite)
+    print(f"wrote {args.out}: {model.arch} ({model.encoder} encoder), threshold {model.threshold}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="crackseg",
@@ -109,6 +117,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_data_options(inspect, root_required=True)
     inspect.set_defaults(handler=_cmd_inspect)
+
+    convert = commands.add_parser(
+        "convert",
+        help="turn a classic crack-segmentation checkpoint into a crackseg model file",
+        description=(
+            "Read a checkpoint of the classic crack-segmentation project\n"
+            "({'model': state_dict, 'epoch': ..., 'valid_loss': ...}), check every tensor against\n"
+            "--arch, and write a self-describing crackseg model file that predict, evaluate and\n"
+            "fine-tuning take like any other."
+        ),
+        formatter_class=_HelpFormatter,
+    )
+    convert.add_argument("classic", type=Path, help="classic checkpoint, e.g. model_best.pt or model_epoch_N.pt")
+    convert.add_argument("--arch", required=True, choices=["unet16", "unet_resnet34", "unet_resnet101", "unet_resnet152"], help="architecture it holds")
+    convert.add_argument("--out", type=Path, required=True, help="crackseg model file to write")
+    convert.add_argument("--threshold", type=float, default=0.2, help="decision threshold on crack probability stored in the file (the classic inference default)")
+    convert.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    convert.set_defaults(handler=_cmd_convert)
     return parser
 
 
