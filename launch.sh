@@ -58,5 +58,7 @@ else
   rendezvous=(--standalone)
 fi
 
+# "--" keeps torchrun's parser off crackseg's options: without it torchrun reads --run as an
+# ambiguous abbreviation of its --run-path, and --monitor as its --monitor-interval.
 exec "$python" -m torch.distributed.run "${rendezvous[@]}" --nproc-per-node "$nproc" \
-  --max-restarts "$max_restarts" -m crackseg "$@"
+  --max-restarts "$max_restarts" -m crackseg -- "$@"

@@ -36,6 +36,7 @@ def save_atomic(payload: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes 0600; keep the usual permissions
         with os.fdopen(handle, "wb") as file:
             torch.save(payload, file)
             file.flush()
@@ -49,6 +50,12 @@ def save_atomic(payload: dict, path: Path) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def read_checkpoint(path: Path) -> dict:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from crackseg import __version__
-from crackseg.errors import InputError
+from crackseg.errors import InputError, RunError
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -75,6 +75,70 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from crackseg.train import TrainConfig, fit
+
+    fields = {field.name for field in dataclasses.fields(TrainConfig)}
+    config = TrainConfig(**{key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items() if key in fields})
+    fit(config)
+    return 0
+
+
+def _add_train_options(parser: argparse.ArgumentParser) -> None:
+    data = parser.add_argument_group("data")
+    data.add_argument("--data", type=Path, help="dataset folder holding images/ and masks/ (see data/README.md)")
+    data.add_argument("--images", type=Path, help="image folder (default DATA/images)")
+    data.add_argument("--masks", type=Path, help="mask folder (default DATA/masks)")
+    data.add_argument("--mask-pattern", default="{stem}", help="mask file name without suffix, e.g. '{stem}_mask'")
+    data.add_argument("--val-fraction", type=float, default=0.1, help="share of training stems held out for validation when there is no val.txt")
+    data.add_argument("--on-bad-sample", choices=["error", "skip"], default="error", help="stop on any unreadable or unmatched file, or skip it (listed in RUN/skipped.txt)")
+    data.add_argument("--crop-size", type=_positive_int, default=384, help="training crop side in px (random scaled crops, flips, 90-degree turns)")
+    data.add_argument("--cache", action="store_true", help="decode every image once into RAM (datasets that fit)")
+    data.add_argument("--workers", type=int, default=None, help="loader processes per training process (default: CPU cores / processes - 1, at most 8)")
+
+    model = parser.add_argument_group("model")
+    model.add_argument("--arch", choices=["unet", "unet16", "unet_resnet34", "unet_resnet101", "unet_resnet152"], default="unet", help="unet = segmentation-models-pytorch UNet; the others are the classic architectures")
+    model.add_argument("--encoder", default="resnet34", help="smp encoder name for --arch unet (vgg16, resnet34, resnet101, efficientnet-b0, ...)")
+    model.add_argument("--encoder-weights", default="imagenet", help="imagenet (downloads), none (random), or PATH of a local torchvision-format encoder state dict")
+
+    optim = parser.add_argument_group("optimization")
+    optim.add_argument("--epochs", type=_positive_int, default=50, help="epochs in total (a resumed run may raise it)")
+    optim.add_argument("--batch-size", type=_positive_int, default=8, help="images per process and step; global batch = processes x this x --grad-accum")
+    optim.add_argument("--val-batch-size", type=_positive_int, default=None, help="whole validation images per process and step (default --batch-size)")
+    optim.add_argument("--grad-accum", type=_positive_int, default=1, help="micro-batches accumulated per optimizer step")
+    optim.add_argument("--lr", type=float, default=3e-4, help="learning rate at the base global batch")
+    optim.add_argument("--base-batch", type=_positive_int, default=16, help="global batch that --lr is given for")
+    optim.add_argument("--lr-scaling", choices=["linear", "sqrt", "none"], default="linear", help="how the learning rate follows global batch / base batch")
+    optim.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw", help="AdamW, or SGD with Nesterov momentum 0.9")
+    optim.add_argument("--weight-decay", type=float, default=1e-4, help="decoupled weight decay (not on biases and norms)")
+    optim.add_argument("--scheduler", choices=["cosine", "poly", "step"], default="cosine", help="per-step schedule after warm-up; step = x0.1 at 60%% and 85%%")
+    optim.add_argument("--warmup-epochs", type=float, default=1.0, help="linear warm-up length in epochs")
+    optim.add_argument("--clip-grad", type=float, default=None, help="clip the gradient norm to this (off by default)")
+    optim.add_argument("--loss", choices=["bce", "bce+dice"], default="bce", help="pixel-weighted BCE, optionally plus soft Dice")
+    optim.add_argument("--pos-weight", default="auto", help="crack pixel weight: auto (background / crack pixels in the training masks), none, or a number")
+    optim.add_argument("--pos-weight-scale", type=float, default=1.0, help="factor applied to the auto crack pixel weight")
+    optim.add_argument("--seed", type=int, default=0, help="seed of the split, initialization, order and augmentation")
+
+    speed = parser.add_argument_group("speed and memory")
+    speed.add_argument("--device", default="auto", help="auto (CUDA when present, one GPU per process by LOCAL_RANK), cuda or cpu")
+    speed.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default="auto", help="mixed precision; auto = bf16 on GPUs that support it, else off")
+    speed.add_argument("--channels-last", action="store_true", help="NHWC memory layout (faster convolutions on tensor cores)")
+    speed.add_argument("--compile", action="store_true", help="torch.compile the model (slow first steps)")
+    speed.add_argument("--sync-bn", action="store_true", help="synchronize BatchNorm statistics across GPUs (small per-GPU batches)")
+    speed.add_argument("--activation-checkpointing", action="store_true", help="recompute activations in the backward pass to save memory (--arch unet)")
+    speed.add_argument("--strategy", choices=["ddp", "dp"], default="ddp", help="ddp: one process per GPU (launch.sh / torchrun); dp: nn.DataParallel in one process, kept for comparison")
+
+    runs = parser.add_argument_group("run folder")
+    runs.add_argument("--run", type=Path, required=True, help="run folder: config.json, split.json, checkpoints, TensorBoard events, train.log")
+    runs.add_argument("--resume", default="auto", help="auto: continue from RUN/last.pt when present; none: start fresh (refused if RUN has checkpoints); or a checkpoint PATH")
+    runs.add_argument("--val-every", type=_positive_int, default=1, help="validate every N epochs (and after the last)")
+    runs.add_argument("--monitor", choices=["f1", "iou", "loss"], default="f1", help="validation score that picks best.pt (F1 and IoU at the best-F1 threshold)")
+    runs.add_argument("--keep-last", type=int, default=3, help="epoch_NNNN.pt files kept (last.pt and best.pt are always kept)")
+    runs.add_argument("--log-every", type=_positive_int, default=10, help="steps between progress and TensorBoard updates")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="crackseg",
@@ -135,16 +199,37 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--threshold", type=float, default=0.2, help="decision threshold on crack probability stored in the file (the classic inference default)")
     convert.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     convert.set_defaults(handler=_cmd_convert)
+
+    train = commands.add_parser(
+        "train",
+        help="train a crack segmentation UNet (one process, or one per GPU via launch.sh)",
+        description=(
+            "Train on DATA with pixel-weighted BCE, validating every epoch on a held-out split with\n"
+            "exact metrics over all processes. Checkpoints, config and split go to --run; an\n"
+            "interrupted run continues from RUN/last.pt when started again.\n\n"
+            "  crackseg train --data data/demo --run checkpoints/demo --encoder-weights none\n"
+            "  CUDA_VISIBLE_DEVICES=0,1 ./launch.sh train --data data/cfd --run checkpoints/cfd\n"
+            "  ./launch.sh --nproc 2 train --device cpu ...     (two CPU processes, gloo)"
+        ),
+        formatter_class=_HelpFormatter,
+    )
+    _add_train_options(train)
+    train.set_defaults(handler=_cmd_train)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--"]:  # torchrun ... -m crackseg -- train ...: some Pythons pass the "--" on
+        argv = argv[1:]
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
     except InputError as error:
         parser.exit(2, f"crackseg: error: {error}\n")
+    except RunError as error:
+        parser.exit(1, f"crackseg: error: {error}\n")
     except KeyboardInterrupt:
         print("crackseg: interrupted", file=sys.stderr)
         return 130

@@ -6,3 +6,7 @@ class InputError(Exception):
 
     The message names the file or flag and says what to do; no traceback is shown.
     """
+
+
+class RunError(Exception):
+    """A run that cannot go on (e.g. a non-finite loss): one line naming where, exit status 1."""

@@ -7,12 +7,14 @@ model file carries everything needed to use it (see :meth:`CrackSegModel.config`
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import torchvision
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from crackseg.errors import InputError
 
@@ -109,6 +111,19 @@ def model_from_config(config: dict) -> CrackSegModel:
     return model
 
 
+def enable_activation_checkpointing(model: CrackSegModel) -> None:
+    """Recompute encoder stages and decoder blocks in the backward pass instead of storing them.
+
+    Each stage's ``forward`` is replaced on the instance, so parameter names do not change;
+    ``use_reentrant=False`` makes it work under DDP without static-graph tricks.
+    """
+    if model.arch != "unet":
+        raise InputError(f"--activation-checkpointing supports --arch unet only, not {model.arch}")
+    stages = [child for child in model.net.encoder.children() if isinstance(child, nn.Sequential)]
+    for module in [*stages, *model.net.decoder.blocks]:
+        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
+
+
 def encoder_module(model: CrackSegModel) -> nn.Module:
     return model.net.encoder
 
@@ -121,8 +136,9 @@ def load_torch_file(path: Path, what: str):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torn or foreign files raise many types (pickle, zip, struct errors)
-        first_line = (str(error).splitlines() or [""])[0]
-        raise InputError(f"{path}: not a readable {what} file ({type(error).__name__}: {first_line})") from None
+        lines = str(error).splitlines() or [""]
+        reason = next((line.strip() for line in lines if "Unsupported global" in line), lines[0])
+        raise InputError(f"{path}: not a readable {what} file ({type(error).__name__}: {reason})") from None
 
 
 def load_encoder_weights(model: CrackSegModel, path: Path) -> None:

@@ -1,0 +1,93 @@
+"""Process-group plumbing for torchrun: the environment, setup/teardown, sums across processes.
+
+Without torchrun's variables everything runs as one process and the collectives here
+are no-ops. Collectives never assume CUDA: gloo on CPU runs the same code in tests.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Environment:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def setup(device: str = "auto") -> Environment:
+    """Join the process group torchrun describes (RANK, LOCAL_RANK, WORLD_SIZE), if any.
+
+    The device comes from LOCAL_RANK, never RANK, so the second machine uses its own GPUs.
+    """
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    chosen = torch.device(device)
+    if chosen.type == "cuda":
+        chosen = torch.device("cuda", local_rank if chosen.index is None else chosen.index)
+        torch.cuda.set_device(chosen)
+    if world_size > 1 and not dist.is_initialized():
+        backend = dist.get_default_backend_for_device(chosen)
+        dist.init_process_group(backend, device_id=chosen if chosen.type == "cuda" else None)
+    return Environment(rank, local_rank, world_size, chosen)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over all processes, in place; returns it."""
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_min(tensor: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return tensor
+
+
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Give every process rank 0's buffers (BatchNorm running statistics).
+
+    DDP copies buffers from rank 0 at the start of each training forward, so after the
+    last step the other ranks still hold their own statistics; without this, each rank
+    would validate a slightly different model from the one rank 0 saves.
+    """
+    if dist.is_initialized():
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
+
+
+def broadcast_from_main(value):
+    """Rank 0's ``value`` on every process (any picklable object): decisions made once."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,264 @@
+"""Training on CPU with tiny synthetic data: run folder, exact distributed metrics, resume, faults."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from crackseg import distributed
+from crackseg.checkpoint import load_model, read_checkpoint
+from crackseg.data import CrackDataset, load_split, make_loader, open_dataset, pad_collate
+from crackseg.errors import InputError, RunError
+from crackseg.losses import CrackLoss
+from crackseg.models import build_model
+from crackseg.train import TrainConfig, Validation, _StepContext, evaluate, fit, restore_training_state, train_one_epoch
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(encoder="mobilenet_v2", encoder_weights="none", crop_size=64, batch_size=2, workers=0, val_fraction=0.25, log_every=1)
+TINY_FLAGS = ["--encoder", "mobilenet_v2", "--encoder-weights", "none", "--crop-size", "64", "--batch-size", "2",
+              "--workers", "0", "--val-fraction", "0.25", "--log-every", "1", "--device", "cpu"]
+
+
+def _config(run: Path, data: Path, **changes) -> TrainConfig:
+    return TrainConfig(run=str(run), data=str(data), **{**TINY, "epochs": 2, **changes})
+
+
+def _env_without_torchrun() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHON"] = sys.executable
+    return env
+
+
+def _weights(path: Path) -> dict:
+    return read_checkpoint(path)["model"]["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(synth_root, tmp_path_factory) -> Path:
+    """A 2-epoch single-process run, shared read-only by several tests."""
+    run = tmp_path_factory.mktemp("runs") / "done"
+    fit(_config(run, synth_root))
+    return run
+
+
+def test_run_folder_holds_everything(finished_run):
+    names = {p.name for p in finished_run.iterdir()}
+    assert {"config.json", "split.json", "epoch_0001.pt", "epoch_0002.pt", "last.pt", "best.pt", "train.log"} <= names
+    assert any(name.startswith("events.out.tfevents") for name in names)
+    payload = read_checkpoint(finished_run / "last.pt")
+    for key in ("model", "optimizer", "scheduler", "scaler", "epoch", "global_step", "best", "config", "split", "rng", "version"):
+        assert key in payload
+    assert payload["epoch"] == 2 and payload["global_step"] == 2 * 4  # 9 train images, batch 2, drop_last
+    assert payload["split"] == load_split(finished_run / "split.json")
+    assert payload["config"]["resolved"]["pos_weight"] > 1
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in payload["model"]["state_dict"])
+    best = read_checkpoint(finished_run / "best.pt")
+    assert best["best"]["epoch"] == best["epoch"] and best["best"]["score"] == best["metrics"]["f1"]
+    assert best["model"]["config"]["threshold"] == best["metrics"]["threshold"]
+    assert load_model(finished_run / "best.pt").threshold == best["metrics"]["threshold"]
+    log = (finished_run / "train.log").read_text()
+    assert "epoch 2/2" in log and "best f1" in log
+
+
+def test_tensorboard_events_hold_the_expected_tags(finished_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(finished_run), size_guidance={"tensors": 0, "images": 0, "scalars": 0})
+    events.Reload()
+    tags = events.Tags()
+    for tag in ("train/loss", "train/lr", "train/images_per_s", "train/epoch_loss", "val/loss", "val/f1", "val/iou",
+                "val/precision", "val/recall", "val/threshold"):
+        assert tag in tags["scalars"], tag
+    assert len(events.Scalars("train/loss")) == 8 and len(events.Scalars("val/f1")) == 2
+    assert "val/pr_curve" in tags["tensors"]
+    assert events.Tensors("val/pr_curve")[-1].tensor_proto.tensor_shape.dim[1].size == 99  # thresholds
+    assert any(tag.startswith("val/samples") for tag in tags["images"])
+
+
+def test_checkpoint_restores_lr_and_scheduler(finished_run):
+    payload = read_checkpoint(finished_run / "last.pt")
+    model = build_model("mobilenet_v2")
+    optimizer = torch.optim.AdamW([{"params": [p for p in model.parameters() if p.ndim > 1]},
+                                   {"params": [p for p in model.parameters() if p.ndim <= 1]}], lr=1e3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    restore_training_state(payload, optimizer, scheduler, scaler)
+    saved_lr = payload["optimizer"]["param_groups"][0]["lr"]
+    assert optimizer.param_groups[0]["lr"] == saved_lr != 1e3
+    assert scheduler.last_epoch == payload["scheduler"]["last_epoch"] == 8
+    assert scheduler.base_lrs == payload["scheduler"]["base_lrs"]
+
+
+def test_validation_metrics_are_exact_across_process_counts(synth_root, tmp_path):
+    """A 2-process run scores its validation images over 2 shards; 1 process must agree."""
+    run = tmp_path / "two"
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch.sh"), "--nproc", "2", "--max-restarts", "0", "train", "--data", str(synth_root),
+         "--run", str(run), "--epochs", "1", *TINY_FLAGS],
+        capture_output=True, text=True, env=_env_without_torchrun(), timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "2 process(es) on cpu" in result.stdout
+    payload = read_checkpoint(run / "last.pt")
+    assert payload["config"]["resolved"]["world_size"] == 2
+    assert len(payload["split"]["val"]) == 3  # odd: shards of 2 and 1, no padding
+    assert not any(k.startswith("module.") for k in payload["model"]["state_dict"])
+
+    model = load_model(run / "last.pt")
+    found = open_dataset(synth_root)
+    by_stem = {s.stem: s for s in found.samples}
+    val_set = CrackDataset([by_stem[stem] for stem in payload["split"]["val"]])
+    loader = make_loader(val_set, 2, torch.utils.data.SequentialSampler(val_set), collate_fn=pad_collate)
+    env = distributed.Environment(0, 0, 1, torch.device("cpu"))
+    context = _StepContext(env, CrackLoss(payload["config"]["resolved"]["pos_weight"]), None, None, 1, False, None, 1)
+    single = evaluate(model, loader, context).metrics()
+    for name, value in payload["metrics"].items():
+        assert single[name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
+
+
+def test_resume_after_kill_equals_an_uninterrupted_run(synth_root, tmp_path):
+    straight = tmp_path / "straight"
+    fit(_config(straight, synth_root, epochs=4))
+
+    broken = tmp_path / "broken"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "crackseg", "train", "--data", str(synth_root), "--run", str(broken), "--epochs", "4", *TINY_FLAGS],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env_without_torchrun(),
+    )
+    deadline = time.time() + 120
+    while not (broken / "epoch_0002.pt").exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert read_checkpoint(broken / "last.pt")["epoch"] in (2, 3)
+
+    fit(_config(broken, synth_root, epochs=4))
+    resumed, reference = _weights(broken / "last.pt"), _weights(straight / "last.pt")
+    assert read_checkpoint(broken / "last.pt")["epoch"] == 4
+    assert resumed.keys() == reference.keys()
+    for key in reference:
+        assert torch.equal(resumed[key], reference[key]), key
+    assert load_split(broken / "split.json") == load_split(straight / "split.json")
+
+
+def test_truncated_last_checkpoint_falls_back_to_an_intact_epoch(finished_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    last = run / "last.pt"
+    last.write_bytes(last.read_bytes()[:1000])
+    result = fit(_config(run, _data_of(finished_run), epochs=3))
+    warning = capsys.readouterr().err
+    assert "last.pt" in warning and "epoch_000" in warning and "instead" in warning
+    assert result["epochs_run"] >= 1 and read_checkpoint(run / "last.pt")["epoch"] == 3
+
+
+def _data_of(run: Path) -> str:
+    return read_checkpoint(run / "best.pt")["config"]["options"]["data"]
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_checkpoints(synth_root, tmp_path, monkeypatch):
+    run = tmp_path / "nan"
+    fit(_config(run, synth_root, epochs=1))
+    before = {p.name: p.read_bytes() for p in run.glob("*.pt")}
+    calls = {"n": 0}
+    original = CrackLoss.weighted_bce_sum
+
+    def poisoned(self, logits, masks, valid=None):
+        value = original(self, logits, masks, valid)
+        if logits.requires_grad:  # training steps only, not validation
+            calls["n"] += 1
+            if calls["n"] == 3:
+                return value * float("nan")
+        return value
+
+    monkeypatch.setattr(CrackLoss, "weighted_bce_sum", poisoned)
+    with pytest.raises(RunError, match=r"non-finite loss at epoch 2, step 3 \(global step 7\)"):
+        fit(_config(run, synth_root, epochs=2))
+    after = {p.name: p.read_bytes() for p in run.glob("*.pt")}
+    assert after == before
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    masks = torch.zeros(4, 1, 32, 32, dtype=torch.uint8)
+    masks[0, 0, 5:9] = 1  # crack pixels only in the first micro-batch: unequal weight sums
+    masks[1, 0, :, 3] = 1
+    env = distributed.Environment(0, 0, 1, torch.device("cpu"))
+    results = []
+    for loader, accum in [([(images, masks)], 1), ([(images[:2], masks[:2]), (images[2:], masks[2:])], 2)]:
+        torch.manual_seed(1)
+        model = build_model(arch="unet16")  # no BatchNorm: batch statistics would differ by construction
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        context = _StepContext(env, CrackLoss(20.0), None, torch.amp.GradScaler("cpu", enabled=False), accum, False, None, 1)
+        loss, _ = train_one_epoch(model, loader, optimizer, scheduler, context, 1, 1, 0)
+        results.append((loss, [p.detach().clone() for p in model.parameters()]))
+    (loss_big, big), (loss_accum, accumulated) = results
+    assert loss_big == pytest.approx(loss_accum, rel=1e-6)
+    changed = [not torch.equal(a, b) for a, b in zip(big, [p for p in build_model(arch="unet16").parameters()])]
+    assert any(changed)
+    for a, b in zip(big, accumulated):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_dataparallel_strategy_runs(synth_root, tmp_path):
+    result = fit(_config(tmp_path / "dp", synth_root, epochs=1, strategy="dp"))
+    assert result["epochs_run"] == 1 and (tmp_path / "dp" / "best.pt").exists()
+
+
+def test_contradicting_a_saved_run_is_an_error(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    with pytest.raises(InputError, match=r"--encoder resnet18 \(saved: mobilenet_v2\) contradicts"):
+        fit(_config(run, _data_of(finished_run), encoder="resnet18", epochs=3))
+    with pytest.raises(InputError, match="already holds checkpoints"):
+        fit(_config(run, _data_of(finished_run), resume="none"))
+    assert fit(_config(run, _data_of(finished_run), epochs=2))["epochs_run"] == 0
+
+
+def test_skip_policy_trains_on_the_rest_and_lists_the_skipped(synth_root, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(synth_root, data)
+    (data / "images" / "00003.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(InputError, match=r"1 problems in the dataset.*\n.*00003.jpg: not a readable image"):
+        fit(_config(tmp_path / "strict", data, epochs=1))
+    fit(_config(tmp_path / "lenient", data, epochs=1, on_bad_sample="skip"))
+    assert "00003.jpg" in (tmp_path / "lenient" / "skipped.txt").read_text()
+    split = load_split(tmp_path / "lenient" / "split.json")
+    assert "00003" not in split["train"] + split["val"] and len(split["train"] + split["val"]) == 11
+
+
+def test_worker_killed_mid_epoch_restarts_and_finishes(synth_root, tmp_path):
+    run = tmp_path / "restart"
+    process = subprocess.Popen(
+        ["bash", str(ROOT / "launch.sh"), "--nproc", "2", "--max-restarts", "1", "train", "--data", str(synth_root),
+         "--run", str(run), "--epochs", "4", *TINY_FLAGS],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env_without_torchrun(), start_new_session=True,
+    )
+    deadline = time.time() + 180
+    while not (run / "epoch_0001.pt").exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    workers = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, workers
+    os.kill(int(workers[1]), signal.SIGKILL)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output[-4000:]
+    assert read_checkpoint(run / "last.pt")["epoch"] == 4
+    assert "resuming from" in (run / "train.log").read_text()
+
+
+def test_validation_helper_reports_best_threshold():
+    histograms = torch.zeros(2, 100, dtype=torch.long)
+    histograms[0, 80] = 10  # crack pixels at p = 0.8
+    histograms[1, 20] = 90  # background at p = 0.2
+    metrics = Validation(0.1, histograms).metrics()
+    assert metrics["f1"] == 1.0 and 0.2 < metrics["threshold"] <= 0.8
