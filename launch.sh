@@ -13,7 +13,7 @@
 #   --rdzv-endpoint H:P  rendezvous host and port, the same on every box (several boxes only)
 #   --rdzv-id ID         job id shared by the boxes (default crackseg)
 #   --max-restarts N     restarts of all workers after a failure; training resumes from
-#                        its last checkpoint (default 3)
+#                        its last checkpoint (default 3 for train, 0 for other commands)
 # PYTHON selects the interpreter (default: .venv/bin/python beside this script, else python3).
 set -euo pipefail
 
@@ -23,7 +23,7 @@ if [[ -z $python ]]; then
   if [[ -x $here/.venv/bin/python ]]; then python=$here/.venv/bin/python; else python=python3; fi
 fi
 
-nproc="" nnodes=1 node_rank=0 endpoint="" rdzv_id=crackseg max_restarts=3
+nproc="" nnodes=1 node_rank=0 endpoint="" rdzv_id=crackseg max_restarts=""
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 need() { [[ $# -ge 2 && -n $2 ]] || { echo "launch.sh: error: $1 needs a value" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
@@ -40,6 +40,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ $# -gt 0 ]] || { usage; exit 2; }
+if [[ -z $max_restarts ]]; then
+  if [[ $1 == train ]]; then max_restarts=3; else max_restarts=0; fi
+fi
 
 if [[ -z $nproc ]]; then
   if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then

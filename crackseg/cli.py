@@ -139,6 +139,16 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     runs.add_argument("--log-every", type=_positive_int, default=10, help="steps between progress and TensorBoard updates")
 
 
+def _cmd_predict(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from crackseg.predict import PredictOptions, predict_folder
+
+    fields = {field.name for field in dataclasses.fields(PredictOptions)}
+    options = PredictOptions(**{key: value for key, value in vars(args).items() if key in fields})
+    return predict_folder(args.checkpoint, args.inputs, options)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="crackseg",
@@ -215,6 +225,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_train_options(train)
     train.set_defaults(handler=_cmd_train)
+
+    predict = commands.add_parser(
+        "predict",
+        help="predict crack masks for images of any size",
+        description=(
+            "Write OUT/masks/<name>.png (0 = background, 255 = crack, the input's exact size) for every\n"
+            "input, plus OUT/predictions.csv (per image: crack fraction, count, length, widths, area)\n"
+            "and OUT/cracks.csv (per connected crack). Images larger than --tile run as overlapping,\n"
+            "smoothly blended tiles; nothing is resized unless --resize is given. Unreadable inputs\n"
+            "are listed in OUT/errors.csv and the exit status is 1; the rest are still written.\n\n"
+            "  crackseg predict --checkpoint checkpoints/demo/best.pt data/photos --out predictions\n"
+            "  ./launch.sh predict --checkpoint ... photos/ --out ...   (inputs shared across GPUs)"
+        ),
+        formatter_class=_HelpFormatter,
+    )
+    predict.add_argument("inputs", nargs="+", help="image files, folders or glob patterns (quote them)")
+    predict.add_argument("--checkpoint", type=Path, required=True, help="crackseg checkpoint or model file (best.pt, a converted classic file, ...)")
+    predict.add_argument("--out", type=Path, required=True, help="output folder")
+    predict.add_argument("--recursive", action="store_true", help="also read images in sub-folders (output names keep the sub-folders)")
+    predict.add_argument("--threshold", type=float, default=None, help="crack probability threshold (default: the checkpoint's best validation F1 threshold)")
+    predict.add_argument("--tile", type=_positive_int, default=1024, help="tile side in px; larger images run as overlapping tiles")
+    predict.add_argument("--overlap", type=int, default=128, help="overlap between neighbouring tiles in px, blended smoothly")
+    predict.add_argument("--batch-size", type=_positive_int, default=8, help="tiles per forward pass (tiles of several images share a batch)")
+    predict.add_argument("--tta", choices=["none", "flip", "d4"], default="none", help="average probabilities over a horizontal flip, or all 8 flips and rotations")
+    predict.add_argument("--save-prob", type=int, choices=[8, 16], default=None, help="also write OUT/probs/<name>.png, the probability map as 8- or 16-bit PNG")
+    predict.add_argument("--overlay", action="store_true", help="also write OUT/overlays/<name>.jpg, the photo with cracks tinted red")
+    predict.add_argument("--resize", type=_size, default=None, help="resize every image to N or HxW px first (for models trained on resized data); masks come back at the input size")
+    predict.add_argument("--px-size", type=float, default=None, help="pixel size in mm: measurements are also reported in mm")
+    predict.add_argument("--skip-existing", action="store_true", help="keep masks already in OUT and predict the rest (finishes an interrupted batch)")
+    predict.add_argument("--overwrite", action="store_true", help="replace outputs already in OUT")
+    predict.add_argument("--workers", type=int, default=2, help="decoding processes (and writer threads)")
+    predict.add_argument("--device", default="auto", help="auto (CUDA when present), cuda or cpu")
+    predict.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default="auto", help="mixed precision; auto = bf16 on GPUs that support it")
+    predict.add_argument("--channels-last", action="store_true", help="NHWC memory layout (faster on tensor cores)")
+    predict.set_defaults(handler=_cmd_predict)
     return parser
 
 

@@ -1,0 +1,411 @@
+"""Batch prediction: folders of photos of any size -> crack masks, probability maps, overlays, measurements.
+
+Images are never resized by default. One that fits in a tile runs whole (padded by the
+model to its size divisor); a larger one runs as overlapping tiles blended with weights
+that ramp down across the overlap, so no seam shows. Tiles of the same shape from
+different images share batches. Tiles are cut lazily and each image holds two float
+maps (weighted sum, weights), so a huge photo never has all its tiles in memory.
+Decoding runs in loader workers and encoding in writer threads, beside the model.
+Every file is written under a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import os
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from tqdm import tqdm
+
+from crackseg import distributed
+from crackseg.checkpoint import load_model
+from crackseg.data import IMAGE_SUFFIXES, load_image
+from crackseg.errors import InputError
+from crackseg.measure import measure_cracks
+
+
+@dataclass
+class PredictOptions:
+    out: Path
+    tile: int = 1024
+    overlap: int = 128
+    batch_size: int = 8
+    threshold: float | None = None
+    tta: str = "none"
+    save_prob: int | None = None  # 8 or 16 bits
+    overlay: bool = False
+    resize: tuple[int, int] | None = None
+    px_size: float | None = None  # millimetres per pixel
+    overwrite: bool = False
+    skip_existing: bool = False
+    workers: int = 2
+    device: str = "auto"
+    amp: str = "auto"
+    channels_last: bool = False
+    recursive: bool = False
+
+
+@dataclass
+class _Job:
+    """One image in flight: its tiles still to run and the maps they blend into."""
+
+    key: int
+    height: int
+    width: int
+    tiles: list = field(default_factory=list)  # (top, left, height, width)
+    remaining: int = 0
+    total: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+    prob: torch.Tensor | None = None
+
+
+def collect_inputs(inputs: list[str], recursive: bool = False) -> list[tuple[Path, str]]:
+    """(image path, output name) for every input file, folder or glob, in a stable order.
+
+    Output names mirror the inputs: a folder's files keep their path below it (without suffix),
+    single files and glob matches keep their stem. Two inputs with one output name are an error.
+    """
+    found: list[tuple[Path, str]] = []
+    for text in inputs:
+        path = Path(text)
+        if path.is_dir():
+            pattern = "**/*" if recursive else "*"
+            files = sorted(p for p in path.glob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            found += [(p, p.relative_to(path).with_suffix("").as_posix()) for p in files]
+        elif path.is_file():
+            found.append((path, path.stem))
+        else:
+            matches = sorted(Path(p) for p in glob.glob(text, recursive=recursive) if Path(p).is_file())
+            if not matches:
+                raise InputError(f"{text}: no such file or folder, and no file matches it as a pattern")
+            found += [(p, p.stem) for p in matches if p.suffix.lower() in IMAGE_SUFFIXES]
+    names: dict[str, Path] = {}
+    for image, name in found:
+        if name in names and names[name] != image:
+            raise InputError(f"{image} and {names[name]} would both be written as {name}.png; predict them into different --out folders")
+        names[name] = image
+    unique = list(OrderedDict((image, name) for image, name in found).items())
+    if not unique:
+        raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(inputs)}")
+    return unique
+
+
+def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
+    """Tile origins along one axis: stride ``tile - overlap``, the last tile flush with the end."""
+    if length <= tile:
+        return [0]
+    stride = tile - overlap
+    starts = list(range(0, length - tile, stride))
+    return starts + [length - tile]
+
+
+def blend_weights(height: int, width: int, overlap: int) -> torch.Tensor:
+    """(H, W) weights: 1 inside, ramping linearly to a small positive value over ``overlap`` px."""
+    def ramp(n: int) -> torch.Tensor:
+        position = torch.arange(n, dtype=torch.float32)
+        edge = torch.minimum(position + 0.5, n - position - 0.5)
+        return (edge / max(overlap, 1)).clamp(0.01, 1.0)
+
+    return ramp(height)[:, None] * ramp(width)[None, :]
+
+
+class Predictor:
+    """Crack probabilities for a stream of images, with tiling, cross-image batching and TTA."""
+
+    def __init__(self, model, device: torch.device, tile: int = 1024, overlap: int = 128, batch_size: int = 8,
+                 tta: str = "none", amp_dtype: torch.dtype | None = None, channels_last: bool = False,
+                 resize: tuple[int, int] | None = None):
+        if overlap >= tile:
+            raise InputError(f"--overlap ({overlap} px) must be smaller than --tile ({tile} px)")
+        if tta not in ("none", "flip", "d4"):
+            raise InputError(f"--tta must be none, flip or d4, got {tta!r}")
+        self.model = model
+        self.device = device
+        self.tile = tile
+        self.overlap = overlap
+        self.batch_size = batch_size
+        self.tta = tta
+        self.amp_dtype = amp_dtype
+        self.channels_last = channels_last
+        self.resize = resize
+        self._windows: dict[tuple[int, int], torch.Tensor] = {}
+
+    def probabilities(self, images):
+        """``images``: iterable of (key, (3, H, W) uint8). Yields (key, (H, W) float32 probabilities on CPU)."""
+        jobs: dict[int, _Job] = {}
+        pending: dict[tuple[int, int], list] = {}  # tile shape -> [(job, tile, pixels)]
+        for key, image in images:
+            original = image.shape[-2:]
+            if self.resize is not None:
+                image = F.interpolate(image[None].float(), size=self.resize, mode="bilinear", antialias=True)[0].round().clamp(0, 255).byte()
+            job = self._start(key, image, original)
+            jobs[key] = job
+            for tile in job.tiles:
+                top, left, height, width = tile
+                pending.setdefault((height, width), []).append((job, tile, image[:, top : top + height, left : left + width]))
+                if len(pending[(height, width)]) == self.batch_size:
+                    yield from self._run(pending.pop((height, width)), jobs)
+            while len(jobs) > 2 * self.batch_size + 2 and pending:  # bound the images held: run partial batches
+                yield from self._run(pending.pop(max(pending, key=lambda s: len(pending[s]))), jobs)
+        for shape in list(pending):
+            yield from self._run(pending.pop(shape), jobs)
+
+    def _start(self, key: int, image: torch.Tensor, original) -> _Job:
+        height, width = image.shape[-2:]
+        job = _Job(key, *original)
+        job.tiles = [
+            (top, left, min(self.tile, height), min(self.tile, width))
+            for top in tile_starts(height, self.tile, self.overlap)
+            for left in tile_starts(width, self.tile, self.overlap)
+        ]
+        job.remaining = len(job.tiles)
+        if len(job.tiles) > 1:
+            job.total = torch.zeros((height, width), dtype=torch.float32)
+            job.weights = torch.zeros((height, width), dtype=torch.float32)
+        return job
+
+    @torch.inference_mode()
+    def _run(self, batch: list, jobs: dict[int, _Job]):
+        pixels = torch.stack([tile_pixels for _, _, tile_pixels in batch]).to(self.device, non_blocking=True)
+        probs = self._tta_probabilities(pixels).cpu()
+        for (job, (top, left, height, width), _), prob in zip(batch, probs):
+            if job.total is None:
+                job.prob = prob
+            else:
+                window = self._window(height, width)
+                job.total[top : top + height, left : left + width] += prob * window
+                job.weights[top : top + height, left : left + width] += window
+            job.remaining -= 1
+            if job.remaining == 0:
+                del jobs[job.key]
+                yield job.key, self._finish(job)
+
+    def _finish(self, job: _Job) -> torch.Tensor:
+        prob = job.prob if job.total is None else job.total / job.weights
+        if prob.shape != (job.height, job.width):
+            prob = F.interpolate(prob[None, None], size=(job.height, job.width), mode="bilinear")[0, 0]
+        return prob
+
+    def _window(self, height: int, width: int) -> torch.Tensor:
+        if (height, width) not in self._windows:
+            self._windows[(height, width)] = blend_weights(height, width, self.overlap)
+        return self._windows[(height, width)]
+
+    def _tta_probabilities(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(N, H, W) probabilities, averaged over the flips / rotations that ``tta`` names."""
+        views = {"none": [(0, False)], "flip": [(0, False), (0, True)], "d4": [(k, f) for k in range(4) for f in (False, True)]}
+        total = None
+        for turns, flip in views[self.tta]:
+            view = torch.rot90(pixels, turns, dims=(-2, -1)) if turns else pixels
+            view = view.flip(-1) if flip else view
+            if self.channels_last:
+                view = view.contiguous(memory_format=torch.channels_last)
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                logits = self.model(view)
+            prob = torch.sigmoid(logits.float())[:, 0]
+            prob = prob.flip(-1) if flip else prob
+            prob = torch.rot90(prob, -turns, dims=(-2, -1)) if turns else prob
+            total = prob if total is None else total + prob
+        return total / len(views[self.tta])
+
+
+class _Images(torch.utils.data.Dataset):
+    """Decoded inputs for loader workers; a file that fails to decode yields its error message."""
+
+    def __init__(self, inputs: list[tuple[int, Path]]):
+        self.inputs = inputs
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int):
+        key, path = self.inputs[index]
+        try:
+            return key, load_image(path), None
+        except Exception as error:  # any undecodable input is reported, the others go on
+            return key, None, f"{type(error).__name__}: {error}"
+
+
+def predict_folder(checkpoint: Path, inputs: list[str], options: PredictOptions) -> int:
+    """Predict every input into ``options.out``; returns 0, or 1 when some input failed.
+
+    Under torchrun each process takes every WORLD_SIZE-th input; rank 0 writes the CSVs.
+    """
+    env = distributed.setup(options.device)
+    try:
+        return _predict(checkpoint, inputs, options, env)
+    finally:
+        distributed.teardown()
+
+
+def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: distributed.Environment) -> int:
+    out = Path(options.out)
+    listed = collect_inputs(inputs, options.recursive)
+    mask_paths = [out / "masks" / f"{name}.png" for _, name in listed]
+    existing = [path for path in mask_paths if path.exists()]
+    if options.overwrite and options.skip_existing:
+        raise InputError("--overwrite and --skip-existing contradict each other; choose one")
+    if existing and not (options.overwrite or options.skip_existing):
+        raise InputError(
+            f"{len(existing)} outputs already exist in {out} (e.g. {existing[0]}); "
+            "pass --skip-existing to keep them and finish the rest, or --overwrite to replace them"
+        )
+    if (out / "predictions.csv").exists() and not (options.overwrite or options.skip_existing):
+        raise InputError(f"{out / 'predictions.csv'} already exists; pass --skip-existing or --overwrite")
+    model = load_model(checkpoint, env.device)
+    if options.channels_last:
+        model.to(memory_format=torch.channels_last)
+    threshold = model.threshold if options.threshold is None else options.threshold
+    amp = options.amp
+    if amp == "auto":
+        amp = "bf16" if env.device.type == "cuda" and torch.cuda.is_bf16_supported() else "off"
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[amp]
+    predictor = Predictor(model, env.device, options.tile, options.overlap, options.batch_size, options.tta, amp_dtype, options.channels_last, options.resize)
+
+    mine = list(range(env.rank, len(listed), env.world_size))
+    rows: dict[int, dict] = {}
+    crack_rows: list[dict] = []
+    errors: list[dict] = []
+    todo = []
+    for key in mine:
+        if options.skip_existing and mask_paths[key].exists():
+            mask = np.asarray(Image.open(mask_paths[key]).convert("L")) > 127
+            rows[key], cracks = _summarize(listed[key][0], mask_paths[key], mask, options.px_size, "skipped: exists")
+            crack_rows += cracks
+        else:
+            todo.append((key, listed[key][0]))
+    loader = torch.utils.data.DataLoader(
+        _Images(todo), batch_size=None, num_workers=options.workers, pin_memory=env.device.type == "cuda",
+        prefetch_factor=4 if options.workers else None,
+    )
+    decoded: dict[int, torch.Tensor] = {}
+
+    def images():
+        for key, image, error in loader:
+            if error is not None:
+                errors.append({"path": str(listed[key][0]), "error": error})
+                tqdm.write(f"crackseg: error: {listed[key][0]}: {error}")
+                continue
+            decoded[key] = image
+            yield key, image
+
+    with ThreadPoolExecutor(max(2, options.workers)) as writers:
+        futures = []
+        for key, prob in tqdm(predictor.probabilities(images()), total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
+            image = decoded.pop(key)
+            futures.append((key, writers.submit(_write_outputs, out, listed[key], image, prob, threshold, options)))
+        for key, future in futures:
+            try:
+                rows[key], cracks = future.result()
+                crack_rows += cracks
+            except OSError as error:
+                errors.append({"path": str(listed[key][0]), "error": f"cannot write outputs: {error}"})
+
+    gathered = _gather((rows, crack_rows, errors), env)
+    if env.is_main:
+        all_rows = {k: v for part in gathered for k, v in part[0].items()}
+        _write_csv(out / "predictions.csv", [all_rows[k] for k in sorted(all_rows)])
+        _write_csv(out / "cracks.csv", sorted((r for part in gathered for r in part[1]), key=lambda r: (r["path"], r["crack"])))
+        all_errors = [e for part in gathered for e in part[2]]
+        if all_errors or (out / "errors.csv").exists():
+            _write_csv(out / "errors.csv", all_errors, ["path", "error"])
+        print(f"{len(all_rows)} images predicted into {out}" + (f"; {len(all_errors)} failed, listed in {out / 'errors.csv'}" if all_errors else ""))
+        return 1 if all_errors else 0
+    return 0
+
+
+def _gather(part, env: distributed.Environment) -> list:
+    if not env.distributed:
+        return [part]
+    parts = [None] * env.world_size
+    torch.distributed.all_gather_object(parts, part)
+    return parts
+
+
+def _write_outputs(out: Path, item: tuple[Path, str], image: torch.Tensor, prob: torch.Tensor, threshold: float, options: PredictOptions):
+    path, name = item
+    mask = (prob >= threshold).numpy()
+    mask_path = out / "masks" / f"{name}.png"
+    _write_png(mask_path, mask.astype(np.uint8) * 255)
+    if options.save_prob == 8:
+        _write_png(out / "probs" / f"{name}.png", (prob * 255).round().byte().numpy())
+    elif options.save_prob == 16:
+        _write_png(out / "probs" / f"{name}.png", (prob.double() * 65535).round().numpy().astype(np.uint16))
+    if options.overlay:
+        _write_bytes(out / "overlays" / f"{name}.jpg", _overlay_jpeg(image, mask))
+    return _summarize(path, mask_path, mask, options.px_size, "ok")
+
+
+def _summarize(path: Path, mask_path: Path, mask: np.ndarray, px_size: float | None, status: str) -> tuple[dict, list[dict]]:
+    cracks = measure_cracks(mask)
+    height, width = mask.shape
+    total_length = sum(c.length_px for c in cracks)
+    row = {
+        "path": str(path),
+        "mask": str(mask_path),
+        "width": width,
+        "height": height,
+        "crack_fraction": round(float(mask.mean()), 6),
+        "cracks": len(cracks),
+        "length_px": round(total_length, 2),
+        "mean_width_px": round(sum(c.mean_width_px * c.length_px for c in cracks) / total_length, 3) if total_length else 0.0,
+        "max_width_px": round(max((c.max_width_px for c in cracks), default=0.0), 3),
+        "area_px": int(mask.sum()),
+    }
+    crack_rows = [
+        {"path": str(path), "crack": number, "length_px": round(c.length_px, 2), "mean_width_px": round(c.mean_width_px, 3),
+         "max_width_px": round(c.max_width_px, 3), "area_px": c.area_px, "top": c.bbox[0], "left": c.bbox[1],
+         "bottom": c.bbox[2], "right": c.bbox[3]}
+        for number, c in enumerate(cracks, 1)
+    ]
+    if px_size is not None:
+        for item in [row, *crack_rows]:
+            for key in ("length", "mean_width", "max_width"):
+                item[f"{key}_mm"] = round(item[f"{key}_px"] * px_size, 4)
+            item["area_mm2"] = round(item["area_px"] * px_size**2, 4)
+    row["status"] = status
+    return row, crack_rows
+
+
+def _overlay_jpeg(image: torch.Tensor, mask: np.ndarray) -> bytes:
+    """The photo with crack pixels tinted red, for people to look at."""
+    photo = image.permute(1, 2, 0).numpy().astype(np.float32)
+    tint = np.array([255.0, 30.0, 30.0], np.float32)
+    photo[mask] = 0.35 * photo[mask] + 0.65 * tint
+    buffer = io.BytesIO()
+    Image.fromarray(photo.round().astype(np.uint8)).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def _write_png(path: Path, array: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, "PNG", compress_level=1)
+    _write_bytes(path, buffer.getvalue())
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Temp file in the same folder, then rename: an interruption never leaves a truncated file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.write_bytes(data)
+    os.replace(temp, path)
+
+
+def _write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
+    columns = columns or (list(rows[0]) if rows else ["path"])
+    for row in rows:
+        columns += [key for key in row if key not in columns]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, columns, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    _write_bytes(path, buffer.getvalue().encode())

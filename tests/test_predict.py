@@ -1,0 +1,208 @@
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from crackseg.checkpoint import FORMAT, VERSION, model_payload, save_atomic
+from crackseg.cli import main
+from crackseg.models import CrackSegModel, build_model
+from crackseg.predict import Predictor, collect_inputs, tile_starts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return build_model("mobilenet_v2").eval()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(model, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "model.pt"
+    model.threshold = 0.5
+    save_atomic({"format": FORMAT, "version": VERSION, "model": model_payload(model)}, path)
+    return path
+
+
+def _photos(folder: Path, sizes) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    paths = []
+    for index, (height, width) in enumerate(sizes):
+        path = folder / f"img{index}.jpg"
+        Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def _predict(*args) -> int:
+    try:
+        return main(["predict", *map(str, args), "--workers", "0", "--device", "cpu"])
+    except SystemExit as exit:
+        return exit.code
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path) as file:
+        return list(csv.DictReader(file))
+
+
+def test_masks_have_the_input_size_for_odd_sizes_and_tiles(tmp_path, checkpoint):
+    sizes = [(37, 53), (64, 64), (300, 700)]
+    _photos(tmp_path / "in", sizes)
+    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--tile", 256, "--overlap", 32,
+                    "--overlay", "--save-prob", 16, "--px-size", 0.5) == 0
+    for index, (height, width) in enumerate(sizes):
+        mask = np.asarray(Image.open(tmp_path / "out" / "masks" / f"img{index}.png"))
+        assert mask.shape == (height, width) and set(np.unique(mask)) <= {0, 255}
+        prob = Image.open(tmp_path / "out" / "probs" / f"img{index}.png")
+        assert prob.size == (width, height) and np.asarray(prob).dtype == np.uint16
+        assert Image.open(tmp_path / "out" / "overlays" / f"img{index}.jpg").size == (width, height)
+    rows = _rows(tmp_path / "out" / "predictions.csv")
+    assert [row["path"] for row in rows] == [str(tmp_path / "in" / f"img{i}.jpg") for i in range(3)]
+    assert all(row["status"] == "ok" and "length_mm" in row for row in rows)
+    assert (tmp_path / "out" / "cracks.csv").exists()
+    assert not list((tmp_path / "out").rglob("*.tmp"))
+
+
+def test_one_tile_equals_the_whole_image_and_tiles_agree_inside(model):
+    image = torch.randint(0, 256, (3, 96, 160), dtype=torch.uint8)
+    with torch.no_grad():
+        whole = torch.sigmoid(model(image[None]))[0, 0]
+    one_tile = dict(Predictor(model, torch.device("cpu"), tile=256).probabilities([(0, image)]))[0]
+    assert torch.allclose(one_tile, whole, atol=1e-6)
+    tiled = dict(Predictor(model, torch.device("cpu"), tile=64, overlap=32).probabilities([(0, image)]))[0]
+    assert tiled.shape == whole.shape
+    assert (tiled - whole).abs().mean() < 0.05  # tiles see less context, but agree on average
+
+
+def test_blending_leaves_no_seam_on_a_constant_image(model):
+    image = torch.full((3, 200, 300), 128, dtype=torch.uint8)
+
+    def largest_jump(overlap: int) -> float:
+        prob = dict(Predictor(model, torch.device("cpu"), tile=64, overlap=overlap).probabilities([(0, image)]))[0]
+        inner = prob[8:-8, 8:-8]
+        return max((inner[1:] - inner[:-1]).abs().max().item(), (inner[:, 1:] - inner[:, :-1]).abs().max().item())
+
+    hard, blended = largest_jump(0), largest_jump(32)
+    assert blended < hard / 3, (blended, hard)
+
+
+def test_flip_tta_on_an_equivariant_model_gives_the_plain_result():
+    torch.manual_seed(0)
+    net = nn.Conv2d(3, 1, kernel_size=1)  # pointwise: equivariant to flips and rotations by construction
+    model = CrackSegModel(net, "unet", "pointwise", size_divisor=1).eval()
+    image = torch.randint(0, 256, (3, 40, 56), dtype=torch.uint8)
+    plain = dict(Predictor(model, torch.device("cpu"), tta="none").probabilities([(0, image)]))[0]
+    for tta in ("flip", "d4"):
+        averaged = dict(Predictor(model, torch.device("cpu"), tta=tta).probabilities([(0, image)]))[0]
+        assert torch.allclose(averaged, plain, atol=1e-6), tta
+    lopsided = CrackSegModel(nn.Conv2d(3, 1, kernel_size=(1, 3), padding=(0, 1)), "unet", "x", 1).eval()
+    assert not torch.allclose(
+        dict(Predictor(lopsided, torch.device("cpu"), tta="flip").probabilities([(0, image)]))[0],
+        dict(Predictor(lopsided, torch.device("cpu"), tta="none").probabilities([(0, image)]))[0],
+    )
+
+
+def test_tiles_of_many_images_share_batches(model):
+    calls = []
+    original = model.forward
+
+    def counting(images):
+        calls.append(len(images))
+        return original(images)
+
+    model.forward = counting
+    try:
+        images = [(k, torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8)) for k in range(10)]
+        results = dict(Predictor(model, torch.device("cpu"), batch_size=4).probabilities(images))
+    finally:
+        del model.forward
+    assert sorted(results) == list(range(10)) and calls == [4, 4, 2]
+
+
+def test_corrupt_input_is_listed_and_the_rest_written(tmp_path, checkpoint):
+    _photos(tmp_path / "in", [(32, 32), (32, 32)])
+    (tmp_path / "in" / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")
+    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 1
+    assert sorted(p.name for p in (tmp_path / "out" / "masks").iterdir()) == ["img0.png", "img1.png"]
+    (error,) = _rows(tmp_path / "out" / "errors.csv")
+    assert error["path"].endswith("broken.jpg") and error["error"]
+
+
+def test_existing_outputs_need_overwrite_or_skip_existing(tmp_path, checkpoint, capsys):
+    photos = _photos(tmp_path / "in", [(32, 32), (32, 48)])
+    assert _predict("--checkpoint", checkpoint, photos[0], "--out", tmp_path / "out") == 0
+    first = tmp_path / "out" / "masks" / "img0.png"
+    first.write_bytes(first.read_bytes())  # marker: any rewrite changes the modification time
+    os.utime(first, (1, 1))
+    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 2
+    assert "already exist" in capsys.readouterr().err and first.stat().st_mtime == 1
+    assert not (tmp_path / "out" / "masks" / "img1.png").exists()
+    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--skip-existing") == 0
+    assert first.stat().st_mtime == 1 and (tmp_path / "out" / "masks" / "img1.png").exists()
+    statuses = [row["status"] for row in _rows(tmp_path / "out" / "predictions.csv")]
+    assert statuses == ["skipped: exists", "ok"]
+    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--overwrite") == 0
+    assert first.stat().st_mtime != 1
+
+
+def test_threshold_comes_from_the_checkpoint_unless_given(tmp_path, checkpoint, model):
+    (photo,) = _photos(tmp_path / "in", [(48, 48)])
+    with torch.no_grad():
+        prob = torch.sigmoid(model(torch.from_numpy(np.array(Image.open(photo))).permute(2, 0, 1)[None]))[0, 0].numpy()
+    assert _predict("--checkpoint", checkpoint, photo, "--out", tmp_path / "a") == 0
+    assert _predict("--checkpoint", checkpoint, photo, "--out", tmp_path / "b", "--threshold", float(np.median(prob))) == 0
+    a = np.asarray(Image.open(tmp_path / "a" / "masks" / "img0.png")) > 0
+    b = np.asarray(Image.open(tmp_path / "b" / "masks" / "img0.png")) > 0
+    assert np.array_equal(a, prob >= 0.5)
+    assert b.mean() == pytest.approx(0.5, abs=0.05)
+
+
+def test_two_processes_write_every_output_once(tmp_path, checkpoint):
+    _photos(tmp_path / "in", [(32, 32)] * 5)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env["PYTHON"] = sys.executable
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch.sh"), "--nproc", "2", "predict", "--checkpoint", str(checkpoint), str(tmp_path / "in"),
+         "--out", str(tmp_path / "out"), "--device", "cpu", "--workers", "0"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _rows(tmp_path / "out" / "predictions.csv")
+    assert sorted(row["path"] for row in rows) == sorted(str(tmp_path / "in" / f"img{i}.jpg") for i in range(5))
+    assert len({row["path"] for row in rows}) == 5
+    assert len(list((tmp_path / "out" / "masks").iterdir())) == 5
+
+
+def test_inputs_mirror_names_and_refuse_collisions(tmp_path):
+    _photos(tmp_path / "a" / "sub", [(8, 8)])
+    _photos(tmp_path / "a", [(8, 8)])
+    _photos(tmp_path / "b", [(8, 8)])
+    listed = collect_inputs([str(tmp_path / "a")], recursive=True)
+    assert [name for _, name in listed] == ["img0", "sub/img0"]
+    from crackseg.errors import InputError
+
+    with pytest.raises(InputError, match="would both be written as img0.png"):
+        collect_inputs([str(tmp_path / "a" / "img0.jpg"), str(tmp_path / "b" / "img0.jpg")])
+    with pytest.raises(InputError, match="no such file or folder"):
+        collect_inputs([str(tmp_path / "nothing*.jpg")])
+
+
+def test_tile_starts_cover_the_image_and_end_flush():
+    assert tile_starts(100, 256, 32) == [0]
+    assert tile_starts(700, 256, 32) == [0, 224, 444]
+    for length in (257, 500, 1000, 4097):
+        starts = tile_starts(length, 256, 64)
+        assert starts[0] == 0 and starts[-1] == length - 256
+        assert all(b - a <= 256 - 64 for a, b in zip(starts, starts[1:]))
