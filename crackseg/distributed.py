@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -45,8 +46,28 @@ def setup(device: str = "auto") -> Environment:
         torch.cuda.set_device(chosen)
     if world_size > 1 and not dist.is_initialized():
         backend = dist.get_default_backend_for_device(chosen)
-        dist.init_process_group(backend, device_id=chosen if chosen.type == "cuda" else None)
+        dist.init_process_group(
+            backend, store=_restart_safe_store(), rank=rank, world_size=world_size,
+            device_id=chosen if chosen.type == "cuda" else None,
+        )
     return Environment(rank, local_rank, world_size, chosen)
+
+
+def _restart_safe_store() -> dist.Store | None:
+    """A store whose keys are fresh for every torchrun restart attempt (None: torch's default).
+
+    torchrun's agent keeps serving one store at MASTER_ADDR:MASTER_PORT across restarts,
+    and torch 2.14 reuses its keys: the restarted ranks read the addresses of the killed
+    ones and gloo fails with "connectFullMesh ... Connection refused", so --max-restarts
+    never recovers. Prefixing the keys with the restart count gives each attempt its own.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    agent_store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(minutes=30)
+    )
+    return dist.PrefixStore(f"crackseg/attempt{attempt}", agent_store)
 
 
 def teardown() -> None:

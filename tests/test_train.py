@@ -239,26 +239,33 @@ def test_skip_policy_trains_on_the_rest_and_lists_the_skipped(synth_root, tmp_pa
 
 def test_worker_killed_mid_epoch_restarts_and_finishes(synth_root, tmp_path):
     run = tmp_path / "restart"
+    log = open(tmp_path / "launch.log", "w")
     process = subprocess.Popen(
         ["bash", str(ROOT / "launch.sh"), "--nproc", "2", "--max-restarts", "1", "train", "--data", str(synth_root),
          "--run", str(run), "--epochs", "4", *TINY_FLAGS],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env_without_torchrun(), start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, env=_env_without_torchrun(), start_new_session=True,
     )
-    deadline = time.time() + 180
-    while not (run / "epoch_0001.pt").exists() and time.time() < deadline and process.poll() is None:
-        time.sleep(0.05)
-    workers = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
-    assert len(workers) == 2, workers
-    os.kill(int(workers[1]), signal.SIGKILL)
-    output, _ = process.communicate(timeout=300)
+    try:
+        deadline = time.time() + 180
+        while not (run / "epoch_0001.pt").exists() and time.time() < deadline and process.poll() is None:
+            time.sleep(0.05)
+        workers = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
+        assert len(workers) == 2, workers
+        os.kill(int(workers[0]), signal.SIGKILL)  # rank 0: the one that writes checkpoints
+        process.wait(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+    output = (tmp_path / "launch.log").read_text()
     assert process.returncode == 0, output[-4000:]
     assert read_checkpoint(run / "last.pt")["epoch"] == 4
     assert "resuming from" in (run / "train.log").read_text()
 
 
 def test_validation_helper_reports_best_threshold():
-    histograms = torch.zeros(2, 100, dtype=torch.long)
-    histograms[0, 80] = 10  # crack pixels at p = 0.8
+    histograms = torch.zeros(3, 100, dtype=torch.long)
+    histograms[0, 80] = histograms[2, 80] = 10  # crack pixels at p = 0.8
     histograms[1, 20] = 90  # background at p = 0.2
     metrics = Validation(0.1, histograms).metrics()
     assert metrics["f1"] == 1.0 and 0.2 < metrics["threshold"] <= 0.8
