@@ -149,6 +149,27 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     return predict_folder(args.checkpoint, args.inputs, options)
 
 
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from crackseg.evaluate import evaluate_checkpoint, evaluate_files, format_table, write_report
+
+    if args.out is not None and (args.out / "report.json").exists() and not args.overwrite:
+        raise InputError(f"{args.out / 'report.json'} already exists; choose another --out or pass --overwrite")
+    if args.checkpoint is not None:
+        if args.data is None:
+            raise InputError("--checkpoint needs --data ROOT (and --split, default test)")
+        report = evaluate_checkpoint(args.checkpoint, args.data, args.split or "test", args.tolerance, args.threshold, args.device, args.tile, args.batch_size)
+    elif args.pred is not None and args.gt is not None:
+        split = Path(args.split) if args.split else None
+        report = evaluate_files(args.pred, args.gt, split, args.tolerance, 0.5 if args.threshold is None else args.threshold)
+    else:
+        raise InputError("give --pred DIR and --gt DIR, or --checkpoint FILE and --data ROOT")
+    print(format_table(report))
+    if args.out is not None:
+        write_report(report, args.out)
+        print(f"report written to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="crackseg",
@@ -260,6 +281,33 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default="auto", help="mixed precision; auto = bf16 on GPUs that support it")
     predict.add_argument("--channels-last", action="store_true", help="NHWC memory layout (faster on tensor cores)")
     predict.set_defaults(handler=_cmd_predict)
+
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="score predictions against ground truth (P, R, F1, IoU, mIoU, ODS, OIS, AP)",
+        description=(
+            "Score saved predictions (binary masks or 8/16-bit probability maps named like the ground\n"
+            "truth) or a checkpoint run on a dataset split. Reports dataset-level precision, recall,\n"
+            "F1, crack and background IoU and mIoU, per-image means, ODS, OIS and AP; with --out,\n"
+            "report.json, report.md, per_image.csv (worst first), pr_curve.csv and pr_curve.png.\n\n"
+            "  crackseg evaluate --pred predictions/probs --gt data/cfd/masks --split data/cfd/test.txt --tolerance 2\n"
+            "  crackseg evaluate --checkpoint checkpoints/cfd/best.pt --data data/cfd --split test --out reports/cfd"
+        ),
+        formatter_class=_HelpFormatter,
+    )
+    evaluate.add_argument("--pred", type=Path, help="folder of predicted masks or probability maps (<stem>.png)")
+    evaluate.add_argument("--gt", type=Path, help="folder of ground-truth masks (<stem>.*)")
+    evaluate.add_argument("--checkpoint", type=Path, help="predict with this checkpoint instead of reading --pred")
+    evaluate.add_argument("--data", type=Path, help="dataset root for --checkpoint")
+    evaluate.add_argument("--split", default=None, help="file of stems to score; with --checkpoint also a split name (default test)")
+    evaluate.add_argument("--tolerance", type=float, default=0.0, help="pixel tolerance for precision / recall / F1 (0 = exact pixels; papers often use 2)")
+    evaluate.add_argument("--threshold", type=float, default=None, help="operating threshold on probabilities (default 0.5 for files, the checkpoint's for --checkpoint)")
+    evaluate.add_argument("--out", type=Path, default=None, help="folder for the report files")
+    evaluate.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
+    evaluate.add_argument("--device", default="auto", help="device for --checkpoint: auto, cuda or cpu")
+    evaluate.add_argument("--tile", type=_positive_int, default=1024, help="tile side in px for --checkpoint")
+    evaluate.add_argument("--batch-size", type=_positive_int, default=8, help="tiles per forward pass for --checkpoint")
+    evaluate.set_defaults(handler=_cmd_evaluate)
     return parser
 
 

@@ -1,28 +1,90 @@
 """Crack segmentation metrics from counts that add up across images, batches and processes.
 
-Probabilities are histogrammed once into ``BINS`` bins, separately for crack and
-background pixels. Cumulating the histograms from the top gives the confusion counts at
-every threshold ``k / BINS`` at once (a pixel is predicted crack when p >= threshold),
-so a threshold sweep costs one pass. Histograms are int64 and are summed, never
-averaged, across processes: the result is exact for any process count.
+Probabilities are histogrammed once into ``BINS`` bins; cumulating from the top gives the
+counts at every threshold ``k / BINS`` at once (a pixel is predicted crack when
+p >= threshold), so a threshold sweep costs one pass. Three histograms per image:
+
+- ``near``: probabilities of pixels within ``tolerance`` px of a true crack pixel
+  (predicted there, they count as correct);
+- ``far``: probabilities of the other pixels (predicted there, false positives);
+- ``reach``: for each true crack pixel, the highest probability within ``tolerance`` px
+  (at threshold t the pixel is found when that value is >= t).
+
+With tolerance 0, ``near`` and ``reach`` are both the histogram of crack pixels, and the
+counts are the usual confusion matrix. Histograms are int64 and are summed, never
+averaged, across processes, so results are exact for any process count. The tolerance
+convention is CrackForest's / FPHBN's: a predicted crack pixel is correct if a true one
+lies within T px, and a true crack pixel is found if a predicted one lies within T px.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from scipy import ndimage
 
 BINS = 100
+NEAR, FAR, REACH = 0, 1, 2
 
 
-def probability_histograms(probs: torch.Tensor, masks: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """(2, BINS) int64: row 0 counts crack pixels, row 1 background pixels, by probability bin."""
-    bins = (probs.float() * BINS).long().clamp_(0, BINS - 1).flatten()
-    crack = masks.bool().flatten()
-    keep = torch.ones_like(crack) if valid is None else valid.bool().flatten()
-    index = bins + BINS * (~crack).long()
-    return torch.bincount(index[keep], minlength=2 * BINS).view(2, BINS)
+def threshold_histograms(
+    probs: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor | None = None, tolerance: float = 0.0
+) -> torch.Tensor:
+    """(3, BINS) int64 histograms ``near``, ``far``, ``reach`` of one image or a batch.
+
+    ``probs`` in [0, 1] and ``truth`` (bool or 0/1) of any matching shape; ``valid`` marks
+    the pixels that count (padding excluded). A positive ``tolerance`` takes one image (H, W).
+    """
+    truth = truth.bool()
+    bins = (probs.float() * BINS).long().clamp_(0, BINS - 1)
+    keep = torch.ones_like(truth) if valid is None else valid.bool()
+    if tolerance > 0:
+        near, reach_bins = _tolerance_maps(probs, truth, tolerance)
+    else:
+        near, reach_bins = truth, bins
+    # Weighted bincount instead of boolean indexing: no device-to-host sync on CUDA.
+    index = torch.where(near, bins, bins + BINS).flatten()
+    near_far = torch.bincount(index, weights=keep.flatten().double(), minlength=2 * BINS).view(2, BINS)
+    reach = torch.bincount(reach_bins.flatten(), weights=(truth & keep).flatten().double(), minlength=BINS)
+    return torch.cat([near_far, reach[None]]).round().long()
+
+
+def _tolerance_maps(probs: torch.Tensor, truth: torch.Tensor, tolerance: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pixels within ``tolerance`` of the truth, and the bin of the highest probability within it."""
+    if probs.ndim != 2:
+        raise ValueError("a positive tolerance takes one (H, W) image at a time")
+    truth_np = truth.cpu().numpy()
+    near = ndimage.distance_transform_edt(~truth_np) <= tolerance if truth_np.any() else np.zeros_like(truth_np)
+    radius = int(np.floor(tolerance))
+    yy, xx = np.mgrid[-radius : radius + 1, -radius : radius + 1]
+    disk = yy**2 + xx**2 <= tolerance**2
+    highest = ndimage.maximum_filter(probs.float().cpu().numpy(), footprint=disk, mode="constant", cval=0.0)
+    reach_bins = np.clip((highest * BINS).astype(np.int64), 0, BINS - 1)
+    return torch.from_numpy(near).to(truth.device), torch.from_numpy(reach_bins).to(truth.device)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Counts at every threshold k / BINS, k = 0 .. BINS (each a (BINS + 1,) int64 tensor)."""
+
+    correct: torch.Tensor  # predicted crack pixels that are correct
+    false_positive: torch.Tensor
+    found: torch.Tensor  # true crack pixels that are found
+    truth: torch.Tensor  # true crack pixels (the same at every threshold)
+    true_negative: torch.Tensor  # exact at tolerance 0
+
+
+def counts_by_threshold(histograms: torch.Tensor) -> Counts:
+    def at_or_above(row: torch.Tensor) -> torch.Tensor:
+        return torch.cat([row.flip(0).cumsum(0).flip(0), row.new_zeros(1)])
+
+    histograms = histograms.long().cpu()
+    correct, false_positive, found = (at_or_above(histograms[row]) for row in (NEAR, FAR, REACH))
+    truth = histograms[REACH].sum().expand(BINS + 1)
+    true_negative = histograms[FAR].sum() - false_positive
+    return Counts(correct, false_positive, found, truth, true_negative)
 
 
 @dataclass(frozen=True)
@@ -31,31 +93,26 @@ class Scores:
     precision: float
     recall: float
     f1: float
-    iou: float
+    iou: float  # crack IoU; strict pixel IoU when the histograms have tolerance 0
 
 
-def confusion_by_threshold(histograms: torch.Tensor) -> torch.Tensor:
-    """(BINS + 1, 4) int64 [tp, fp, fn, tn] for thresholds 0, 1/BINS, ..., 1."""
-    crack, background = histograms.long()
-    above_crack = torch.cat([crack.flip(0).cumsum(0).flip(0), crack.new_zeros(1)])
-    above_background = torch.cat([background.flip(0).cumsum(0).flip(0), background.new_zeros(1)])
-    tp, fp = above_crack, above_background
-    return torch.stack([tp, fp, crack.sum() - tp, background.sum() - fp], dim=1)
-
-
-def scores_from_counts(tp: int, fp: int, fn: int, tn: int, threshold: float = float("nan")) -> Scores:
-    """Precision, recall, F1 and crack IoU; an empty prediction of an empty truth scores 1."""
-    precision = tp / (tp + fp) if tp + fp else float(fn == 0)
-    recall = tp / (tp + fn) if tp + fn else float(fp == 0)
-    f1 = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 1.0
-    iou = tp / (tp + fp + fn) if tp + fp + fn else 1.0
+def scores_from_counts(correct: int, false_positive: int, found: int, truth: int, threshold: float = float("nan")) -> Scores:
+    """Precision, recall, F1, IoU; an empty prediction of an empty truth scores 1 (never NaN)."""
+    predicted = correct + false_positive
+    missed = truth - found
+    precision = correct / predicted if predicted else float(truth == 0)
+    recall = found / truth if truth else float(predicted == 0)
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    union = predicted + missed
+    iou = correct / union if union else float(truth == 0)
     return Scores(threshold, precision, recall, f1, iou)
 
 
 def sweep(histograms: torch.Tensor) -> list[Scores]:
     """Scores at every threshold k / BINS for k = 1 .. BINS - 1."""
-    counts = confusion_by_threshold(histograms).tolist()
-    return [scores_from_counts(*counts[k], threshold=k / BINS) for k in range(1, BINS)]
+    c = counts_by_threshold(histograms)
+    columns = [t.tolist() for t in (c.correct, c.false_positive, c.found, c.truth)]
+    return [scores_from_counts(*(col[k] for col in columns), threshold=k / BINS) for k in range(1, BINS)]
 
 
 def best_f1(histograms: torch.Tensor) -> Scores:
@@ -65,4 +122,24 @@ def best_f1(histograms: torch.Tensor) -> Scores:
 
 def scores_at(histograms: torch.Tensor, threshold: float) -> Scores:
     k = min(BINS, max(0, round(threshold * BINS)))
-    return scores_from_counts(*confusion_by_threshold(histograms)[k].tolist(), threshold=k / BINS)
+    c = counts_by_threshold(histograms)
+    return scores_from_counts(int(c.correct[k]), int(c.false_positive[k]), int(c.found[k]), int(c.truth[k]), k / BINS)
+
+
+def background_iou(histograms: torch.Tensor, threshold: float) -> float:
+    """IoU of the background class at tolerance 0: TN / (TN + FP + FN)."""
+    k = min(BINS, max(0, round(threshold * BINS)))
+    c = counts_by_threshold(histograms)
+    union = int(c.true_negative[k] + c.false_positive[k] + c.truth[k] - c.found[k])
+    return int(c.true_negative[k]) / union if union else 1.0
+
+
+def average_precision(histograms: torch.Tensor) -> float:
+    """Area under the precision-recall curve, summed over the recall steps as thresholds fall."""
+    curve = [scores_at(histograms, k / BINS) for k in range(BINS + 1)]
+    return float(sum((curve[k].recall - curve[k + 1].recall) * curve[k].precision for k in range(BINS)))
+
+
+def optimal_image_scale(per_image: list[torch.Tensor]) -> float:
+    """OIS as crack benchmarks compute it: each image's best F1 over the thresholds, averaged."""
+    return float(np.mean([best_f1(histograms).f1 for histograms in per_image]))

@@ -60,7 +60,7 @@ from crackseg.data import (
 )
 from crackseg.errors import InputError, RunError
 from crackseg.losses import CrackLoss
-from crackseg.metrics import BINS, best_f1, confusion_by_threshold, probability_histograms, scores_at
+from crackseg.metrics import BINS, best_f1, counts_by_threshold, scores_at, threshold_histograms
 from crackseg.models import build_model, enable_activation_checkpointing
 from crackseg.transforms import train_transform
 
@@ -118,7 +118,7 @@ class TrainConfig:
 @dataclass
 class Validation:
     loss: float
-    histograms: torch.Tensor  # (2, BINS) int64, summed over every process
+    histograms: torch.Tensor  # (3, BINS) int64 (see crackseg.metrics), summed over every process
     samples: torch.Tensor | None = None  # (K, 3, H, W) uint8 overlays from rank 0's first batch
 
     def metrics(self) -> dict[str, float]:
@@ -371,7 +371,7 @@ def evaluate(model: nn.Module, loader, context: _StepContext, want_samples: bool
     """Validation loss and probability histograms summed over this process's shard and then all processes."""
     env, loss_fn = context.env, context.loss_fn
     model.eval()
-    histograms = torch.zeros((2, BINS), dtype=torch.long, device=env.device)
+    histograms = torch.zeros((3, BINS), dtype=torch.long, device=env.device)
     sums = torch.zeros(2, dtype=torch.float64, device=env.device)
     samples = None
     for images, masks, valid in loader:
@@ -381,7 +381,7 @@ def evaluate(model: nn.Module, loader, context: _StepContext, want_samples: bool
         sums[0] += loss_fn.weighted_bce_sum(logits, masks, valid)
         sums[1] += loss_fn.weight_sum(masks, valid)
         probs = torch.sigmoid(logits.float())
-        histograms += probability_histograms(probs, masks, valid)
+        histograms += threshold_histograms(probs, masks, valid)
         if want_samples and samples is None:
             samples = _overlay(images[:4], probs[:4].cpu() >= unwrap(model).threshold, masks[:4].cpu())
     distributed.all_reduce_sum(histograms)
@@ -649,8 +649,9 @@ def _report(writer, epoch, epochs, train_loss, images_per_s, metrics, validation
         )
         for name, value in metrics.items():
             writer.add_scalar(f"val/{name}", value, epoch)
-        counts = confusion_by_threshold(validation.histograms)[1:BINS].double()
-        tp, fp, fn, tn = counts.unbind(1)
+        counts = counts_by_threshold(validation.histograms)
+        tp, fp, tn = (t[1:BINS].double() for t in (counts.correct, counts.false_positive, counts.true_negative))
+        fn = (counts.truth - counts.found)[1:BINS].double()
         writer.add_pr_curve_raw(
             "val/pr_curve", tp, fp, tn, fn, tp / (tp + fp).clamp(min=1), tp / (tp + fn).clamp(min=1), epoch, num_thresholds=BINS - 1
         )
