@@ -299,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--gt", type=Path, help="folder of ground-truth masks (<stem>.*)")
     evaluate.add_argument("--checkpoint", type=Path, help="predict with this checkpoint instead of reading --pred")
     evaluate.add_argument("--data", type=Path, help="dataset root for --checkpoint")
-    evaluate.add_argument("--split", default=None, help="file of stems to score; with --checkpoint also a split name (default test)")
+    evaluate.add_argument("--split", default=None, help="file of stems to score; with --checkpoint also a split name (test, val, train: ROOT/NAME.txt) or all (default test)")
     evaluate.add_argument("--tolerance", type=float, default=0.0, help="pixel tolerance for precision / recall / F1 (0 = exact pixels; papers often use 2)")
     evaluate.add_argument("--threshold", type=float, default=None, help="operating threshold on probabilities (default 0.5 for files, the checkpoint's for --checkpoint)")
     evaluate.add_argument("--out", type=Path, default=None, help="folder for the report files")

@@ -98,12 +98,14 @@ def evaluate_checkpoint(
     found = open_dataset(Path(root))
     if found.problems:
         raise InputError(f"{len(found.problems)} problems in {root}, e.g. {found.problems[0]}; see crackseg inspect {root}")
-    if Path(split).suffix == ".txt" or Path(split).is_file():
+    if split == "all":
+        stems = [sample.stem for sample in found.samples]
+    elif Path(split).suffix == ".txt" or Path(split).is_file():
         stems = _split_stems(Path(split))
     elif split in found.listed:
         stems = found.listed[split]
     else:
-        raise InputError(f"--split {split}: no {split}.txt in {root}; give a split name that has one, or a file of stems")
+        raise InputError(f"--split {split}: no {split}.txt in {root}; give a split name that has one, all, or a file of stems")
     samples = {sample.stem: sample for sample in found.samples}
     unknown = [stem for stem in stems if stem not in samples]
     if unknown:

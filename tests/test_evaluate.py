@@ -113,5 +113,6 @@ def test_checkpoint_mode_predicts_the_split_and_scores_it(synth_root, tmp_path):
     report = evaluate_checkpoint(tmp_path / "m.pt", tmp_path / "data", "test", tolerance=2, device="cpu")
     assert report["images"] == 3 and report["threshold"] == pytest.approx(0.42)
     assert {row["image"] for row in report["per_image"]} == {"00001", "00004", "00007"}
+    assert evaluate_checkpoint(tmp_path / "m.pt", tmp_path / "data", "all", device="cpu")["images"] == 12
     with pytest.raises(InputError, match="no val.txt"):
         evaluate_checkpoint(tmp_path / "m.pt", tmp_path / "data", "val", device="cpu")

@@ -124,6 +124,22 @@ def test_validation_metrics_are_exact_across_process_counts(synth_root, tmp_path
         assert single[name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
 
 
+def test_two_processes_with_accumulation_bf16_channels_last_and_checkpointing(synth_root, tmp_path):
+    """The DDP no_sync path, bf16 autocast, NHWC and recomputed activations, together under gloo."""
+    run = tmp_path / "fast"
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch.sh"), "--nproc", "2", "--max-restarts", "0", "train", "--data", str(synth_root),
+         "--run", str(run), "--epochs", "1", *TINY_FLAGS, "--batch-size", "1", "--grad-accum", "2", "--amp", "bf16",
+         "--channels-last", "--activation-checkpointing", "--loss", "bce+dice", "--optimizer", "sgd", "--scheduler", "poly"],
+        capture_output=True, text=True, env=_env_without_torchrun(), timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    payload = read_checkpoint(run / "last.pt")
+    assert payload["global_step"] == 2  # 9 images: 4 per process, 2 per step per process
+    assert payload["config"]["resolved"]["amp"] == "bf16" and payload["config"]["resolved"]["global_batch"] == 4
+    assert all(torch.isfinite(value).all() for value in payload["model"]["state_dict"].values() if value.is_floating_point())
+
+
 def test_resume_after_kill_equals_an_uninterrupted_run(synth_root, tmp_path):
     straight = tmp_path / "straight"
     fit(_config(straight, synth_root, epochs=4))
