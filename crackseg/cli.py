@@ -102,6 +102,7 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--arch", choices=["unet", "unet16", "unet_resnet34", "unet_resnet101", "unet_resnet152"], default="unet", help="unet = segmentation-models-pytorch UNet; the others are the classic architectures")
     model.add_argument("--encoder", default="resnet34", help="smp encoder name for --arch unet (vgg16, resnet34, resnet101, efficientnet-b0, ...)")
     model.add_argument("--encoder-weights", default="imagenet", help="imagenet (downloads), none (random), or PATH of a local torchvision-format encoder state dict")
+    model.add_argument("--init", default=None, help="start from all weights of a crackseg model file (another run's best.pt, a converted classic checkpoint): fine-tuning")
 
     optim = parser.add_argument_group("optimization")
     optim.add_argument("--epochs", type=_positive_int, default=50, help="epochs in total (a resumed run may raise it)")

@@ -83,6 +83,7 @@ class TrainConfig:
     arch: str = "unet"
     encoder: str | None = "resnet34"
     encoder_weights: str = "imagenet"
+    init: str | None = None
     epochs: int = 50
     batch_size: int = 8
     val_batch_size: int | None = None
@@ -166,10 +167,18 @@ def _train(config, env, run, payload, resolved, split, samples) -> dict:
         return {"run": str(run), "best": payload["best"], "epochs_run": 0}
 
     torch.manual_seed(config.seed)
-    model = build_model(config.encoder, None if config.encoder_weights == "none" else config.encoder_weights, config.arch)
-    if payload is not None:
-        model.load_state_dict(payload["model"]["state_dict"])
-        model.threshold = payload["model"]["config"]["threshold"]
+    start_from = payload or (read_checkpoint(Path(config.init)) if config.init else None)
+    encoder_weights = None if start_from is not None or config.encoder_weights == "none" else config.encoder_weights
+    model = build_model(config.encoder, encoder_weights, config.arch)
+    if start_from is not None:
+        saved = start_from["model"]["config"]
+        if (saved["arch"], saved["encoder"]) != (model.arch, model.encoder):
+            raise InputError(
+                f"{config.init}: holds a {saved['arch']} model with the {saved['encoder']} encoder; "
+                f"pass --arch {saved['arch']}" + (f" --encoder {saved['encoder']}" if saved["arch"] == "unet" else "")
+            )
+        model.load_state_dict(start_from["model"]["state_dict"])
+        model.threshold = saved["threshold"]
     model.to(env.device)
     if config.activation_checkpointing:
         enable_activation_checkpointing(model)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from crackseg import distributed
+from crackseg import train as train_module
 from crackseg.checkpoint import load_model, read_checkpoint
 from crackseg.data import CrackDataset, load_split, make_loader, open_dataset, pad_collate
 from crackseg.errors import InputError, RunError
@@ -239,6 +240,29 @@ def test_contradicting_a_saved_run_is_an_error(finished_run, tmp_path):
     with pytest.raises(InputError, match="already holds checkpoints"):
         fit(_config(run, _data_of(finished_run), resume="none"))
     assert fit(_config(run, _data_of(finished_run), epochs=2))["epochs_run"] == 0
+
+
+def test_fine_tuning_starts_from_a_converted_classic_checkpoint(synth_root, tmp_path, monkeypatch):
+    from crackseg.checkpoint import convert_classic
+
+    torch.manual_seed(3)
+    classic = build_model(arch="unet16").net
+    torch.save({"model": classic.state_dict(), "epoch": 9, "valid_loss": 0.2}, tmp_path / "model_best.pt")
+    convert_classic(tmp_path / "model_best.pt", "unet16", tmp_path / "unet16.pt")
+    with pytest.raises(InputError, match="holds a unet16 model .* pass --arch unet16"):
+        fit(_config(tmp_path / "wrong", synth_root, init=str(tmp_path / "unet16.pt")))
+
+    seen = {}
+
+    def spy(model, *args, **kwargs):
+        seen.setdefault("first", {k: v.clone() for k, v in model.state_dict().items()})
+        return train_one_epoch(model, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "train_one_epoch", spy)
+    fit(_config(tmp_path / "tuned", synth_root, arch="unet16", encoder=None, epochs=1, init=str(tmp_path / "unet16.pt")))
+    started_from = {f"net.{k}": v for k, v in classic.state_dict().items()}
+    assert all(torch.equal(seen["first"][k], started_from[k]) for k in started_from)
+    assert read_checkpoint(tmp_path / "tuned" / "last.pt")["model"]["config"]["arch"] == "unet16"
 
 
 def test_skip_policy_trains_on_the_rest_and_lists_the_skipped(synth_root, tmp_path):
