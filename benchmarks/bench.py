@@ -3,6 +3,12 @@
     python benchmarks/bench.py synth [--size 256] [--quick]
     python benchmarks/bench.py data [--size 448] [--crop-size 448] [--count 64] [--workers 0 1 2] [--quick]
     python benchmarks/bench.py evaluate [--size 448] [--count 1000] [--quick]
+    python benchmarks/bench.py train [--device cpu|cuda] [--encoder resnet34] [--size 448] [--batch-size 8]
+                                     [--workers 4] [--amp bf16] [--channels-last] [--quick]
+    python benchmarks/bench.py predict [--device ...] [--encoder ...] [--size 448] [--batch-size 8] [--quick]
+
+train and predict compare model-only throughput (tensors already on the device) with
+end-to-end throughput from image files; their ratio is the input pipeline's efficiency.
 
 Each figure is the median over several timed windows after a warm-up window.
 """
@@ -124,6 +130,134 @@ def bench_evaluate(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def _device_sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # process RSS, KiB on Linux
+
+
+def _amp_dtype(args: argparse.Namespace):
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[args.amp]
+
+
+def bench_train(args: argparse.Namespace) -> list[dict]:
+    """Training images/s: the real train_one_epoch fed device tensors, then fed the real loader."""
+    from crackseg import distributed
+    from crackseg.losses import CrackLoss
+    from crackseg.models import build_model
+    from crackseg.train import _StepContext, train_one_epoch
+
+    device = torch.device(args.device)
+    size = args.size[0]
+    steps = 3 if args.quick else 10
+    windows = 2 if args.quick else 5
+    torch.manual_seed(0)
+    model = build_model(args.encoder).to(device)
+    if args.channels_last:
+        model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    env = distributed.Environment(0, 0, 1, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+    context = _StepContext(env, CrackLoss(20.0), _amp_dtype(args), scaler, 1, args.channels_last, None, 10**9)
+    images = torch.randint(0, 256, (args.batch_size, 3, size, size), dtype=torch.uint8, device=device)
+    masks = (torch.rand(args.batch_size, 1, size, size, device=device) < 0.02).to(torch.uint8)
+    on_device = [(images, masks)] * steps
+
+    def model_window(index: int) -> None:
+        train_one_epoch(model, on_device, optimizer, scheduler, context, 1, 1, 0)
+        _device_sync(device)
+
+    model_rate, _ = _median_rate(model_window, steps * args.batch_size, windows)
+    with tempfile.TemporaryDirectory() as tmp:
+        count = steps * args.batch_size
+        write_dataset(Path(tmp), count, (round(size * 1.25), round(size * 1.25)), seed=0, workers=os.cpu_count() or 1)
+        dataset = CrackDataset(open_dataset(Path(tmp)).samples, train_transform(size), seed=0)
+        sampler = EpochSampler(torch.utils.data.RandomSampler(dataset))
+        loader = make_loader(dataset, args.batch_size, sampler, args.workers, device.type == "cuda", drop_last=True)
+
+        def loader_window(index: int) -> None:
+            sampler.set_epoch(index)
+            train_one_epoch(model, loader, optimizer, scheduler, context, 1, 1, 0)
+            _device_sync(device)
+
+        end_rate, _ = _median_rate(loader_window, count // args.batch_size * args.batch_size, windows)
+    common = {"encoder": args.encoder, "size": size, "batch": args.batch_size, "amp": args.amp,
+              "channels_last": args.channels_last, "peak_memory_mb": _peak_memory_mb(device)}
+    return [
+        {"mode": "train", "path": "model only (tensors on the device)", **common, "workers": "-", "images_per_s": round(model_rate, 2)},
+        {"mode": "train", "path": "end to end (files, augmentation, loader)", **common, "workers": args.workers,
+         "images_per_s": round(end_rate, 2), "efficiency": round(end_rate / model_rate, 3)},
+    ]
+
+
+def bench_predict(args: argparse.Namespace) -> list[dict]:
+    """Inference images/s: the model alone, crackseg predict from JPEG files to PNG masks, a naive loop."""
+    from PIL import Image
+
+    from crackseg.checkpoint import FORMAT, VERSION, model_payload, save_atomic
+    from crackseg.models import build_model
+    from crackseg.predict import PredictOptions, predict_folder
+
+    device = torch.device(args.device)
+    size = args.size[0]
+    count = args.batch_size if args.quick else 8 * args.batch_size
+    windows = 1 if args.quick else 3
+    torch.manual_seed(0)
+    model = build_model(args.encoder).to(device).eval()
+    if args.channels_last:
+        model.to(memory_format=torch.channels_last)
+    batch = torch.randint(0, 256, (args.batch_size, 3, size, size), dtype=torch.uint8, device=device)
+    if args.channels_last:
+        batch = batch.contiguous(memory_format=torch.channels_last)
+
+    @torch.inference_mode()
+    def model_window(index: int) -> None:
+        for _ in range(count // args.batch_size):
+            with torch.autocast(device.type, dtype=_amp_dtype(args), enabled=args.amp != "off"):
+                (torch.sigmoid(model(batch).float()) >= 0.5).to("cpu", non_blocking=True)
+        _device_sync(device)
+
+    model_rate, _ = _median_rate(model_window, count // args.batch_size * args.batch_size, windows)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        write_dataset(Path(tmp) / "data", count, (size, size), seed=0, workers=os.cpu_count() or 1)
+        save_atomic({"format": FORMAT, "version": VERSION, "model": model_payload(model)}, Path(tmp) / "model.pt")
+        options = dict(tile=max(size, 1024), batch_size=args.batch_size, workers=args.workers, device=args.device,
+                       amp=args.amp, channels_last=args.channels_last, overwrite=True)
+
+        def crackseg_window(index: int) -> None:
+            predict_folder(Path(tmp) / "model.pt", [str(Path(tmp) / "data" / "images")], PredictOptions(out=Path(tmp) / "out", **options))
+
+        end_rate, _ = _median_rate(crackseg_window, count, windows)
+
+        @torch.inference_mode()
+        def naive_window(index: int) -> None:
+            """The classic tool: one image per pass, fp32, no workers, everything resized to 448 px."""
+            for path in sorted((Path(tmp) / "data" / "images").iterdir()):
+                image = Image.open(path).convert("RGB")
+                pixels = torch.from_numpy(np.asarray(image.resize((448, 448)))).permute(2, 0, 1)[None].to(device)
+                prob = torch.sigmoid(model(pixels))[0, 0].cpu().numpy()
+                mask = Image.fromarray(((prob > 0.5) * 255).astype(np.uint8)).resize(image.size)
+                mask.save(Path(tmp) / "naive.png")
+
+        naive_rate, _ = _median_rate(naive_window, count, windows)
+    common = {"encoder": args.encoder, "size": size, "batch": args.batch_size, "amp": args.amp, "channels_last": args.channels_last}
+    rows.append({"mode": "predict", "path": "model only (forward + threshold)", **common, "images_per_s": round(model_rate, 2)})
+    rows.append({"mode": "predict", "path": f"crackseg predict, JPEG files to PNG masks, {args.workers} workers", **common,
+                 "images_per_s": round(end_rate, 2), "efficiency": round(end_rate / model_rate, 3)})
+    rows.append({"mode": "predict", "path": "naive loop (batch 1, fp32, resize to 448, no workers)", **common, "batch": 1, "amp": "off",
+                 "images_per_s": round(naive_rate, 2), "crackseg_speedup": round(end_rate / naive_rate, 2)})
+    return rows
+
+
 def _environment() -> dict:
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -138,25 +272,36 @@ def _environment() -> dict:
 
 
 def _markdown(rows: list[dict]) -> str:
-    columns = [key for key in rows[0] if not isinstance(rows[0][key], list)]
+    columns = list(dict.fromkeys(key for row in rows for key, value in row.items() if not isinstance(value, list)))
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["synth", "data", "evaluate"])
+    parser.add_argument("mode", choices=["synth", "data", "evaluate", "train", "predict"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (train, predict)")
+    parser.add_argument("--encoder", default="resnet34", help="smp encoder of the UNet (train, predict)")
+    parser.add_argument("--batch-size", type=int, default=8, help="images per step (train, predict)")
+    parser.add_argument("--amp", choices=["bf16", "fp16", "off"], default=None, help="mixed precision (default bf16 on CUDA, off on CPU)")
+    parser.add_argument("--channels-last", action="store_true", help="NHWC layout (train, predict)")
     parser.add_argument("--size", type=parse_size, default=(256, 256), help="image size in px: N or HxW")
     parser.add_argument("--crop-size", type=int, default=448, help="training crop in px (data)")
     parser.add_argument("--count", type=int, default=None, help="images generated (default 64 for data, 1000 for evaluate)")
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="loader worker counts to try (data)")
+    parser.add_argument("--workers", type=int, nargs="+", default=None, help="loader workers: counts to try (data, default 0 1 2) or one count (train, predict, default 2)")
     parser.add_argument("--quick", action="store_true", help="few, short windows: a smoke test, not a figure")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/MODE.json)")
     args = parser.parse_args()
     args.count = args.count or {"data": 64, "evaluate": 1000}.get(args.mode, 64)
+    if args.mode == "data":
+        args.workers = args.workers or [0, 1, 2]
+    else:
+        args.workers = (args.workers or [2])[0]
+    args.amp = args.amp or ("bf16" if args.device.startswith("cuda") else "off")
 
-    rows = {"synth": bench_synth, "data": bench_data, "evaluate": bench_evaluate}[args.mode](args)
+    modes = {"synth": bench_synth, "data": bench_data, "evaluate": bench_evaluate, "train": bench_train, "predict": bench_predict}
+    rows = modes[args.mode](args)
     report = {"environment": _environment(), "rows": rows}
     out = args.out or RESULTS / f"{args.mode}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
