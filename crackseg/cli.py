@@ -14,8 +14,14 @@ from crackseg import __version__
 from crackseg.errors import InputError, RunError
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows defaults after each option and keeps the layout of descriptions."""
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the layout of descriptions; appends an option's default where it tells something."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
 
 
 def _positive_int(text: str) -> int:
@@ -193,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     synth.add_argument("out", type=Path, help="output folder (created if missing)")
     synth.add_argument("--count", type=_positive_int, default=64, help="number of images")
-    synth.add_argument("--size", type=_size, default=(256, 256), help="image size in px: N or HxW (height x width)")
+    synth.add_argument("--size", type=_size, default="256", help="image size in px: N or HxW (height x width)")
     synth.add_argument("--seed", type=int, default=0, help="random seed")
     synth.add_argument("--truth", action="store_true", help="also write truth.json: each crack's length and width in px")
     synth.add_argument("--workers", type=_positive_int, default=1, help="processes generating images in parallel")
