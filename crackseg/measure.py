@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import ndimage
+from scipy.spatial import cKDTree
 from skimage.morphology import skeletonize
 
 ORTHOGONAL, DIAGONAL, CORNER = 0.980, 1.406, 0.091
@@ -44,22 +45,14 @@ def measure_cracks(mask: np.ndarray, min_area: int = 1) -> list[CrackMeasure]:
         return []
     skeleton = skeletonize(mask)
     distance = ndimage.distance_transform_edt(mask)
-    index = np.arange(1, count + 1)
-    areas = ndimage.sum_labels(mask, labels, index).astype(int)
+    areas = np.bincount(labels.ravel(), minlength=count + 1)[1:]
 
     chain = _chain_length_by_label(skeleton, labels, count)
     ends = _end_points(skeleton)
     end_half_widths = np.bincount(labels[ends], weights=distance[ends] - 0.5, minlength=count + 1)[1:]
     lengths = chain + end_half_widths
     lone = lengths <= 0  # specks whose skeleton is one pixel: take the bounding extent
-    widths = _full_width(distance, skeleton)
-    # Near a skeleton end the rounded cap distorts the local width: use the rest where there is one.
-    away_from_ends = skeleton & (ndimage.distance_transform_edt(~ends) > distance + 1)
-    max_widths = np.maximum(
-        ndimage.maximum(np.where(away_from_ends, widths, 0.0), labels, index),
-        ndimage.maximum(np.where(skeleton, 2.0 * distance - 1.0, 0.0), labels, index),
-    )
-
+    max_widths = _max_width_by_label(distance, skeleton, ends, labels, count)
     measures = []
     for number, box in enumerate(ndimage.find_objects(labels)):
         if areas[number] < min_area:
@@ -105,6 +98,27 @@ def _chain_length_by_label(skeleton: np.ndarray, labels: np.ndarray, count: int)
     corners = s & (degree == 2) & ~collinear
     total -= CORNER * np.bincount(labels[corners], minlength=count + 1)
     return total[1:]
+
+
+def _max_width_by_label(distance, skeleton, ends, labels, count) -> np.ndarray:
+    """Largest full width along each skeleton, away from the rounded caps at its ends where possible.
+
+    Works on the skeleton's pixels only (sparse), never on whole-image label reductions.
+    """
+    points = np.argwhere(skeleton)
+    owner = labels[skeleton]
+    widths = _full_width(distance, skeleton)[skeleton]
+    plain = 2.0 * distance[skeleton] - 1.0
+    result = np.zeros(count + 1)
+    np.maximum.at(result, owner, plain)
+    end_points = np.argwhere(ends)
+    if len(end_points):
+        to_end, _ = cKDTree(end_points).query(points)
+        away = to_end > distance[skeleton] + 1  # near an end the cap distorts the local width
+        np.maximum.at(result, owner[away], widths[away])
+    else:
+        np.maximum.at(result, owner, widths)
+    return result[1:]
 
 
 def _end_points(skeleton: np.ndarray) -> np.ndarray:
