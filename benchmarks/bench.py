@@ -87,7 +87,7 @@ def bench_data(args: argparse.Namespace) -> list[dict]:
                     sampler = EpochSampler(torch.utils.data.RandomSampler(dataset))
                     loader = make_loader(dataset, 8, sampler, workers=workers)
 
-                    def window(index: int) -> None:
+                    def window(index: int, sampler=sampler, loader=loader) -> None:
                         sampler.set_epoch(index)
                         for _ in loader:
                             pass

@@ -21,7 +21,6 @@ from PIL import Image, ImageDraw
 from crackseg.data import IMAGE_SUFFIXES, find_samples, load_image, load_mask, open_dataset
 from crackseg.errors import InputError
 from crackseg.metrics import (
-    BINS,
     average_precision,
     background_iou,
     best_f1,

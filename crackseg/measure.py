@@ -16,7 +16,6 @@ Skeletons come from scikit-image, distances and labels from scipy.ndimage.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
