@@ -7,6 +7,13 @@
                                      [--workers 4] [--amp bf16] [--channels-last] [--quick]
     python benchmarks/bench.py predict [--device ...] [--encoder ...] [--size 448] [--batch-size 8] [--quick]
 
+    python benchmarks/bench.py strategies [--device cpu|cuda] [--encoder resnet18] [--size 256] [--batch-size 4] [--quick]
+
+strategies runs real `crackseg train` jobs (one process, DataParallel, DDP for every process
+count the machine allows, DDP + bf16 / fp16 AMP, + channels_last, + compile, + activation
+checkpointing) for 2 epochs each and reports the second epoch's images/s from the run's log.
+On CPU the DDP processes are gloo processes sharing the cores.
+
 train and predict compare model-only throughput (tensors already on the device) with
 end-to-end throughput from image files; their ratio is the input pipeline's efficiency.
 
@@ -258,6 +265,64 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def bench_strategies(args: argparse.Namespace) -> list[dict]:
+    """Training images/s and peak memory per strategy, from real `crackseg train` runs."""
+    import re
+    import subprocess
+
+    cuda = args.device.startswith("cuda")
+    counts = list(range(2, (torch.cuda.device_count() if cuda else os.cpu_count() or 1) + 1))
+    ddp = counts[-1] if counts else None
+    plans = [("single process", 1, [])]
+    if cuda and torch.cuda.device_count() > 1:
+        plans.append(("DataParallel", 1, ["--strategy", "dp"]))
+    plans += [(f"DDP x{n}", n, []) for n in counts]
+    if ddp:
+        amps = ["bf16", "fp16"] if cuda else ["bf16"]  # fp16 autocast with GradScaler needs a GPU
+        plans += [(f"DDP x{ddp} + {amp}", ddp, ["--amp", amp]) for amp in amps]
+        best_amp = ["--amp", "bf16"]
+        plans.append((f"DDP x{ddp} + bf16 + channels_last", ddp, [*best_amp, "--channels-last"]))
+        if not args.quick:
+            plans.append((f"DDP x{ddp} + bf16 + channels_last + compile", ddp, [*best_amp, "--channels-last", "--compile"]))
+        plans.append((f"DDP x{ddp} + bf16 + activation checkpointing", ddp, [*best_amp, "--activation-checkpointing"]))
+    count = 16 if args.quick else 48
+    size = args.size[0]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        write_dataset(data, count, (round(size * 1.25),) * 2, seed=0, workers=os.cpu_count() or 1)
+        for index, (name, processes, flags) in enumerate(plans):
+            run = Path(tmp) / f"run{index}"
+            command = [
+                "bash", str(Path(__file__).resolve().parents[1] / "launch.sh"), "--nproc", str(processes), "--max-restarts", "0",
+                "train", "--data", str(data), "--run", str(run), "--epochs", "2", "--encoder", args.encoder,
+                "--encoder-weights", "none", "--crop-size", str(size), "--batch-size", str(args.batch_size),
+                "--workers", str(args.workers), "--device", args.device, "--val-fraction", "0.1",
+                *([] if "--amp" in flags else ["--amp", "off"]), *flags,
+            ]
+            env = {**os.environ, "PYTHON": sys.executable}
+            for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+                env.pop(key, None)
+            output = Path(tmp) / f"run{index}.out"
+            with open(output, "w") as sink:
+                process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+                # wait4 gives this run's own peak RSS: Linux folds reaped descendants (the workers) into it.
+                _, status, usage = os.wait4(process.pid, 0)
+                process.returncode = os.waitstatus_to_exitcode(status)
+            if process.returncode != 0:
+                raise SystemExit(f"{name} failed:\n{output.read_text()[-4000:]}")
+            log = (run / "train.log").read_text()
+            last = [line for line in log.splitlines() if "epoch 2/2" in line][-1]
+            rate = float(re.search(r"([0-9.]+) img/s", last).group(1))
+            gpu = re.search(r"peak GPU memory ([0-9.]+) GB", last)
+            rows.append({
+                "mode": "strategies", "strategy": name, "processes": processes, "encoder": args.encoder, "size": size,
+                "batch_per_process": args.batch_size, "images_per_s": rate,
+                "peak_memory": f"{gpu.group(1)} GB GPU" if gpu else f"{round(usage.ru_maxrss / 1024)} MB RSS (largest process)",
+            })
+    return rows
+
+
 def _environment() -> dict:
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -280,7 +345,7 @@ def _markdown(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["synth", "data", "evaluate", "train", "predict"])
+    parser.add_argument("mode", choices=["synth", "data", "evaluate", "train", "predict", "strategies"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (train, predict)")
     parser.add_argument("--encoder", default="resnet34", help="smp encoder of the UNet (train, predict)")
     parser.add_argument("--batch-size", type=int, default=8, help="images per step (train, predict)")
@@ -300,7 +365,8 @@ def main() -> None:
         args.workers = (args.workers or [2])[0]
     args.amp = args.amp or ("bf16" if args.device.startswith("cuda") else "off")
 
-    modes = {"synth": bench_synth, "data": bench_data, "evaluate": bench_evaluate, "train": bench_train, "predict": bench_predict}
+    modes = {"synth": bench_synth, "data": bench_data, "evaluate": bench_evaluate, "train": bench_train, "predict": bench_predict,
+             "strategies": bench_strategies}
     rows = modes[args.mode](args)
     report = {"environment": _environment(), "rows": rows}
     out = args.out or RESULTS / f"{args.mode}.json"

@@ -245,6 +245,7 @@ def _train(config, env, run, payload, resolved, split, samples) -> dict:
             )
             elapsed = time.perf_counter() - started
             images_per_s = steps_per_epoch * resolved["global_batch"] / elapsed
+            peak_gb = torch.cuda.max_memory_allocated(env.device) / 2**30 if env.device.type == "cuda" else None
             metrics = None
             distributed.broadcast_buffers(model_without_ddp)
             if epoch % config.val_every == 0 or epoch == config.epochs:
@@ -257,7 +258,7 @@ def _train(config, env, run, payload, resolved, split, samples) -> dict:
                 best = {"metric": config.monitor, "score": metrics[config.monitor], "epoch": epoch}
             if env.is_main:
                 _save_epoch(run, epoch, global_step, model_without_ddp, optimizer, scheduler, scaler, best, metrics, config, resolved, split, improved)
-                _report(writer, epoch, config.epochs, train_loss, images_per_s, metrics, validation if metrics else None, best)
+                _report(writer, epoch, config.epochs, train_loss, images_per_s, peak_gb, metrics, validation if metrics else None, best)
             distributed.barrier()
     finally:
         if writer is not None:
@@ -648,9 +649,12 @@ def _link_atomic(source: Path, target: Path) -> None:
     os.replace(temp, target)
 
 
-def _report(writer, epoch, epochs, train_loss, images_per_s, metrics, validation, best) -> None:
+def _report(writer, epoch, epochs, train_loss, images_per_s, peak_gb, metrics, validation, best) -> None:
     line = f"epoch {epoch}/{epochs}  train loss {train_loss:.4f}  {images_per_s:.1f} img/s"
     writer.add_scalar("train/epoch_loss", train_loss, epoch)
+    if peak_gb is not None:
+        line += f"  peak GPU memory {peak_gb:.2f} GB"
+        writer.add_scalar("train/peak_gpu_memory_gb", peak_gb, epoch)
     if metrics:
         line += (
             f"  val loss {metrics['loss']:.4f}  F1 {metrics['f1']:.4f} @ {metrics['threshold']:.2f}  IoU {metrics['iou']:.4f}"

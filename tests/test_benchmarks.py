@@ -18,6 +18,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
     ("evaluate", ["--size", "64"]),
     ("train", ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "2", "--workers", "0"]),
     ("predict", ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "4", "--workers", "0"]),
+    ("strategies", ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "2", "--workers", "0"]),
 ])
 def test_benchmark_mode_runs(tmp_path, mode, extra):
     out = tmp_path / f"{mode}.json"
