@@ -12,14 +12,13 @@ enough for :func:`load_model`.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from crackseg.errors import InputError
+from crackseg.files import write_atomic
 from crackseg.models import CLASSIC_ENCODERS, CrackSegModel, build_model, load_torch_file, model_from_config
 
 FORMAT = "crackseg"
@@ -28,34 +27,8 @@ _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # added by DDP / DataParallel and
 
 
 def save_atomic(payload: dict, path: Path) -> None:
-    """Write ``payload`` to a temp file beside ``path``, fsync it, then rename it into place.
-
-    A crash at any moment leaves either the old file or the new one, never a torn one.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes 0600; keep the usual permissions
-        with os.fdopen(handle, "wb") as file:
-            torch.save(payload, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
+    """``torch.save`` to a temp file beside ``path``, fsynced, then renamed into place."""
+    write_atomic(path, lambda file: torch.save(payload, file), durable=True)
 
 
 def read_checkpoint(path: Path) -> dict:

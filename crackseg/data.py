@@ -24,6 +24,7 @@ from PIL import Image, UnidentifiedImageError
 from torchvision import tv_tensors
 
 from crackseg.errors import InputError
+from crackseg.files import write_atomic
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff")
 SPLITS = ("train", "val", "test")
@@ -268,7 +269,7 @@ def make_split(
 
 
 def save_split(path: Path, split: dict[str, list[str]]) -> None:
-    path.write_text(json.dumps(split, indent=1) + "\n")
+    write_atomic(path, json.dumps(split, indent=1) + "\n")
 
 
 def load_split(path: Path) -> dict[str, list[str]]:

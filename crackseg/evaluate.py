@@ -20,6 +20,7 @@ from PIL import Image, ImageDraw
 
 from crackseg.data import IMAGE_SUFFIXES, find_samples, load_image, load_mask, open_dataset
 from crackseg.errors import InputError
+from crackseg.files import write_atomic
 from crackseg.metrics import (
     average_precision,
     background_iou,
@@ -180,12 +181,12 @@ def write_report(report: dict, out: Path) -> None:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {key: value for key, value in report.items() if key not in ("per_image", "pr_curve")}
-    (out / "report.json").write_text(json.dumps({**summary, "pr_curve": report["pr_curve"]}, indent=1) + "\n")
-    (out / "per_image.csv").write_text(_csv(report["per_image"]))
-    (out / "pr_curve.csv").write_text(_csv(report["pr_curve"]))
+    write_atomic(out / "report.json", json.dumps({**summary, "pr_curve": report["pr_curve"]}, indent=1) + "\n")
+    write_atomic(out / "per_image.csv", _csv(report["per_image"]))
+    write_atomic(out / "pr_curve.csv", _csv(report["pr_curve"]))
     _plot_pr_curve(report, out / "pr_curve.png")
     definitions = "\n".join(f"- **{name}**: {text}" for name, text in report["definitions"].items())
-    (out / "report.md").write_text(f"# Crack segmentation report\n\n```\n{format_table(report)}\n```\n\n## Definitions\n\n{definitions}\n")
+    write_atomic(out / "report.md", f"# Crack segmentation report\n\n```\n{format_table(report)}\n```\n\n## Definitions\n\n{definitions}\n")
 
 
 def _csv(rows: list[dict]) -> str:
@@ -216,7 +217,7 @@ def _plot_pr_curve(report: dict, path: Path, size: int = 480, margin: int = 48) 
     ods = report["ods"]
     x, y = point(ods["recall"], ods["precision"])
     draw.ellipse([x - 4, y - 4, x + 4, y + 4], outline=(30, 30, 200), width=2)
-    image.save(path)
+    write_atomic(path, lambda file: image.save(file, "PNG"))
 
 
 def _split_stems(path: Path) -> list[str]:

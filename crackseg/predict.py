@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import glob
 import io
-import os
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from crackseg import distributed
 from crackseg.checkpoint import load_model
 from crackseg.data import IMAGE_SUFFIXES, load_image
 from crackseg.errors import InputError
+from crackseg.files import write_atomic
 from crackseg.measure import measure_cracks
 
 
@@ -341,7 +341,7 @@ def _write_outputs(out: Path, item: tuple[Path, str], image: torch.Tensor, prob:
     elif options.save_prob == 16:
         _write_png(out / "probs" / f"{name}.png", (prob.double() * 65535).round().numpy().astype(np.uint16))
     if options.overlay:
-        _write_bytes(out / "overlays" / f"{name}.jpg", _overlay_jpeg(image, mask))
+        write_atomic(out / "overlays" / f"{name}.jpg", _overlay_jpeg(image, mask))
     return _summarize(path, mask_path, mask, options.px_size, "ok")
 
 
@@ -389,15 +389,7 @@ def _overlay_jpeg(image: torch.Tensor, mask: np.ndarray) -> bytes:
 def _write_png(path: Path, array: np.ndarray) -> None:
     buffer = io.BytesIO()
     Image.fromarray(array).save(buffer, "PNG", compress_level=1)
-    _write_bytes(path, buffer.getvalue())
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, then rename: an interruption never leaves a truncated file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_bytes(data)
-    os.replace(temp, path)
+    write_atomic(path, buffer.getvalue())
 
 
 def _write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
@@ -408,4 +400,4 @@ def _write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -
     writer = csv.DictWriter(buffer, columns, restval="")
     writer.writeheader()
     writer.writerows(rows)
-    _write_bytes(path, buffer.getvalue().encode())
+    write_atomic(path, buffer.getvalue())

@@ -23,6 +23,7 @@ from PIL import Image
 from scipy import ndimage, special
 
 from crackseg.errors import InputError
+from crackseg.files import write_atomic
 
 CRACK_FREE_FRACTION = 0.15
 MAX_CRACK_WIDTH = 10.0
@@ -117,7 +118,7 @@ def write_dataset(
 
     if truth:
         table = {stem: [vars(c) for c in cracks] for stem, cracks in results}
-        (out / "truth.json").write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        write_atomic(out / "truth.json", json.dumps(table, indent=1, sort_keys=True) + "\n")
     return [stem for stem, _ in results]
 
 

@@ -59,6 +59,7 @@ from crackseg.data import (
     usable_samples,
 )
 from crackseg.errors import InputError, RunError
+from crackseg.files import write_atomic
 from crackseg.losses import CrackLoss
 from crackseg.metrics import BINS, best_f1, counts_by_threshold, scores_at, threshold_histograms
 from crackseg.models import build_model, enable_activation_checkpointing
@@ -508,7 +509,7 @@ def _scan_and_split(config: TrainConfig, env: distributed.Environment, run: Path
     samples = usable_samples(found, config.on_bad_sample)
     run.mkdir(parents=True, exist_ok=True)
     if found.problems:
-        (run / "skipped.txt").write_text("".join(f"{problem}\n" for problem in found.problems))
+        write_atomic(run / "skipped.txt", "".join(f"{problem}\n" for problem in found.problems))
     if payload is not None:
         split = load_split(run / "split.json") if (run / "split.json").is_file() else payload["split"]
         resolved = dict(payload["config"]["resolved"])
@@ -523,7 +524,7 @@ def _scan_and_split(config: TrainConfig, env: distributed.Environment, run: Path
         raise InputError(f"{len(lost)} images of the saved split are no longer usable (e.g. {lost[0]}); see the problems with crackseg inspect")
     resolved["workers"] = _workers(config)
     save_split(run / "split.json", split)
-    (run / "config.json").write_text(json.dumps({"options": dataclasses.asdict(config), "resolved": resolved}, indent=1) + "\n")
+    write_atomic(run / "config.json", json.dumps({"options": dataclasses.asdict(config), "resolved": resolved}, indent=1) + "\n")
     return resolved, split, samples
 
 
