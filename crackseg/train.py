@@ -63,7 +63,7 @@ from crackseg.files import write_atomic
 from crackseg.losses import CrackLoss
 from crackseg.metrics import BINS, best_f1, counts_by_threshold, scores_at, threshold_histograms
 from crackseg.models import build_model, enable_activation_checkpointing
-from crackseg.transforms import train_transform
+from crackseg.transforms import PhotometricJitter, train_transform
 
 log = logging.getLogger("crackseg.train")
 
@@ -235,7 +235,9 @@ def _train(config, env, run, payload, resolved, split, samples) -> dict:
             f"global batch {resolved['global_batch']}, lr {resolved['lr']:.3g}, "
             f"pos_weight {'none' if resolved['pos_weight'] is None else format(resolved['pos_weight'], '.2f')}, amp {resolved['amp']}"
         )
-    context = _StepContext(env, loss_fn, amp_dtype, scaler, config.grad_accum, config.channels_last, config.clip_grad, config.log_every)
+    context = _StepContext(
+        env, loss_fn, amp_dtype, scaler, config.grad_accum, config.channels_last, config.clip_grad, config.log_every, PhotometricJitter()
+    )
     try:
         for epoch in range(start_epoch, config.epochs + 1):
             _seed_epoch(config.seed, epoch, env.rank)
@@ -279,9 +281,12 @@ class _StepContext:
     channels_last: bool
     clip_grad: float | None
     log_every: int
+    augment: PhotometricJitter | None = None
 
-    def to_device(self, images: torch.Tensor) -> torch.Tensor:
+    def to_device(self, images: torch.Tensor, augment: bool = False) -> torch.Tensor:
         images = images.to(self.env.device, non_blocking=True)
+        if augment and self.augment is not None:
+            images = self.augment(images)
         return images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
 
     def autocast(self):
@@ -312,7 +317,7 @@ def train_one_epoch(model, loader, optimizer, scheduler, context: _StepContext, 
     micro_batches = []
     step = 0
     for images, masks in loader:
-        micro_batches.append((context.to_device(images), masks.to(device, non_blocking=True)))
+        micro_batches.append((context.to_device(images, augment=True), masks.to(device, non_blocking=True)))
         if len(micro_batches) < context.grad_accum:
             continue
         step += 1

@@ -25,7 +25,7 @@ from crackseg.data import (
     usable_samples,
 )
 from crackseg.errors import InputError
-from crackseg.transforms import train_transform
+from crackseg.transforms import PhotometricJitter, gaussian_blur, train_transform
 
 
 def _dataset(root: Path, stems, size=(24, 32), mask_suffix=".png", mask_pattern="{stem}") -> Path:
@@ -194,7 +194,7 @@ def test_augmentation_keeps_image_and_mask_aligned(tmp_path):
     Image.fromarray(mask * 255).save(tmp_path / "m.png")
     sample = data.Sample("i", tmp_path / "i.png", tmp_path / "m.png")
     for scale in [(1.0, 1.0), (0.6, 1.6)]:
-        dataset = CrackDataset([sample], train_transform(48, scale=scale, photometric=False), seed=0)
+        dataset = CrackDataset([sample], train_transform(48, scale=scale), seed=0)
         for epoch in range(12):
             out_image, out_mask = dataset[(epoch, 0)]
             assert out_image.shape == (3, 48, 48) and out_mask.shape == (1, 48, 48)
@@ -213,6 +213,43 @@ def test_augmentation_is_a_function_of_seed_epoch_and_index(synth_root):
     assert torch.equal(dataset[(2, 3)][0], first)
     assert not torch.equal(dataset[(3, 3)][0], first)
     assert not torch.equal(CrackDataset(found.samples, train_transform(32), seed=2)[(2, 3)][0], first)
+
+
+def test_photometric_jitter_matches_torchvision():
+    from torchvision.transforms.v2 import functional as TF
+
+    images = torch.randint(0, 256, (6, 3, 20, 24), dtype=torch.uint8)
+    scaled = images.float() / 255
+    for sigma in (0.3, 1.1):
+        expected = torch.stack([TF.gaussian_blur(image, [5, 5], [sigma, sigma]) for image in scaled])
+        assert torch.allclose(gaussian_blur(scaled, torch.full((6,), sigma), 5), expected, atol=1e-6)
+
+    jitter_only = PhotometricJitter(jitter_p=1.0, blur_p=0.0, noise_p=0.0)
+    torch.manual_seed(3)
+    out = jitter_only(images)
+    torch.manual_seed(3)
+    torch.rand(6)  # the draw that chooses which images to jitter (all, at p=1)
+    brightness = 0.75 + 0.5 * torch.rand(6)
+    contrast = 0.75 + 0.5 * torch.rand(6)
+    for image, result, b, c in zip(scaled, out, brightness, contrast):
+        expected = TF.adjust_contrast(TF.adjust_brightness(image, b.item()), c.item())
+        assert torch.allclose(result, expected, atol=1e-5)
+    assert len({round(float(r.mean()), 4) for r in out}) == 6  # one draw per image
+
+
+def test_photometric_jitter_choices_and_reproducibility():
+    images = torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8)
+    assert torch.equal(PhotometricJitter(jitter_p=0.0, blur_p=0.0, noise_p=0.0)(images), images.float() / 255)
+    noise_only = PhotometricJitter(jitter_p=0.0, blur_p=0.0, noise_p=0.5)
+    changed = (noise_only(images) != images.float() / 255).flatten(1).any(dim=1)
+    assert 16 < int(changed.sum()) < 48
+    jitter = PhotometricJitter()
+    torch.manual_seed(7)
+    first = jitter(images)
+    assert first.dtype == torch.float32 and 0 <= first.min() and first.max() <= 1
+    torch.manual_seed(7)
+    assert torch.equal(jitter(images), first)
+    assert not torch.equal(jitter(images), first)
 
 
 def test_loader_workers_and_cache_give_the_same_batches(synth_root):
