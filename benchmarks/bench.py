@@ -16,6 +16,11 @@ On CPU the DDP processes are gloo processes sharing the cores.
 
 train and predict compare model-only throughput (tensors already on the device) with
 end-to-end throughput from image files; their ratio is the input pipeline's efficiency.
+They also count the model's FLOPs per image (torch.utils.flop_counter; training counts
+forward and backward) and report the achieved TFLOP/s, and the fraction of the device's
+peak where it is known (--peak-tflops gives it for other devices).
+data times the loader's decoding and geometric augmentation by worker count, and the
+photometric jitter that the training step runs on the device.
 
 Each figure is the median over several timed windows after a warm-up window.
 """
@@ -23,6 +28,7 @@ Each figure is the median over several timed windows after a warm-up window.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -39,7 +45,7 @@ import torch
 import crackseg
 from crackseg.data import CrackDataset, EpochSampler, make_loader, open_dataset
 from crackseg.synth import parse_size, write_dataset
-from crackseg.transforms import train_transform
+from crackseg.transforms import PhotometricJitter, train_transform
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -100,9 +106,21 @@ def bench_data(args: argparse.Namespace) -> list[dict]:
                             pass
 
                     rate, _ = _median_rate(window, len(dataset), epochs)
-                    rows.append({"mode": "data", "what": ("augment" if augment else "decode only") + (" + cache" if cache else ""),
+                    rows.append({"mode": "data", "what": ("geometric augmentation" if augment else "decode only") + (" + cache" if cache else ""),
                                  "size": f"{height}x{width}", "workers": workers, "images_per_s": round(rate, 1),
                                  "per_worker": round(rate / max(workers, 1), 1)})
+    device = torch.device(args.device)
+    batch = torch.randint(0, 256, (8, 3, args.crop_size, args.crop_size), dtype=torch.uint8, device=device)
+    jitter = PhotometricJitter()
+
+    def jitter_window(index: int) -> None:
+        for _ in range(2 if args.quick else 10):
+            jitter(batch)
+        _device_sync(device)
+
+    rate, _ = _median_rate(jitter_window, (2 if args.quick else 10) * 8, 2 if args.quick else 5)
+    rows.append({"mode": "data", "what": f"photometric jitter on {device.type}, batches of 8 (training step, not loader)",
+                 "size": f"{args.crop_size}x{args.crop_size}", "workers": "-", "images_per_s": round(rate, 1), "per_worker": "-"})
     return rows
 
 
@@ -150,6 +168,38 @@ def _peak_memory_mb(device: torch.device) -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # process RSS, KiB on Linux
 
 
+# Dense bf16 / fp16 tensor-core peaks from NVIDIA's datasheets, by a part of the device name.
+PEAK_TFLOPS = {"H100 80GB HBM3": 989.4, "H100 PCIe": 756.5, "H100 NVL": 835.5, "H200": 989.4, "A100": 312.0}
+
+
+def _flops_per_image(model: torch.nn.Module, size: int, device: torch.device, train: bool) -> int:
+    """FLOPs of one size x size image: forward, plus backward when ``train`` (torch.utils.flop_counter)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    image = torch.randint(0, 256, (1, 3, size, size), dtype=torch.uint8, device=device)
+    with FlopCounterMode(display=False) as counter:
+        if train:
+            model(image).sum().backward()
+        else:
+            with torch.no_grad():
+                model(image)
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def _compute(flops_per_image: int, images_per_s: float, device: torch.device, args: argparse.Namespace) -> dict:
+    """Achieved TFLOP/s at this rate and, where the device's peak is known, the fraction of it."""
+    achieved = flops_per_image * images_per_s / 1e12
+    figures = {"gflop_per_image": round(flops_per_image / 1e9, 1), "achieved_tflops": round(achieved, 3)}
+    peak = args.peak_tflops
+    if peak is None and device.type == "cuda" and args.amp in ("bf16", "fp16"):
+        name = torch.cuda.get_device_name(device)
+        peak = next((value for part, value in PEAK_TFLOPS.items() if part in name), None)
+    if peak:
+        figures["fraction_of_peak"] = round(achieved / peak, 3)
+    return figures
+
+
 def _amp_dtype(args: argparse.Namespace):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[args.amp]
 
@@ -173,13 +223,15 @@ def bench_train(args: argparse.Namespace) -> list[dict]:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     env = distributed.Environment(0, 0, 1, device)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
-    context = _StepContext(env, CrackLoss(20.0), _amp_dtype(args), scaler, 1, args.channels_last, None, 10**9)
+    model_only = _StepContext(env, CrackLoss(20.0), _amp_dtype(args), scaler, 1, args.channels_last, None, 10**9)
+    end_to_end = dataclasses.replace(model_only, augment=PhotometricJitter())
+    flops = _flops_per_image(model, size, device, train=True)
     images = torch.randint(0, 256, (args.batch_size, 3, size, size), dtype=torch.uint8, device=device)
     masks = (torch.rand(args.batch_size, 1, size, size, device=device) < 0.02).to(torch.uint8)
     on_device = [(images, masks)] * steps
 
     def model_window(index: int) -> None:
-        train_one_epoch(model, on_device, optimizer, scheduler, context, 1, 1, 0)
+        train_one_epoch(model, on_device, optimizer, scheduler, model_only, 1, 1, 0)
         _device_sync(device)
 
     model_rate, _ = _median_rate(model_window, steps * args.batch_size, windows)
@@ -192,16 +244,17 @@ def bench_train(args: argparse.Namespace) -> list[dict]:
 
         def loader_window(index: int) -> None:
             sampler.set_epoch(index)
-            train_one_epoch(model, loader, optimizer, scheduler, context, 1, 1, 0)
+            train_one_epoch(model, loader, optimizer, scheduler, end_to_end, 1, 1, 0)
             _device_sync(device)
 
         end_rate, _ = _median_rate(loader_window, count // args.batch_size * args.batch_size, windows)
     common = {"encoder": args.encoder, "size": size, "batch": args.batch_size, "amp": args.amp,
               "channels_last": args.channels_last, "peak_memory_mb": _peak_memory_mb(device)}
     return [
-        {"mode": "train", "path": "model only (tensors on the device)", **common, "workers": "-", "images_per_s": round(model_rate, 2)},
+        {"mode": "train", "path": "model only (tensors on the device)", **common, "workers": "-", "images_per_s": round(model_rate, 2),
+         **_compute(flops, model_rate, device, args)},
         {"mode": "train", "path": "end to end (files, augmentation, loader)", **common, "workers": args.workers,
-         "images_per_s": round(end_rate, 2), "efficiency": round(end_rate / model_rate, 3)},
+         "images_per_s": round(end_rate, 2), "efficiency": round(end_rate / model_rate, 3), **_compute(flops, end_rate, device, args)},
     ]
 
 
@@ -221,6 +274,7 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
     model = build_model(args.encoder).to(device).eval()
     if args.channels_last:
         model.to(memory_format=torch.channels_last)
+    flops = _flops_per_image(model, size, device, train=False)
     batch = torch.randint(0, 256, (args.batch_size, 3, size, size), dtype=torch.uint8, device=device)
     if args.channels_last:
         batch = batch.contiguous(memory_format=torch.channels_last)
@@ -257,7 +311,8 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
 
         naive_rate, _ = _median_rate(naive_window, count, windows)
     common = {"encoder": args.encoder, "size": size, "batch": args.batch_size, "amp": args.amp, "channels_last": args.channels_last}
-    rows.append({"mode": "predict", "path": "model only (forward + threshold)", **common, "images_per_s": round(model_rate, 2)})
+    rows.append({"mode": "predict", "path": "model only (forward + threshold)", **common, "images_per_s": round(model_rate, 2),
+                 **_compute(flops, model_rate, device, args)})
     rows.append({"mode": "predict", "path": f"crackseg predict, JPEG files to PNG masks, {args.workers} workers", **common,
                  "images_per_s": round(end_rate, 2), "efficiency": round(end_rate / model_rate, 3)})
     rows.append({"mode": "predict", "path": "naive loop (batch 1, fp32, resize to 448, no workers)", **common, "batch": 1, "amp": "off",
@@ -346,7 +401,7 @@ def _markdown(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["synth", "data", "evaluate", "train", "predict", "strategies"])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (train, predict)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (data, train, predict)")
     parser.add_argument("--encoder", default="resnet34", help="smp encoder of the UNet (train, predict)")
     parser.add_argument("--batch-size", type=int, default=8, help="images per step (train, predict)")
     parser.add_argument("--amp", choices=["bf16", "fp16", "off"], default=None, help="mixed precision (default bf16 on CUDA, off on CPU)")
@@ -355,6 +410,8 @@ def main() -> None:
     parser.add_argument("--crop-size", type=int, default=448, help="training crop in px (data)")
     parser.add_argument("--count", type=int, default=None, help="images generated (default 64 for data, 1000 for evaluate)")
     parser.add_argument("--workers", type=int, nargs="+", default=None, help="loader workers: counts to try (data, default 0 1 2) or one count (train, predict, default 2)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the device's peak TFLOP/s at this precision, for the fraction of peak (known H100/H200/A100 bf16 peaks are built in)")
     parser.add_argument("--quick", action="store_true", help="few, short windows: a smoke test, not a figure")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/MODE.json)")
     args = parser.parse_args()
