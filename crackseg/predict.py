@@ -45,6 +45,7 @@ class PredictOptions:
     overlay: bool = False
     resize: tuple[int, int] | None = None
     px_size: float | None = None  # millimetres per pixel
+    measure: bool = True
     overwrite: bool = False
     skip_existing: bool = False
     workers: int = 2
@@ -279,7 +280,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     for key in mine:
         if options.skip_existing and mask_paths[key].exists():
             mask = np.asarray(Image.open(mask_paths[key]).convert("L")) > 127
-            rows[key], cracks = _summarize(listed[key][0], mask_paths[key], mask, options.px_size, "skipped: exists")
+            rows[key], cracks = _summarize(listed[key][0], mask_paths[key], mask, options, "skipped: exists")
             crack_rows += cracks
         else:
             todo.append((key, listed[key][0]))
@@ -314,7 +315,10 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     if env.is_main:
         all_rows = {k: v for part in gathered for k, v in part[0].items()}
         _write_csv(out / "predictions.csv", [all_rows[k] for k in sorted(all_rows)])
-        _write_csv(out / "cracks.csv", sorted((r for part in gathered for r in part[1]), key=lambda r: (r["path"], r["crack"])))
+        if options.measure:
+            _write_csv(out / "cracks.csv", sorted((r for part in gathered for r in part[1]), key=lambda r: (r["path"], r["crack"])))
+        elif options.overwrite:
+            (out / "cracks.csv").unlink(missing_ok=True)  # it measured masks this run replaced
         all_errors = [e for part in gathered for e in part[2]]
         if all_errors or (out / "errors.csv").exists():
             _write_csv(out / "errors.csv", all_errors, ["path", "error"])
@@ -342,36 +346,35 @@ def _write_outputs(out: Path, item: tuple[Path, str], image: torch.Tensor, prob:
         _write_png(out / "probs" / f"{name}.png", (prob.double() * 65535).round().numpy().astype(np.uint16))
     if options.overlay:
         write_atomic(out / "overlays" / f"{name}.jpg", _overlay_jpeg(image, mask))
-    return _summarize(path, mask_path, mask, options.px_size, "ok")
+    return _summarize(path, mask_path, mask, options, "ok")
 
 
-def _summarize(path: Path, mask_path: Path, mask: np.ndarray, px_size: float | None, status: str) -> tuple[dict, list[dict]]:
-    cracks = measure_cracks(mask)
+def _summarize(path: Path, mask_path: Path, mask: np.ndarray, options: PredictOptions, status: str) -> tuple[dict, list[dict]]:
+    """predictions.csv's row for one mask and, when measuring, cracks.csv's rows."""
     height, width = mask.shape
-    total_length = sum(c.length_px for c in cracks)
-    row = {
-        "path": str(path),
-        "mask": str(mask_path),
-        "width": width,
-        "height": height,
-        "crack_fraction": round(float(mask.mean()), 6),
-        "cracks": len(cracks),
-        "length_px": round(total_length, 2),
-        "mean_width_px": round(sum(c.mean_width_px * c.length_px for c in cracks) / total_length, 3) if total_length else 0.0,
-        "max_width_px": round(max((c.max_width_px for c in cracks), default=0.0), 3),
-        "area_px": int(mask.sum()),
-    }
+    row = {"path": str(path), "mask": str(mask_path), "width": width, "height": height, "crack_fraction": round(float(mask.mean()), 6)}
+    cracks = measure_cracks(mask) if options.measure else []
+    if options.measure:
+        total_length = sum(c.length_px for c in cracks)
+        row |= {
+            "cracks": len(cracks),
+            "length_px": round(total_length, 2),
+            "mean_width_px": round(sum(c.mean_width_px * c.length_px for c in cracks) / total_length, 3) if total_length else 0.0,
+            "max_width_px": round(max((c.max_width_px for c in cracks), default=0.0), 3),
+        }
+    row["area_px"] = int(mask.sum())
     crack_rows = [
         {"path": str(path), "crack": number, "length_px": round(c.length_px, 2), "mean_width_px": round(c.mean_width_px, 3),
          "max_width_px": round(c.max_width_px, 3), "area_px": c.area_px, "top": c.bbox[0], "left": c.bbox[1],
          "bottom": c.bbox[2], "right": c.bbox[3]}
         for number, c in enumerate(cracks, 1)
     ]
-    if px_size is not None:
+    if options.px_size is not None:
         for item in [row, *crack_rows]:
             for key in ("length", "mean_width", "max_width"):
-                item[f"{key}_mm"] = round(item[f"{key}_px"] * px_size, 4)
-            item["area_mm2"] = round(item["area_px"] * px_size**2, 4)
+                if f"{key}_px" in item:
+                    item[f"{key}_mm"] = round(item[f"{key}_px"] * options.px_size, 4)
+            item["area_mm2"] = round(item["area_px"] * options.px_size**2, 4)
     row["status"] = status
     return row, crack_rows
 

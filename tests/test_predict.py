@@ -131,6 +131,19 @@ def test_tiles_of_many_images_share_batches(model):
     assert sorted(results) == list(range(10)) and calls == [4, 4, 2]
 
 
+def test_no_measure_writes_the_same_masks_without_measurements(tmp_path, checkpoint):
+    _photos(tmp_path / "in", [(40, 56), (64, 64)])
+    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--px-size", 0.5) == 0
+    measured = {p.name: p.read_bytes() for p in (tmp_path / "out" / "masks").iterdir()}
+    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--px-size", 0.5,
+                    "--no-measure", "--overwrite") == 0
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out" / "masks").iterdir()} == measured
+    assert not (tmp_path / "out" / "cracks.csv").exists()  # it described the replaced masks
+    rows = _rows(tmp_path / "out" / "predictions.csv")
+    assert len(rows) == 2 and all(float(row["area_mm2"]) == int(row["area_px"]) * 0.25 for row in rows)
+    assert not {"cracks", "length_px", "mean_width_px", "max_width_px", "length_mm"} & set(rows[0])
+
+
 def test_corrupt_input_is_listed_and_the_rest_written(tmp_path, checkpoint):
     _photos(tmp_path / "in", [(32, 32), (32, 32)])
     (tmp_path / "in" / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")
