@@ -275,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--threshold", type=float, default=None, help="crack probability threshold (default: the checkpoint's best validation F1 threshold)")
     predict.add_argument("--tile", type=_positive_int, default=1024, help="tile side in px; larger images run as overlapping tiles")
     predict.add_argument("--overlap", type=int, default=128, help="overlap between neighbouring tiles in px, blended smoothly")
-    predict.add_argument("--batch-size", type=_positive_int, default=8, help="tiles per forward pass (tiles of several images share a batch)")
+    predict.add_argument("--batch-size", type=_positive_int, default=None,
+                         help="tiles per forward pass; tiles of several images share a batch (default 8 on a GPU, 1 on CPU, where batches ran slower)")
     predict.add_argument("--tta", choices=["none", "flip", "d4"], default="none", help="average probabilities over a horizontal flip, or all 8 flips and rotations")
     predict.add_argument("--save-prob", type=int, choices=[8, 16], default=None, help="also write OUT/probs/<name>.png, the probability map as 8- or 16-bit PNG")
     predict.add_argument("--overlay", action="store_true", help="also write OUT/overlays/<name>.jpg, the photo with cracks tinted red")
@@ -315,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     evaluate.add_argument("--device", default="auto", help="device for --checkpoint: auto, cuda or cpu")
     evaluate.add_argument("--tile", type=_positive_int, default=1024, help="tile side in px for --checkpoint")
-    evaluate.add_argument("--batch-size", type=_positive_int, default=8, help="tiles per forward pass for --checkpoint")
+    evaluate.add_argument("--batch-size", type=_positive_int, default=None, help="tiles per forward pass for --checkpoint (default 8 on a GPU, 1 on CPU)")
     evaluate.set_defaults(handler=_cmd_evaluate)
     return parser
 

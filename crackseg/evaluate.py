@@ -87,7 +87,7 @@ def evaluate_files(pred: Path, gt: Path, split: Path | None = None, tolerance: f
 
 def evaluate_checkpoint(
     checkpoint: Path, root: Path, split: str = "test", tolerance: float = 0.0, threshold: float | None = None,
-    device: str = "auto", tile: int = 1024, batch_size: int = 8,
+    device: str = "auto", tile: int = 1024, batch_size: int | None = None,
 ) -> dict:
     """Predict the images of a dataset split with ``checkpoint`` and score them."""
     from crackseg.checkpoint import load_model

@@ -97,14 +97,19 @@ class PhotometricJitter:
         sigma = uniform(*self.blur_sigma)[blurred]
         noisy = torch.nonzero(torch.rand(count) < self.noise_p).flatten()
 
-        factors = torch.stack([brightness, contrast]).view(2, count, 1, 1, 1).to(device, non_blocking=True)
+        def to_device(values: torch.Tensor) -> torch.Tensor:
+            return values.to(device, non_blocking=True)  # a blocking copy would wait for the device
+
+        factors = to_device(torch.stack([brightness, contrast]).view(2, count, 1, 1, 1))
         x = (images.float() / 255 * factors[0]).clamp_(0, 1)
-        grey_mean = (x.mean(dim=(-2, -1)) @ GREY_WEIGHTS.to(device)).view(count, 1, 1, 1)
+        grey_mean = (x.mean(dim=(-2, -1)) @ to_device(GREY_WEIGHTS)).view(count, 1, 1, 1)
         x = (factors[1] * x + (1 - factors[1]) * grey_mean).clamp_(0, 1)
         if len(blurred):
-            x[blurred] = gaussian_blur(x[blurred], sigma.to(device), self.blur_size)
+            index = to_device(blurred)
+            x[index] = gaussian_blur(x[index], to_device(sigma), self.blur_size)
         if len(noisy):
-            x[noisy] = (x[noisy] + self.noise_sigma * torch.randn((len(noisy), *x.shape[1:]), device=device)).clamp_(0, 1)
+            index = to_device(noisy)
+            x[index] = (x[index] + self.noise_sigma * torch.randn((len(noisy), *x.shape[1:]), device=device)).clamp_(0, 1)
         return x
 
 
