@@ -15,7 +15,7 @@ import csv
 import glob
 import io
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -300,7 +300,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
             decoded[key] = image
             yield key, image
 
-    with ThreadPoolExecutor(max(2, options.workers)) as writers:
+    with ThreadPoolExecutor(options.workers) if options.workers else _Inline() as writers:
         futures = []
         for key, prob in tqdm(predictor.probabilities(images()), total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
             image = decoded.pop(key)
@@ -326,6 +326,18 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
         print(f"{len(all_rows)} images predicted into {out}" + (f"; {len(all_errors)} failed, listed in {out / 'errors.csv'}" if all_errors else ""))
         return 1 if all_errors else 0
     return 0
+
+
+class _Inline(Executor):
+    """Runs each task as it is submitted: with --workers 0 all work stays in the main thread."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as error:  # delivered by result(), as a thread pool would
+            future.set_exception(error)
+        return future
 
 
 def _gather(part, env: distributed.Environment) -> list:

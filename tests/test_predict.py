@@ -144,6 +144,20 @@ def test_no_measure_writes_the_same_masks_without_measurements(tmp_path, checkpo
     assert not {"cracks", "length_px", "mean_width_px", "max_width_px", "length_mm"} & set(rows[0])
 
 
+def test_workers_and_writer_threads_give_what_the_main_process_gives(tmp_path, checkpoint):
+    _photos(tmp_path / "in", [(40, 56), (64, 64), (33, 47)])
+    (tmp_path / "in" / "broken.jpg").write_bytes(b"not an image")
+    outputs = []
+    for workers in ("0", "2"):
+        out = tmp_path / f"out{workers}"
+        assert main(["predict", str(tmp_path / "in"), "--checkpoint", str(checkpoint), "--out", str(out),
+                     "--device", "cpu", "--workers", workers]) == 1
+        masks = {p.name: p.read_bytes() for p in (out / "masks").iterdir()}
+        rows = [{k: v for k, v in row.items() if k != "mask"} for row in _rows(out / "predictions.csv")]
+        outputs.append((masks, rows, (out / "cracks.csv").read_text(), len(_rows(out / "errors.csv"))))
+    assert outputs[0] == outputs[1] and len(outputs[0][0]) == 3 and outputs[0][3] == 1
+
+
 def test_corrupt_input_is_listed_and_the_rest_written(tmp_path, checkpoint):
     _photos(tmp_path / "in", [(32, 32), (32, 32)])
     (tmp_path / "in" / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")
