@@ -5,7 +5,7 @@
     python benchmarks/bench.py evaluate [--size 448] [--count 1000] [--quick]
     python benchmarks/bench.py train [--device cpu|cuda] [--encoder resnet34] [--size 448] [--batch-size 8]
                                      [--workers 4] [--amp bf16] [--channels-last] [--quick]
-    python benchmarks/bench.py predict [--device ...] [--encoder ...] [--size 448] [--batch-size 8] [--quick]
+    python benchmarks/bench.py predict [--device ...] [--encoder ...] [--size 448] [--batch-size 8] [--count 64] [--quick]
 
     python benchmarks/bench.py strategies [--device cpu|cuda] [--encoder resnet18] [--size 256] [--batch-size 4] [--quick]
 
@@ -278,7 +278,7 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
 
     device = torch.device(args.device)
     size = args.size[0]
-    count = args.batch_size if args.quick else 8 * args.batch_size
+    count = args.batch_size if args.quick else max(args.count, args.batch_size)
     windows = 1 if args.quick else 3
     torch.manual_seed(0)
     model = build_model(args.encoder).to(device).eval()
@@ -440,7 +440,7 @@ def main() -> None:
     parser.add_argument("--channels-last", action="store_true", help="NHWC layout (train, predict)")
     parser.add_argument("--size", type=parse_size, default=(256, 256), help="image size in px: N or HxW")
     parser.add_argument("--crop-size", type=int, default=448, help="training crop in px (data)")
-    parser.add_argument("--count", type=int, default=None, help="images generated (default 64 for data, 1000 for evaluate)")
+    parser.add_argument("--count", type=int, default=None, help="images generated (default 1000 for evaluate, 64 otherwise; predict times whole runs over them)")
     parser.add_argument("--workers", type=int, nargs="+", default=None, help="loader workers: counts to try (data, default 0 1 2) or one count (train, predict, default 2)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's peak TFLOP/s at this precision, for the fraction of peak (known H100/H200/A100 bf16 peaks are built in)")
