@@ -44,6 +44,7 @@ import torch
 
 import crackseg
 from crackseg.data import CrackDataset, EpochSampler, make_loader, open_dataset
+from crackseg.predict import default_workers
 from crackseg.synth import parse_size, write_dataset
 from crackseg.transforms import PhotometricJitter, train_transform
 
@@ -313,7 +314,7 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
             """The classic tool: one image per pass, fp32, no workers, everything resized to 448 px."""
             for path in sorted((Path(tmp) / "data" / "images").iterdir()):
                 image = Image.open(path).convert("RGB")
-                pixels = torch.from_numpy(np.asarray(image.resize((448, 448)))).permute(2, 0, 1)[None].to(device)
+                pixels = torch.from_numpy(np.array(image.resize((448, 448)))).permute(2, 0, 1)[None].to(device)
                 prob = torch.sigmoid(model(pixels))[0, 0].cpu().numpy()
                 mask = Image.fromarray(((prob > model.threshold) * 255).astype(np.uint8)).resize(image.size)
                 mask.save(Path(tmp) / "naive.png")
@@ -441,7 +442,7 @@ def main() -> None:
     parser.add_argument("--size", type=parse_size, default=(256, 256), help="image size in px: N or HxW")
     parser.add_argument("--crop-size", type=int, default=448, help="training crop in px (data)")
     parser.add_argument("--count", type=int, default=None, help="images generated (default 1000 for evaluate, 64 otherwise; predict times whole runs over them)")
-    parser.add_argument("--workers", type=int, nargs="+", default=None, help="loader workers: counts to try (data, default 0 1 2) or one count (train, predict, default 2)")
+    parser.add_argument("--workers", type=int, nargs="+", default=None, help="loader workers: counts to try (data, default 0 1 2) or one count (train, default 2; predict, default crackseg's: 0 on CPU)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's peak TFLOP/s at this precision, for the fraction of peak (known H100/H200/A100 bf16 peaks are built in)")
     parser.add_argument("--quick", action="store_true", help="few, short windows: a smoke test, not a figure")
@@ -450,6 +451,8 @@ def main() -> None:
     args.count = args.count or {"data": 64, "evaluate": 1000}.get(args.mode, 64)
     if args.mode == "data":
         args.workers = args.workers or [0, 1, 2]
+    elif args.mode == "predict":
+        args.workers = args.workers[0] if args.workers else default_workers(torch.device(args.device))
     else:
         args.workers = (args.workers or [2])[0]
     args.amp = args.amp or ("bf16" if args.device.startswith("cuda") else "off")

@@ -286,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="skip crack length and width measurements (no cracks.csv), the fastest way to masks: measuring takes about 20 ms of CPU per 448-px image")
     predict.add_argument("--skip-existing", action="store_true", help="keep masks already in OUT and predict the rest (finishes an interrupted batch)")
     predict.add_argument("--overwrite", action="store_true", help="replace outputs already in OUT")
-    predict.add_argument("--workers", type=int, default=2, help="decoding processes and writer threads (0: all in the main process)")
+    predict.add_argument("--workers", type=int, default=None,
+                         help="decoding processes and writer threads (0: all in the main process; default: 0 on CPU, where the model's threads use every core, else CPU cores / processes - 1, at most 8)")
     predict.add_argument("--device", default="auto", help="auto (CUDA when present), cuda or cpu")
     predict.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default="auto", help="mixed precision; auto = bf16 on GPUs that support it")
     predict.add_argument("--channels-last", action="store_true", help="NHWC memory layout (faster on tensor cores)")

@@ -53,6 +53,12 @@ def setup(device: str = "auto") -> Environment:
     return Environment(rank, local_rank, world_size, chosen)
 
 
+def spare_cores() -> int:
+    """Loader processes for one process: this machine's cores shared among torchrun's local processes, less the process's own (1 to 8)."""
+    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return min(8, max(1, (os.cpu_count() or 1) // per_machine - 1))
+
+
 def _restart_safe_store() -> dist.Store | None:
     """A store whose keys are fresh for every torchrun restart attempt (None: torch's default).
 

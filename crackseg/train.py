@@ -563,10 +563,7 @@ def _resolve(config: TrainConfig, env: distributed.Environment, split: dict, fou
 
 
 def _workers(config: TrainConfig) -> int:
-    if config.workers is not None:
-        return config.workers
-    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    return min(8, max(1, (os.cpu_count() or 1) // per_machine - 1))
+    return distributed.spare_cores() if config.workers is None else config.workers
 
 
 def _subset(samples, stems: list[str]):

@@ -15,7 +15,7 @@ from torch import nn
 from crackseg.checkpoint import FORMAT, VERSION, model_payload, save_atomic
 from crackseg.cli import main
 from crackseg.models import CrackSegModel, build_model
-from crackseg.predict import Predictor, collect_inputs, tile_starts
+from crackseg.predict import Predictor, collect_inputs, default_workers, tile_starts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,6 +156,14 @@ def test_workers_and_writer_threads_give_what_the_main_process_gives(tmp_path, c
         rows = [{k: v for k, v in row.items() if k != "mask"} for row in _rows(out / "predictions.csv")]
         outputs.append((masks, rows, (out / "cracks.csv").read_text(), len(_rows(out / "errors.csv"))))
     assert outputs[0] == outputs[1] and len(outputs[0][0]) == 3 and outputs[0][3] == 1
+
+
+def test_default_workers_leave_cpu_cores_to_the_model_and_share_them_on_gpu_machines(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert default_workers(torch.device("cpu")) == 0
+    assert default_workers(torch.device("cuda", 0)) == 8  # at most 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert default_workers(torch.device("cuda", 3)) == 3  # 16 cores / 4 processes, less the process's own
 
 
 def test_corrupt_input_is_listed_and_the_rest_written(tmp_path, checkpoint):
