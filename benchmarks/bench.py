@@ -22,7 +22,8 @@ peak where it is known (--peak-tflops gives it for other devices).
 data times the loader's decoding and geometric augmentation by worker count, and the
 photometric jitter that the training step runs on the device.
 
-Each figure is the median over several timed windows after a warm-up window.
+Each figure is the median over several timed windows after a warm-up window (--windows sets
+how many; on a machine whose speed drifts, more).
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ def _median_rates(paths: dict, windows: int) -> dict:
     return {name: (statistics.median(values), values) for name, values in rates.items()}
 
 
+def _windows(args: argparse.Namespace, default: int) -> int:
+    """Timed windows after the warm-up: --windows, else the mode's default, else 1 with --quick."""
+    return args.windows or (1 if args.quick else default)
+
+
 def _median_rate(run_window, items_per_window: int, windows: int) -> tuple[float, list[float]]:
     return _median_rates({"": (run_window, items_per_window)}, windows)[""]
 
@@ -75,7 +81,7 @@ def bench_synth(args: argparse.Namespace) -> list[dict]:
     """Synthetic data generation, files included (JPEG + PNG), in one process on one core."""
     torch.set_num_threads(1)
     per_window = 4 if args.quick else 16
-    windows = 2 if args.quick else 5
+    windows = _windows(args, 5)
     with tempfile.TemporaryDirectory() as tmp:
 
         def window(index: int) -> None:
@@ -90,7 +96,7 @@ def bench_synth(args: argparse.Namespace) -> list[dict]:
 def bench_data(args: argparse.Namespace) -> list[dict]:
     """Dataset scan speed, and loader images/s by workers, with and without augmentation and cache."""
     count = 16 if args.quick else args.count
-    epochs = 1 if args.quick else 3
+    epochs = _windows(args, 3)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "data"
@@ -128,7 +134,7 @@ def bench_data(args: argparse.Namespace) -> list[dict]:
             jitter(batch)
         _device_sync(device)
 
-    rate, _ = _median_rate(jitter_window, (2 if args.quick else 10) * 8, 2 if args.quick else 5)
+    rate, _ = _median_rate(jitter_window, (2 if args.quick else 10) * 8, _windows(args, 5))
     rows.append({"mode": "data", "what": f"photometric jitter on {device.type}, batches of 8 (training step, not loader)",
                  "size": f"{args.crop_size}x{args.crop_size}", "workers": "-", "images_per_s": round(rate, 1), "per_worker": "-"})
     return rows
@@ -224,7 +230,7 @@ def bench_train(args: argparse.Namespace) -> list[dict]:
     device = torch.device(args.device)
     size = args.size[0]
     steps = 3 if args.quick else 10
-    windows = 2 if args.quick else 5
+    windows = _windows(args, 5)
     torch.manual_seed(0)
     model = build_model(args.encoder).to(device)
     if args.channels_last:
@@ -280,7 +286,7 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
     device = torch.device(args.device)
     size = args.size[0]
     count = args.batch_size if args.quick else max(args.count, args.batch_size)
-    windows = 1 if args.quick else 3
+    windows = _windows(args, 3)
     torch.manual_seed(0)
     model = build_model(args.encoder).to(device).eval()
     if args.channels_last:
@@ -445,6 +451,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=None, help="loader workers: counts to try (data, default 0 1 2) or one count (train, default 2; predict, default crackseg's: 0 on CPU)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's peak TFLOP/s at this precision, for the fraction of peak (known H100/H200/A100 bf16 peaks are built in)")
+    parser.add_argument("--windows", type=int, default=None,
+                        help="timed windows after the warm-up, median reported (default 5; data and predict 3): more on a noisy machine")
     parser.add_argument("--quick", action="store_true", help="few, short windows: a smoke test, not a figure")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/MODE.json)")
     args = parser.parse_args()
