@@ -253,7 +253,7 @@ def default_workers(device: torch.device) -> int:
     """Decoding processes (and writer threads) when the user names none.
 
     On CPU the model's threads already use every core: decoding and writing beside them
-    slowed prediction by 12% on 2 cores (docs/benchmarks.md), doing them in turn costs ~3%.
+    slowed prediction by 12% on 2 cores; doing them in turn costs about 4% (docs/benchmarks.md).
     """
     return 0 if device.type == "cpu" else distributed.spare_cores()
 
