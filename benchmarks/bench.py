@@ -45,6 +45,7 @@ import torch
 
 import crackseg
 from crackseg.data import CrackDataset, EpochSampler, make_loader, open_dataset
+from crackseg.distributed import resolve_amp
 from crackseg.predict import default_workers
 from crackseg.synth import parse_size, write_dataset
 from crackseg.transforms import PhotometricJitter, train_transform
@@ -216,16 +217,12 @@ def _compute(flops_per_image: int, images_per_s: float, device: torch.device, ar
     return figures
 
 
-def _amp_dtype(args: argparse.Namespace):
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[args.amp]
-
-
 def bench_train(args: argparse.Namespace) -> list[dict]:
     """Training images/s: the real train_one_epoch fed device tensors, then fed the real loader."""
     from crackseg import distributed
     from crackseg.losses import CrackLoss
     from crackseg.models import build_model
-    from crackseg.train import _StepContext, train_one_epoch
+    from crackseg.engine import StepContext, train_one_epoch
 
     device = torch.device(args.device)
     size = args.size[0]
@@ -239,15 +236,16 @@ def bench_train(args: argparse.Namespace) -> list[dict]:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     env = distributed.Environment(0, 0, 1, device)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
-    model_only = _StepContext(env, CrackLoss(20.0), _amp_dtype(args), scaler, 1, args.channels_last, None, 10**9)
-    end_to_end = dataclasses.replace(model_only, augment=PhotometricJitter())
+    model_only = StepContext(env=env, loss_fn=CrackLoss(20.0), amp_dtype=resolve_amp(args.amp, device), scaler=scaler,
+                             channels_last=args.channels_last, log_every=10**9)
+    end_to_end = dataclasses.replace(model_only, jitter=PhotometricJitter())
     flops = _flops_per_image(model, size, device, train=True)
     images = torch.randint(0, 256, (args.batch_size, 3, size, size), dtype=torch.uint8, device=device)
     masks = (torch.rand(args.batch_size, 1, size, size, device=device) < 0.02).to(torch.uint8)
     on_device = [(images, masks)] * steps
 
     def model_window(index: int) -> None:
-        train_one_epoch(model, on_device, optimizer, scheduler, model_only, 1, 1, 0)
+        train_one_epoch(model, on_device, optimizer, scheduler, model_only)
         _device_sync(device)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -259,7 +257,7 @@ def bench_train(args: argparse.Namespace) -> list[dict]:
 
         def loader_window(index: int) -> None:
             sampler.set_epoch(index)
-            train_one_epoch(model, loader, optimizer, scheduler, end_to_end, 1, 1, 0)
+            train_one_epoch(model, loader, optimizer, scheduler, end_to_end)
             _device_sync(device)
 
         rates = _median_rates({"model": (model_window, steps * args.batch_size),
@@ -279,7 +277,7 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
     """Inference images/s: the model alone, crackseg predict from JPEG files to PNG masks, a naive loop."""
     from PIL import Image
 
-    from crackseg.checkpoint import FORMAT, VERSION, model_payload, save_atomic
+    from crackseg.checkpoint import save_model
     from crackseg.models import build_model
     from crackseg.predict import PredictOptions, predict_folder
 
@@ -296,10 +294,12 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
     if args.channels_last:
         batch = batch.contiguous(memory_format=torch.channels_last)
 
+    amp_dtype = resolve_amp(args.amp, device)
+
     @torch.inference_mode()
     def model_window(index: int) -> None:
         for _ in range(count // args.batch_size):
-            with torch.autocast(device.type, dtype=_amp_dtype(args), enabled=args.amp != "off"):
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 (torch.sigmoid(model(batch).float()) >= 0.5).to("cpu", non_blocking=True)
         _device_sync(device)
 
@@ -307,7 +307,7 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         write_dataset(Path(tmp) / "data", count, (size, size), seed=0, workers=os.cpu_count() or 1)
         model.threshold = _threshold_for_crack_fraction(model, Path(tmp) / "data" / "images", 0.02, device)
-        save_atomic({"format": FORMAT, "version": VERSION, "model": model_payload(model)}, Path(tmp) / "model.pt")
+        save_model(model, Path(tmp) / "model.pt")
         options = dict(tile=max(size, 1024), batch_size=args.batch_size, workers=args.workers, device=args.device,
                        amp=args.amp, channels_last=args.channels_last, overwrite=True)
 

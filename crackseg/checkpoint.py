@@ -1,13 +1,14 @@
-"""Checkpoint files: atomic writes, safe loads, the self-describing model file, classic imports.
+"""The one model-file format: :func:`save_model` writes it, :func:`read_checkpoint` / :func:`load_model` read it.
 
 A crackseg file is a dict saved with ``torch.save`` and loaded with ``weights_only=True``::
 
     {"format": "crackseg", "version": 1,
      "model": {"config": CrackSegModel.config(), "state_dict": weights without prefixes},
-     ...training state, when written by training...}
+     ...training state (see :func:`training_state`), when written by training...}
 
 Any such file (``best.pt``, ``last.pt``, ``epoch_NNNN.pt``, a converted classic file) is
-enough for :func:`load_model`.
+enough for :func:`load_model`. Classic crack-segmentation checkpoints are imported by
+:func:`convert_classic`.
 """
 
 from __future__ import annotations
@@ -19,15 +20,20 @@ from torch import nn
 
 from crackseg.errors import InputError
 from crackseg.files import write_atomic
-from crackseg.models import CLASSIC_ENCODERS, CrackSegModel, build_model, load_torch_file, model_from_config
+from crackseg.config import CLASSIC_ENCODERS
+from crackseg.models import CrackSegModel, build_model, load_torch_file, model_from_config
 
 FORMAT = "crackseg"
 VERSION = 1
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # added by DDP / DataParallel and torch.compile
 
 
-def save_atomic(payload: dict, path: Path) -> None:
-    """``torch.save`` to a temp file beside ``path``, fsynced, then renamed into place."""
+def save_model(model: nn.Module, path: Path, **extra) -> None:
+    """Write ``model`` (unwrapped, weights on the CPU) and ``extra`` entries as a crackseg file.
+
+    The file appears whole or not at all: a temp file beside ``path``, fsynced, then renamed.
+    """
+    payload = {"format": FORMAT, "version": VERSION, "model": _model_entry(model), **extra}
     write_atomic(path, lambda file: torch.save(payload, file), durable=True)
 
 
@@ -50,8 +56,8 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def model_payload(model: nn.Module) -> dict:
-    """The ``"model"`` entry of a checkpoint: config and weights without wrapper prefixes."""
+def _model_entry(model: nn.Module) -> dict:
+    """The ``"model"`` entry of a file: config and weights without wrapper prefixes."""
     plain = unwrap(model)
     state = {}
     for key, value in plain.state_dict().items():
@@ -61,18 +67,46 @@ def model_payload(model: nn.Module) -> dict:
     return {"config": plain.config(), "state_dict": state}
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", arch: str | None = None) -> CrackSegModel:
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu", arch: str | None = None, encoder: str | None = None
+) -> CrackSegModel:
     """The ready model (eval mode, on ``device``) from any crackseg checkpoint or model file.
 
-    With ``arch``, a file holding another architecture is an error that names both.
+    With ``arch`` (and ``encoder``), a file holding another model is an error naming what it holds.
     """
     payload = read_checkpoint(Path(path))
     config = payload["model"]["config"]
-    if arch is not None and config["arch"] != arch:
-        raise InputError(f"{path}: holds a {config['arch']} model ({config['encoder']} encoder), not the {arch} that was asked for")
-    model = model_from_config(config)
+    if (arch is not None and config["arch"] != arch) or (encoder is not None and config["encoder"] != encoder):
+        asked = f"{arch or config['arch']}" + (f" with the {encoder} encoder" if encoder else "")
+        advice = f"--arch {config['arch']}" + (f" --encoder {config['encoder']}" if config["arch"] == "unet" else "")
+        raise InputError(
+            f"{path}: holds a {config['arch']} model with the {config['encoder']} encoder, not the {asked} that was asked for; pass {advice}"
+        )
+    return model_from_payload(payload).to(device).eval()
+
+
+def model_from_payload(payload: dict) -> CrackSegModel:
+    """The model a file's payload (from :func:`read_checkpoint`) holds, weights loaded, on the CPU."""
+    model = model_from_config(payload["model"]["config"])
     model.load_state_dict(payload["model"]["state_dict"], strict=True)
-    return model.to(device).eval()
+    return model
+
+
+def training_state(optimizer: torch.optim.Optimizer, scheduler, scaler: torch.amp.GradScaler) -> dict:
+    """What a resume needs besides the weights: optimizer, learning-rate schedule, AMP scaler."""
+    return {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+    }
+
+
+def restore_training_state(payload: dict, optimizer: torch.optim.Optimizer, scheduler, scaler: torch.amp.GradScaler) -> None:
+    """Put back what :func:`training_state` saved."""
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["scheduler"])
+    if payload.get("scaler"):
+        scaler.load_state_dict(payload["scaler"])
 
 
 def convert_classic(source: Path, arch: str, out: Path, threshold: float = 0.2, overwrite: bool = False) -> CrackSegModel:
@@ -101,7 +135,7 @@ def convert_classic(source: Path, arch: str, out: Path, threshold: float = 0.2, 
     model.net.load_state_dict(state, strict=True)
     model.threshold = threshold
     source_info = {key: _plain(value) for key, value in classic.items() if key != "model"}
-    save_atomic({"format": FORMAT, "version": VERSION, "model": model_payload(model), "converted_from": {"path": str(source), **source_info}}, Path(out))
+    save_model(model, Path(out), converted_from={"path": str(source), **source_info})
     return model.eval()
 
 

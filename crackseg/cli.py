@@ -7,10 +7,12 @@ with exit status 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from crackseg import __version__
+from crackseg.config import AMP_CHOICES, GROUPS, Range, flag, option_fields
 from crackseg.errors import InputError, RunError
 
 
@@ -19,7 +21,8 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+        if "default" in text or action.default is None or action.default is False or action.default == argparse.SUPPRESS \
+                or not action.option_strings:
             return text
         return text + " (default: %(default)s)"
 
@@ -51,23 +54,18 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_data_options(parser: argparse.ArgumentParser, root_required: bool) -> None:
+def _add_data_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("dataset")
-    if root_required:
-        group.add_argument("root", type=Path, nargs="?", help="dataset folder holding images/ and masks/ (see data/README.md)")
-    group.add_argument("--images", type=Path, help="image folder (default ROOT/images)")
-    group.add_argument("--masks", type=Path, help="mask folder (default ROOT/masks)")
-    group.add_argument(
-        "--mask-pattern", default="{stem}", help="mask file name without suffix, e.g. '{stem}_mask' for 001.jpg <-> 001_mask.png"
-    )
-    group.add_argument("--val-fraction", type=float, default=0.1, help="share of training stems held out for validation when there is no val.txt")
-    group.add_argument("--seed", type=int, default=0, help="seed of the train/val draw")
+    group.add_argument("root", type=Path, nargs="?", help="dataset folder holding images/ and masks/ (see data/README.md)")
+    for item, kind in option_fields():
+        if item.name in ("images", "masks", "mask_pattern", "val_fraction", "seed"):
+            _add_option(group, item, kind)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from crackseg.data import inspection_report, make_split, open_dataset
 
-    found = open_dataset(args.root, args.images, args.masks, args.mask_pattern)
+    found = open_dataset(args.root, args.images and Path(args.images), args.masks and Path(args.masks), args.mask_pattern)
     split = make_split([sample.stem for sample in found.samples], args.val_fraction, args.seed, found.listed)
     print(inspection_report(found, split, args.val_fraction))
     return 1 if found.problems else 0
@@ -82,68 +80,51 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    import dataclasses
+    from crackseg.config import TrainConfig
+    from crackseg.train import fit
 
-    from crackseg.train import TrainConfig, fit
-
-    fields = {field.name for field in dataclasses.fields(TrainConfig)}
-    config = TrainConfig(**{key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items() if key in fields})
-    fit(config)
+    names = {item.name for item, _ in option_fields()}
+    fit(TrainConfig(**{key: value for key, value in vars(args).items() if key in names}))
     return 0
 
 
+def _checked(kind: type, valid: Range | None, parse=None):
+    """An argparse ``type``: text -> ``kind`` (or ``parse(text)``), refused outside ``valid`` with its reason."""
+
+    def convert(text: str):
+        try:
+            value = parse(text) if parse is not None else kind(text)
+        except ValueError as error:
+            expected = {int: "an integer", float: "a number"}.get(kind, kind.__name__)
+            raise argparse.ArgumentTypeError(str(error) if parse is not None else f"must be {expected}, got {text!r}") from None
+        problem = valid.problem(value) if valid is not None else None
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    return convert
+
+
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
-    data = parser.add_argument_group("data")
-    data.add_argument("--data", type=Path, help="dataset folder holding images/ and masks/ (see data/README.md)")
-    data.add_argument("--images", type=Path, help="image folder (default DATA/images)")
-    data.add_argument("--masks", type=Path, help="mask folder (default DATA/masks)")
-    data.add_argument("--mask-pattern", default="{stem}", help="mask file name without suffix, e.g. '{stem}_mask'")
-    data.add_argument("--val-fraction", type=float, default=0.1, help="share of training stems held out for validation when there is no val.txt")
-    data.add_argument("--on-bad-sample", choices=["error", "skip"], default="error", help="stop on any unreadable or unmatched file, or skip it (listed in RUN/skipped.txt)")
-    data.add_argument("--crop-size", type=_positive_int, default=384, help="training crop side in px (random scaled crops, flips, 90-degree turns)")
-    data.add_argument("--cache", action="store_true", help="decode every image once into RAM (datasets that fit)")
-    data.add_argument("--workers", type=int, default=None, help="loader processes per training process (default: CPU cores / processes - 1, at most 8)")
+    """One flag per TrainConfig field, grouped as crackseg.config groups them."""
+    groups = {name: parser.add_argument_group(name) for name in GROUPS}
+    for item, kind in option_fields():
+        _add_option(groups[item.metadata["group"]], item, kind)
 
-    model = parser.add_argument_group("model")
-    model.add_argument("--arch", choices=["unet", "unet16", "unet_resnet34", "unet_resnet101", "unet_resnet152"], default="unet", help="unet = segmentation-models-pytorch UNet; the others are the classic architectures")
-    model.add_argument("--encoder", default="resnet34", help="smp encoder name for --arch unet (vgg16, resnet34, resnet101, efficientnet-b0, ...)")
-    model.add_argument("--encoder-weights", default="imagenet", help="imagenet (downloads), none (random), or PATH of a local torchvision-format encoder state dict")
-    model.add_argument("--init", default=None, help="start from all weights of a crackseg model file (another run's best.pt, a converted classic checkpoint): fine-tuning")
 
-    optim = parser.add_argument_group("optimization")
-    optim.add_argument("--epochs", type=_positive_int, default=50, help="epochs in total (a resumed run may raise it)")
-    optim.add_argument("--batch-size", type=_positive_int, default=8, help="images per process and step; global batch = processes x this x --grad-accum")
-    optim.add_argument("--val-batch-size", type=_positive_int, default=None, help="whole validation images per process and step (default --batch-size)")
-    optim.add_argument("--grad-accum", type=_positive_int, default=1, help="micro-batches accumulated per optimizer step")
-    optim.add_argument("--lr", type=float, default=3e-4, help="learning rate at the base global batch")
-    optim.add_argument("--base-batch", type=_positive_int, default=16, help="global batch that --lr is given for")
-    optim.add_argument("--lr-scaling", choices=["linear", "sqrt", "none"], default="linear", help="how the learning rate follows global batch / base batch")
-    optim.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw", help="AdamW, or SGD with Nesterov momentum 0.9")
-    optim.add_argument("--weight-decay", type=float, default=1e-4, help="decoupled weight decay (not on biases and norms)")
-    optim.add_argument("--scheduler", choices=["cosine", "poly", "step"], default="cosine", help="per-step schedule after warm-up; step = x0.1 at 60%% and 85%%")
-    optim.add_argument("--warmup-epochs", type=float, default=1.0, help="linear warm-up length in epochs")
-    optim.add_argument("--clip-grad", type=float, default=None, help="clip the gradient norm to this (off by default)")
-    optim.add_argument("--loss", choices=["bce", "bce+dice"], default="bce", help="pixel-weighted BCE, optionally plus soft Dice")
-    optim.add_argument("--pos-weight", default="auto", help="crack pixel weight: auto (background / crack pixels in the training masks), none, or a number")
-    optim.add_argument("--pos-weight-scale", type=float, default=1.0, help="factor applied to the auto crack pixel weight")
-    optim.add_argument("--seed", type=int, default=0, help="seed of the split, initialization, order and augmentation")
-
-    speed = parser.add_argument_group("speed and memory")
-    speed.add_argument("--device", default="auto", help="auto (CUDA when present, one GPU per process by LOCAL_RANK), cuda or cpu")
-    speed.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default="auto", help="mixed precision; auto = bf16 on GPUs that support it, else off")
-    speed.add_argument("--channels-last", action="store_true", help="NHWC memory layout (faster convolutions on tensor cores)")
-    speed.add_argument("--compile", action="store_true", help="torch.compile the model (slow first steps)")
-    speed.add_argument("--sync-bn", action="store_true", help="synchronize BatchNorm statistics across GPUs (small per-GPU batches)")
-    speed.add_argument("--activation-checkpointing", action="store_true", help="recompute activations in the backward pass to save memory (--arch unet)")
-    speed.add_argument("--strategy", choices=["ddp", "dp"], default="ddp", help="ddp: one process per GPU (launch.sh / torchrun); dp: nn.DataParallel in one process, kept for comparison")
-
-    runs = parser.add_argument_group("run folder")
-    runs.add_argument("--run", type=Path, required=True, help="run folder: config.json, split.json, checkpoints, TensorBoard events, train.log")
-    runs.add_argument("--resume", default="auto", help="auto: continue from RUN/last.pt when present; none: start fresh (refused if RUN has checkpoints); or a checkpoint PATH")
-    runs.add_argument("--val-every", type=_positive_int, default=1, help="validate every N epochs (and after the last)")
-    runs.add_argument("--monitor", choices=["f1", "iou", "loss"], default="f1", help="validation score that picks best.pt (F1 and IoU at the best-F1 threshold)")
-    runs.add_argument("--keep-last", type=int, default=3, help="epoch_NNNN.pt files kept (last.pt and best.pt are always kept)")
-    runs.add_argument("--log-every", type=_positive_int, default=10, help="steps between progress and TensorBoard updates")
+def _add_option(group, item: dataclasses.Field, kind: type) -> None:
+    """The flag of one TrainConfig field: default, choices, range and help all come from crackseg.config."""
+    meta = item.metadata
+    text = meta["help"].replace("%", "%%")
+    if kind is bool:
+        group.add_argument(flag(item.name), action="store_true", help=text)
+        return
+    required = item.default is dataclasses.MISSING
+    group.add_argument(
+        flag(item.name), type=_checked(kind, meta["valid"], meta["flag_type"]), choices=meta["choices"],
+        default=None if required else item.default, required=required, help=text,
+        metavar=None if meta["choices"] else item.name.upper(),
+    )
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
@@ -164,7 +145,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.checkpoint is not None:
         if args.data is None:
             raise InputError("--checkpoint needs --data ROOT (and --split, default test)")
-        report = evaluate_checkpoint(args.checkpoint, args.data, args.split or "test", args.tolerance, args.threshold, args.device, args.tile, args.batch_size)
+        report = evaluate_checkpoint(args.checkpoint, args.data, args.split or "test", args.tolerance, args.threshold, args.device, args.tile, args.batch_size, args.amp)
     elif args.pred is not None and args.gt is not None:
         split = Path(args.split) if args.split else None
         report = evaluate_files(args.pred, args.gt, split, args.tolerance, 0.5 if args.threshold is None else args.threshold)
@@ -217,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=_HelpFormatter,
     )
-    _add_data_options(inspect, root_required=True)
+    _add_data_options(inspect)
     inspect.set_defaults(handler=_cmd_inspect)
 
     convert = commands.add_parser(
@@ -283,13 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--resize", type=_size, default=None, help="resize every image to N or HxW px first (for models trained on resized data); masks come back at the input size")
     predict.add_argument("--px-size", type=float, default=None, help="pixel size in mm: measurements are also reported in mm")
     predict.add_argument("--no-measure", dest="measure", action="store_false",
-                         help="skip crack length and width measurements (no cracks.csv), the fastest way to masks: measuring takes about 20 ms of CPU per 448-px image")
+                         help="skip crack length and width measurements (no cracks.csv): the fastest way to masks (measuring costs CPU time per image, see docs/benchmarks.md)")
     predict.add_argument("--skip-existing", action="store_true", help="keep masks already in OUT and predict the rest (finishes an interrupted batch)")
     predict.add_argument("--overwrite", action="store_true", help="replace outputs already in OUT")
     predict.add_argument("--workers", type=int, default=None,
                          help="decoding processes and writer threads (0: all in the main process; default: 0 on CPU, where the model's threads use every core, else CPU cores / processes - 1, at most 8)")
     predict.add_argument("--device", default="auto", help="auto (CUDA when present), cuda or cpu")
-    predict.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default="auto", help="mixed precision; auto = bf16 on GPUs that support it")
+    predict.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision; auto = bf16 on GPUs that support it")
     predict.add_argument("--channels-last", action="store_true", help="NHWC memory layout (faster on tensor cores)")
     predict.set_defaults(handler=_cmd_predict)
 
@@ -318,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--device", default="auto", help="device for --checkpoint: auto, cuda or cpu")
     evaluate.add_argument("--tile", type=_positive_int, default=1024, help="tile side in px for --checkpoint")
     evaluate.add_argument("--batch-size", type=_positive_int, default=None, help="tiles per forward pass for --checkpoint (default 8 on a GPU, 1 on CPU)")
+    evaluate.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision for --checkpoint; auto = bf16 on GPUs that support it")
     evaluate.set_defaults(handler=_cmd_evaluate)
     return parser
 

@@ -25,6 +25,7 @@ from torchvision import tv_tensors
 
 from crackseg.errors import InputError
 from crackseg.files import write_atomic
+from crackseg.seeding import mix_seed
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff")
 SPLITS = ("train", "val", "test")
@@ -231,10 +232,18 @@ def open_dataset(
         path = Path(root or ".") / f"{name}.txt"
         if root is None or not path.is_file():
             continue
-        stems = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        stems = read_stems(path)
         found.problems += [Problem(path, f"lists {stem!r}, which has no image/mask pair") for stem in stems if stem not in paired]
         found.listed[name] = [stem for stem in stems if stem in usable]
     return found
+
+
+def read_stems(path: Path) -> list[str]:
+    """The stems a split file lists, one per line (blank lines ignored)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such split file (one stem per line)")
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
 
 
 def make_split(
@@ -334,7 +343,7 @@ class CrackDataset(torch.utils.data.Dataset):
         if self.seed is None:
             return self.transform(image, mask)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(((self.seed * 1_000_003 + epoch) * 1_000_003 + index) % 2**63)
+            torch.manual_seed(mix_seed(self.seed, epoch, index))
             return self.transform(image, mask)
 
 

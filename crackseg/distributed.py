@@ -1,4 +1,4 @@
-"""Process-group plumbing for torchrun: the environment, setup/teardown, sums across processes.
+"""Process-group plumbing for torchrun: the environment, the device and its precision, collectives.
 
 Without torchrun's variables everything runs as one process and the collectives here
 are no-ops. Collectives never assume CUDA: gloo on CPU runs the same code in tests.
@@ -12,6 +12,10 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from crackseg.errors import InputError
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 
 
 @dataclass(frozen=True)
@@ -38,12 +42,7 @@ def setup(device: str = "auto") -> Environment:
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    chosen = torch.device(device)
-    if chosen.type == "cuda":
-        chosen = torch.device("cuda", local_rank if chosen.index is None else chosen.index)
-        torch.cuda.set_device(chosen)
+    chosen = select_device(device, local_rank)
     if world_size > 1 and not dist.is_initialized():
         backend = dist.get_default_backend_for_device(chosen)
         dist.init_process_group(
@@ -51,6 +50,36 @@ def setup(device: str = "auto") -> Environment:
             device_id=chosen if chosen.type == "cuda" else None,
         )
     return Environment(rank, local_rank, world_size, chosen)
+
+
+def select_device(name: str = "auto", local_rank: int = 0) -> torch.device:
+    """``auto``: this process's GPU (by ``local_rank``) when CUDA is present, else the CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    chosen = torch.device(name)
+    if chosen.type == "cuda":
+        chosen = torch.device("cuda", local_rank if chosen.index is None else chosen.index)
+        torch.cuda.set_device(chosen)
+    return chosen
+
+
+def resolve_amp(name: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for ``--amp`` (auto, bf16, fp16, off) on ``device``; None means float32.
+
+    ``auto`` is bf16 on GPUs that support it (no GradScaler needed), else float32.
+    """
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    if name not in AMP_DTYPES:
+        raise InputError(f"--amp must be one of auto, {', '.join(AMP_DTYPES)}, got {name!r}")
+    if name == "fp16" and device.type == "cpu":
+        raise InputError("--amp fp16 needs a GPU; use --amp bf16 or off on CPU")
+    return AMP_DTYPES[name]
+
+
+def amp_name(dtype: torch.dtype | None) -> str:
+    """The ``--amp`` name of an autocast dtype, as run folders record it."""
+    return next(name for name, value in AMP_DTYPES.items() if value == dtype)
 
 
 def spare_cores() -> int:
@@ -118,3 +147,29 @@ def broadcast_from_main(value):
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def decided_on_main(env: Environment, decide, *args):
+    """Run ``decide(*args)`` on rank 0 and hand its result, or its InputError, to every rank.
+
+    Raising on rank 0 alone would leave the other ranks waiting in a collective forever.
+    """
+    outcome = None
+    if env.is_main:
+        try:
+            outcome = ("ok", decide(*args))
+        except InputError as error:
+            outcome = ("error", str(error))
+    outcome = broadcast_from_main(outcome)
+    if outcome[0] == "error":
+        raise InputError(outcome[1])
+    return outcome[1]
+
+
+def gather_objects(part, env: Environment) -> list:
+    """Every process's ``part`` (any picklable object), in rank order, on every process."""
+    if not env.distributed:
+        return [part]
+    parts = [None] * env.world_size
+    dist.all_gather_object(parts, part)
+    return parts

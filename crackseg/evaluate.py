@@ -8,8 +8,6 @@ scores validation during training. The report states each definition next to its
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,9 +16,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from crackseg.data import IMAGE_SUFFIXES, find_samples, load_image, load_mask, open_dataset
+from crackseg.data import IMAGE_SUFFIXES, find_samples, load_image, load_mask, open_dataset, read_stems
 from crackseg.errors import InputError
-from crackseg.files import write_atomic
+from crackseg.files import write_atomic, write_csv
 from crackseg.metrics import (
     average_precision,
     background_iou,
@@ -66,7 +64,7 @@ def score_image(prob: torch.Tensor, truth: torch.Tensor, tolerance: float) -> tu
 def evaluate_files(pred: Path, gt: Path, split: Path | None = None, tolerance: float = 0.0, threshold: float = 0.5) -> dict:
     """Score ``pred/<stem>.png`` against ``gt/<stem>.*`` for every stem of ``split`` (default: all of gt)."""
     pairs, _ = find_samples(Path(pred), Path(gt))
-    wanted = _split_stems(split) if split else None
+    wanted = read_stems(split) if split else None
     by_stem = {pair.stem: pair for pair in pairs}
     expected = wanted if wanted is not None else sorted(p.stem for p in Path(gt).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     missing = [stem for stem in expected if stem not in by_stem]
@@ -87,21 +85,22 @@ def evaluate_files(pred: Path, gt: Path, split: Path | None = None, tolerance: f
 
 def evaluate_checkpoint(
     checkpoint: Path, root: Path, split: str = "test", tolerance: float = 0.0, threshold: float | None = None,
-    device: str = "auto", tile: int = 1024, batch_size: int | None = None,
+    device: str = "auto", tile: int = 1024, batch_size: int | None = None, amp: str = "auto",
 ) -> dict:
-    """Predict the images of a dataset split with ``checkpoint`` and score them."""
+    """Predict the images of a dataset split with ``checkpoint`` in this process and score them."""
     from crackseg.checkpoint import load_model
-    from crackseg.distributed import setup
+    from crackseg.distributed import resolve_amp, select_device
     from crackseg.predict import Predictor
 
-    env = setup(device)
+    chosen = select_device(device)
+    amp_dtype = resolve_amp(amp, chosen)
     found = open_dataset(Path(root))
     if found.problems:
         raise InputError(f"{len(found.problems)} problems in {root}, e.g. {found.problems[0]}; see crackseg inspect {root}")
     if split == "all":
         stems = [sample.stem for sample in found.samples]
     elif Path(split).suffix == ".txt" or Path(split).is_file():
-        stems = _split_stems(Path(split))
+        stems = read_stems(Path(split))
     elif split in found.listed:
         stems = found.listed[split]
     else:
@@ -110,10 +109,9 @@ def evaluate_checkpoint(
     unknown = [stem for stem in stems if stem not in samples]
     if unknown:
         raise InputError(f"--split lists {len(unknown)} stems not in {root} (e.g. {unknown[0]})")
-    model = load_model(checkpoint, env.device)
+    model = load_model(checkpoint, chosen)
     threshold = model.threshold if threshold is None else threshold
-    amp = torch.bfloat16 if env.device.type == "cuda" and torch.cuda.is_bf16_supported() else None
-    predictor = Predictor(model, env.device, tile=tile, batch_size=batch_size, amp_dtype=amp)
+    predictor = Predictor(model, chosen, tile=tile, batch_size=batch_size, amp_dtype=amp_dtype)
     images = ((index, load_image(samples[stem].image)) for index, stem in enumerate(stems))
     results = []
     for index, prob in predictor.probabilities(images):
@@ -182,19 +180,11 @@ def write_report(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     summary = {key: value for key, value in report.items() if key not in ("per_image", "pr_curve")}
     write_atomic(out / "report.json", json.dumps({**summary, "pr_curve": report["pr_curve"]}, indent=1) + "\n")
-    write_atomic(out / "per_image.csv", _csv(report["per_image"]))
-    write_atomic(out / "pr_curve.csv", _csv(report["pr_curve"]))
+    write_csv(out / "per_image.csv", report["per_image"])
+    write_csv(out / "pr_curve.csv", report["pr_curve"])
     _plot_pr_curve(report, out / "pr_curve.png")
     definitions = "\n".join(f"- **{name}**: {text}" for name, text in report["definitions"].items())
     write_atomic(out / "report.md", f"# Crack segmentation report\n\n```\n{format_table(report)}\n```\n\n## Definitions\n\n{definitions}\n")
-
-
-def _csv(rows: list[dict]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
 
 
 def _plot_pr_curve(report: dict, path: Path, size: int = 480, margin: int = 48) -> None:
@@ -219,8 +209,3 @@ def _plot_pr_curve(report: dict, path: Path, size: int = 480, margin: int = 48) 
     draw.ellipse([x - 4, y - 4, x + 4, y + 4], outline=(30, 30, 200), width=2)
     write_atomic(path, lambda file: image.save(file, "PNG"))
 
-
-def _split_stems(path: Path) -> list[str]:
-    if not Path(path).is_file():
-        raise InputError(f"{path}: no such split file (one stem per line)")
-    return [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]

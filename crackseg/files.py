@@ -7,6 +7,8 @@ loss (checkpoints); outputs written by the thousand skip that cost.
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import tempfile
 from collections.abc import Callable
@@ -39,6 +41,18 @@ def write_atomic(path: Path, content: bytes | str | Callable[[BinaryIO], None], 
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
+    """A CSV with a header; columns are ``columns`` then every other key in order of appearance."""
+    columns = list(columns or [])
+    for row in rows:
+        columns += [key for key in row if key not in columns]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, columns or ["path"], restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(path, buffer.getvalue())
 
 
 def _umask() -> int:

@@ -16,12 +16,11 @@ import torchvision
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from crackseg.config import ARCHS, CLASSIC_ENCODERS, DEFAULT_ENCODER
 from crackseg.errors import InputError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-CLASSIC_ENCODERS = {"unet16": "vgg16", "unet_resnet34": "resnet34", "unet_resnet101": "resnet101", "unet_resnet152": "resnet152"}
-ARCHS = ("unet", *CLASSIC_ENCODERS)
 _HEAD_PREFIXES = ("fc.", "classifier.", "head.", "last_linear.")  # classifier tensors in encoder files
 
 
@@ -78,7 +77,7 @@ def build_model(encoder: str | None = None, weights: str | Path | None = None, a
     implied = CLASSIC_ENCODERS.get(arch)
     if implied and encoder not in (None, implied):
         raise InputError(f"architecture {arch} always uses the {implied} encoder, not {encoder}")
-    encoder = implied or encoder or "resnet34"
+    encoder = implied or encoder or DEFAULT_ENCODER
     imagenet = weights == "imagenet"
     try:
         if arch == "unet":

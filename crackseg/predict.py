@@ -11,7 +11,6 @@ Every file is written under a temporary name and renamed into place.
 
 from __future__ import annotations
 
-import csv
 import glob
 import io
 from collections import OrderedDict
@@ -29,7 +28,7 @@ from crackseg import distributed
 from crackseg.checkpoint import load_model
 from crackseg.data import IMAGE_SUFFIXES, load_image
 from crackseg.errors import InputError
-from crackseg.files import write_atomic
+from crackseg.files import write_atomic, write_csv
 from crackseg.measure import measure_cracks
 
 
@@ -133,7 +132,7 @@ class Predictor:
         self.device = device
         self.tile = tile
         self.overlap = overlap
-        # On CPU one image per pass ran 20% faster per image than batches of 8 (docs/benchmarks.md).
+        # On CPU one image per pass ran faster per image than batches (docs/benchmarks.md).
         self.batch_size = batch_size or (8 if device.type == "cuda" else 1)
         self.tta = tta
         self.amp_dtype = amp_dtype
@@ -252,8 +251,8 @@ def predict_folder(checkpoint: Path, inputs: list[str], options: PredictOptions)
 def default_workers(device: torch.device) -> int:
     """Decoding processes (and writer threads) when the user names none.
 
-    On CPU the model's threads already use every core: decoding and writing beside them
-    slowed prediction by 12% on 2 cores; doing them in turn costs about 4% (docs/benchmarks.md).
+    On CPU the model's threads already use every core, and decoding and writing beside them
+    slowed prediction down more than doing them in turn (docs/benchmarks.md).
     """
     return 0 if device.type == "cpu" else distributed.spare_cores()
 
@@ -276,10 +275,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     if options.channels_last:
         model.to(memory_format=torch.channels_last)
     threshold = model.threshold if options.threshold is None else options.threshold
-    amp = options.amp
-    if amp == "auto":
-        amp = "bf16" if env.device.type == "cuda" and torch.cuda.is_bf16_supported() else "off"
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[amp]
+    amp_dtype = distributed.resolve_amp(options.amp, env.device)
     predictor = Predictor(model, env.device, options.tile, options.overlap, options.batch_size, options.tta, amp_dtype, options.channels_last, options.resize)
 
     mine = list(range(env.rank, len(listed), env.world_size))
@@ -322,17 +318,17 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
             except OSError as error:
                 errors.append({"path": str(listed[key][0]), "error": f"cannot write outputs: {error}"})
 
-    gathered = _gather((rows, crack_rows, errors), env)
+    gathered = distributed.gather_objects((rows, crack_rows, errors), env)
     if env.is_main:
         all_rows = {k: v for part in gathered for k, v in part[0].items()}
-        _write_csv(out / "predictions.csv", [all_rows[k] for k in sorted(all_rows)])
+        write_csv(out / "predictions.csv", [all_rows[k] for k in sorted(all_rows)])
         if options.measure:
-            _write_csv(out / "cracks.csv", sorted((r for part in gathered for r in part[1]), key=lambda r: (r["path"], r["crack"])))
+            write_csv(out / "cracks.csv", sorted((r for part in gathered for r in part[1]), key=lambda r: (r["path"], r["crack"])))
         elif options.overwrite:
             (out / "cracks.csv").unlink(missing_ok=True)  # it measured masks this run replaced
         all_errors = [e for part in gathered for e in part[2]]
         if all_errors or (out / "errors.csv").exists():
-            _write_csv(out / "errors.csv", all_errors, ["path", "error"])
+            write_csv(out / "errors.csv", all_errors, ["path", "error"])
         print(f"{len(all_rows)} images predicted into {out}" + (f"; {len(all_errors)} failed, listed in {out / 'errors.csv'}" if all_errors else ""))
         return 1 if all_errors else 0
     return 0
@@ -348,14 +344,6 @@ class _Inline(Executor):
         except Exception as error:  # delivered by result(), as a thread pool would
             future.set_exception(error)
         return future
-
-
-def _gather(part, env: distributed.Environment) -> list:
-    if not env.distributed:
-        return [part]
-    parts = [None] * env.world_size
-    torch.distributed.all_gather_object(parts, part)
-    return parts
 
 
 def _write_outputs(out: Path, item: tuple[Path, str], image: torch.Tensor, prob: torch.Tensor, threshold: float, options: PredictOptions):
@@ -417,13 +405,3 @@ def _write_png(path: Path, array: np.ndarray) -> None:
     Image.fromarray(array).save(buffer, "PNG", compress_level=1)
     write_atomic(path, buffer.getvalue())
 
-
-def _write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
-    columns = columns or (list(rows[0]) if rows else ["path"])
-    for row in rows:
-        columns += [key for key in row if key not in columns]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, columns, restval="")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_atomic(path, buffer.getvalue())

@@ -3,9 +3,8 @@
 Spatial transforms (``torchvision.transforms.v2``) move image and mask together;
 ``tv_tensors.Mask`` is always resized with NEAREST, so masks stay binary. Images stay
 uint8 in the workers. Brightness, contrast, blur and noise touch the image only, so they
-run on whole batches where the model runs: in workers they took about 3 of the 10 ms that
-each 448-px image cost a CPU core, and a GPU training thousands of images a second needs
-every worker millisecond it can get.
+run on whole batches where the model runs: a GPU training thousands of images a second
+needs every worker millisecond it can get (their cost is in docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from crackseg.checkpoint import load_model, model_payload, read_checkpoint, save_atomic, unwrap
+from crackseg.checkpoint import load_model, read_checkpoint, save_model, unwrap
 from crackseg.errors import InputError
 from crackseg.models import build_model
 
@@ -16,7 +16,7 @@ def small_model():
 
 
 def _file(payload_model, path, **extra):
-    save_atomic({"format": "crackseg", "version": 1, "model": model_payload(payload_model), **extra}, path)
+    save_model(payload_model, path, **extra)
     return path
 
 
@@ -34,7 +34,7 @@ def test_wrapper_prefixes_are_never_saved(tmp_path, small_model):
     wrapped = nn.DataParallel(small_model)
     assert unwrap(wrapped) is small_model
     assert any(key.startswith("module.") for key in wrapped.state_dict())
-    state = model_payload(wrapped)["state_dict"]
+    state = read_checkpoint(_file(wrapped, tmp_path / "wrapped.pt"))["model"]["state_dict"]
     assert state.keys() == small_model.state_dict().keys()
     assert not any(key.startswith(("module.", "_orig_mod.")) for key in state)
 
@@ -48,7 +48,7 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path, small_model
 
     monkeypatch.setattr(torch, "save", torn_save)
     with pytest.raises(KeyboardInterrupt):
-        save_atomic({"format": "crackseg", "version": 1, "epoch": 2}, path)
+        save_model(small_model, path, epoch=2)
     monkeypatch.undo()
     assert read_checkpoint(path)["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
@@ -77,6 +77,6 @@ def test_foreign_and_classic_files_are_named(tmp_path):
 
 
 def test_newer_format_is_refused(tmp_path):
-    save_atomic({"format": "crackseg", "version": 99}, tmp_path / "new.pt")
+    torch.save({"format": "crackseg", "version": 99}, tmp_path / "new.pt")
     with pytest.raises(InputError, match="newer crackseg"):
         read_checkpoint(tmp_path / "new.pt")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from crackseg.checkpoint import FORMAT, VERSION, model_payload, save_atomic
+from crackseg.checkpoint import save_model
 from crackseg.cli import main
 from crackseg.errors import InputError
 from crackseg.evaluate import evaluate_checkpoint, evaluate_files
@@ -105,7 +105,7 @@ def test_checkpoint_mode_predicts_the_split_and_scores_it(synth_root, tmp_path):
     torch.manual_seed(0)
     model = build_model("mobilenet_v2")
     model.threshold = 0.42
-    save_atomic({"format": FORMAT, "version": VERSION, "model": model_payload(model)}, tmp_path / "m.pt")
+    save_model(model, tmp_path / "m.pt")
     import shutil
 
     shutil.copytree(synth_root, tmp_path / "data")

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from crackseg.checkpoint import FORMAT, VERSION, model_payload, save_atomic
+from crackseg.checkpoint import save_model
 from crackseg.cli import main
 from crackseg.models import CrackSegModel, build_model
 from crackseg.predict import Predictor, collect_inputs, default_workers, tile_starts
@@ -30,7 +30,7 @@ def model():
 def checkpoint(model, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("model") / "model.pt"
     model.threshold = 0.5
-    save_atomic({"format": FORMAT, "version": VERSION, "model": model_payload(model)}, path)
+    save_model(model, path)
     return path
 
 

@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from crackseg import distributed
-from crackseg import train as train_module
-from crackseg.checkpoint import load_model, read_checkpoint
+from crackseg.checkpoint import load_model, read_checkpoint, restore_training_state
+from crackseg.config import TrainConfig
 from crackseg.data import CrackDataset, load_split, make_loader, open_dataset, pad_collate
+from crackseg.engine import StepContext, validate
 from crackseg.errors import InputError, RunError
 from crackseg.losses import CrackLoss
 from crackseg.models import build_model
-from crackseg.train import TrainConfig, Validation, _StepContext, evaluate, fit, restore_training_state, train_one_epoch
+from crackseg.train import build_training_model, fit
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(encoder="mobilenet_v2", encoder_weights="none", crop_size=64, batch_size=2, workers=0, val_fraction=0.25, log_every=1)
@@ -119,8 +120,8 @@ def test_validation_metrics_are_exact_across_process_counts(synth_root, tmp_path
     val_set = CrackDataset([by_stem[stem] for stem in payload["split"]["val"]])
     loader = make_loader(val_set, 2, torch.utils.data.SequentialSampler(val_set), collate_fn=pad_collate)
     env = distributed.Environment(0, 0, 1, torch.device("cpu"))
-    context = _StepContext(env, CrackLoss(payload["config"]["resolved"]["pos_weight"]), None, None, 1, False, None, 1)
-    single = evaluate(model, loader, context).metrics()
+    context = StepContext(env=env, loss_fn=CrackLoss(payload["config"]["resolved"]["pos_weight"]))
+    single = validate(model, loader, context).metrics()
     for name, value in payload["metrics"].items():
         assert single[name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
 
@@ -203,30 +204,6 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_checkpoints(synth_root,
     assert after == before
 
 
-def test_gradient_accumulation_equals_one_big_batch():
-    torch.manual_seed(0)
-    images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
-    masks = torch.zeros(4, 1, 32, 32, dtype=torch.uint8)
-    masks[0, 0, 5:9] = 1  # crack pixels only in the first micro-batch: unequal weight sums
-    masks[1, 0, :, 3] = 1
-    env = distributed.Environment(0, 0, 1, torch.device("cpu"))
-    results = []
-    for loader, accum in [([(images, masks)], 1), ([(images[:2], masks[:2]), (images[2:], masks[2:])], 2)]:
-        torch.manual_seed(1)
-        model = build_model(arch="unet16")  # no BatchNorm: batch statistics would differ by construction
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-        context = _StepContext(env, CrackLoss(20.0), None, torch.amp.GradScaler("cpu", enabled=False), accum, False, None, 1)
-        loss, _ = train_one_epoch(model, loader, optimizer, scheduler, context, 1, 1, 0)
-        results.append((loss, [p.detach().clone() for p in model.parameters()]))
-    (loss_big, big), (loss_accum, accumulated) = results
-    assert loss_big == pytest.approx(loss_accum, rel=1e-6)
-    changed = [not torch.equal(a, b) for a, b in zip(big, [p for p in build_model(arch="unet16").parameters()])]
-    assert any(changed)
-    for a, b in zip(big, accumulated):
-        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
-
-
 def test_dataparallel_strategy_runs(synth_root, tmp_path):
     result = fit(_config(tmp_path / "dp", synth_root, epochs=1, strategy="dp"))
     assert result["epochs_run"] == 1 and (tmp_path / "dp" / "best.pt").exists()
@@ -242,7 +219,7 @@ def test_contradicting_a_saved_run_is_an_error(finished_run, tmp_path):
     assert fit(_config(run, _data_of(finished_run), epochs=2))["epochs_run"] == 0
 
 
-def test_fine_tuning_starts_from_a_converted_classic_checkpoint(synth_root, tmp_path, monkeypatch):
+def test_fine_tuning_starts_from_a_converted_classic_checkpoint(synth_root, tmp_path):
     from crackseg.checkpoint import convert_classic
 
     torch.manual_seed(3)
@@ -252,16 +229,11 @@ def test_fine_tuning_starts_from_a_converted_classic_checkpoint(synth_root, tmp_
     with pytest.raises(InputError, match="holds a unet16 model .* pass --arch unet16"):
         fit(_config(tmp_path / "wrong", synth_root, init=str(tmp_path / "unet16.pt")))
 
-    seen = {}
-
-    def spy(model, *args, **kwargs):
-        seen.setdefault("first", {k: v.clone() for k, v in model.state_dict().items()})
-        return train_one_epoch(model, *args, **kwargs)
-
-    monkeypatch.setattr(train_module, "train_one_epoch", spy)
-    fit(_config(tmp_path / "tuned", synth_root, arch="unet16", encoder=None, epochs=1, init=str(tmp_path / "unet16.pt")))
+    config = _config(tmp_path / "tuned", synth_root, arch="unet16", encoder=None, epochs=1, init=str(tmp_path / "unet16.pt"))
+    first, _ = build_training_model(config, distributed.Environment(0, 0, 1, torch.device("cpu")), None)
     started_from = {f"net.{k}": v for k, v in classic.state_dict().items()}
-    assert all(torch.equal(seen["first"][k], started_from[k]) for k in started_from)
+    assert all(torch.equal(first.state_dict()[k], started_from[k]) for k in started_from)
+    fit(config)
     assert read_checkpoint(tmp_path / "tuned" / "last.pt")["model"]["config"]["arch"] == "unet16"
 
 
@@ -301,11 +273,3 @@ def test_worker_killed_mid_epoch_restarts_and_finishes(synth_root, tmp_path):
     assert process.returncode == 0, output[-4000:]
     assert read_checkpoint(run / "last.pt")["epoch"] == 4
     assert "resuming from" in (run / "train.log").read_text()
-
-
-def test_validation_helper_reports_best_threshold():
-    histograms = torch.zeros(3, 100, dtype=torch.long)
-    histograms[0, 80] = histograms[2, 80] = 10  # crack pixels at p = 0.8
-    histograms[1, 20] = 90  # background at p = 0.2
-    metrics = Validation(0.1, histograms).metrics()
-    assert metrics["f1"] == 1.0 and 0.2 < metrics["threshold"] <= 0.8

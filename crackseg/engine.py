@@ -1,0 +1,234 @@
+"""The step math: ``train_one_epoch`` and ``validate``, plus the optimizer and schedule they drive.
+
+Nothing here knows about paths, files or TensorBoard: progress goes to an ``on_log``
+callback, and the run folder (:mod:`crackseg.run_folder`) decides what to keep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from crackseg import distributed
+from crackseg.errors import RunError
+from crackseg.losses import CrackLoss
+from crackseg.metrics import BINS, best_f1, scores_at, threshold_histograms
+from crackseg.transforms import PhotometricJitter
+
+
+@dataclass(kw_only=True)
+class StepContext:
+    """What every training and validation step needs besides the model and the data."""
+
+    env: distributed.Environment
+    loss_fn: CrackLoss
+    amp_dtype: torch.dtype | None = None
+    scaler: torch.amp.GradScaler | None = None  # None: no loss scaling (anything but fp16)
+    grad_accum: int = 1
+    channels_last: bool = False
+    clip_grad: float | None = None
+    log_every: int = 10
+    jitter: PhotometricJitter | None = None  # photometric augmentation of training batches, on the device
+
+    def to_device(self, images: torch.Tensor) -> torch.Tensor:
+        return images.to(self.env.device, non_blocking=True)
+
+    def model_input(self, images: torch.Tensor) -> torch.Tensor:
+        """The memory layout the model was converted to."""
+        return images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.env.device.type, dtype=self.amp_dtype)
+
+
+@dataclass
+class Validation:
+    loss: float
+    histograms: torch.Tensor  # (3, BINS) int64 (see crackseg.metrics), summed over every process
+    samples: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # rank 0's first images, probabilities, masks
+
+    def metrics(self) -> dict[str, float]:
+        best = best_f1(self.histograms)
+        fixed = scores_at(self.histograms, 0.5)
+        return {
+            "loss": self.loss,
+            "f1": best.f1,
+            "iou": best.iou,
+            "precision": best.precision,
+            "recall": best.recall,
+            "threshold": best.threshold,
+            "f1_at_0.5": fixed.f1,
+            "iou_at_0.5": fixed.iou,
+        }
+
+
+LogCallback = Callable[[int, dict[str, float]], None]
+
+
+def train_one_epoch(
+    model: nn.Module,
+    loader: Iterable,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    context: StepContext,
+    *,
+    epoch: int = 1,
+    epochs: int = 1,
+    global_step: int = 0,
+    on_log: LogCallback | None = None,
+) -> tuple[float, int]:
+    """One pass over ``loader``; returns the exact epoch loss (all processes) and the global step.
+
+    Micro-batches are grouped by ``grad_accum``: the loss of each is divided by the weight
+    sum of the whole global batch, computed before any backward pass, and all but the last
+    backward run under ``no_sync``. A non-finite loss is recorded on the device (no host
+    sync per step) and raises at the next log point, naming its step. Every ``log_every``
+    steps rank 0 calls ``on_log(global_step, {"loss", "lr", "images_per_s"})``.
+    """
+    env, loss_fn = context.env, context.loss_fn
+    scaler = context.scaler or torch.amp.GradScaler(env.device.type, enabled=False)
+    model.train()
+    device = env.device
+    loss_total = torch.zeros((), dtype=torch.float64, device=device)
+    weight_total = torch.zeros((), dtype=torch.float64, device=device)
+    window_loss = torch.zeros((), dtype=torch.float64, device=device)
+    window_weight = torch.zeros((), dtype=torch.float64, device=device)
+    first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
+    steps = len(loader) // context.grad_accum
+    bar = tqdm(total=steps, desc=f"epoch {epoch}/{epochs}", disable=None if env.is_main else True, leave=False, dynamic_ncols=True)
+    window_start, window_images = time.perf_counter(), 0
+    micro_batches = []
+    step = 0
+    for images, masks in loader:
+        images = context.to_device(images)
+        if context.jitter is not None:
+            images = context.jitter(images)
+        micro_batches.append((context.model_input(images), masks.to(device, non_blocking=True)))
+        if len(micro_batches) < context.grad_accum:
+            continue
+        step += 1
+        global_step += 1
+        local_weight = sum(loss_fn.weight_sum(m) for _, m in micro_batches)
+        global_weight = distributed.all_reduce_sum(local_weight.clone())
+        scale = env.world_size / global_weight  # DDP averages gradients over processes
+        step_loss = torch.zeros((), dtype=torch.float64, device=device)
+        for index, (batch_images, batch_masks) in enumerate(micro_batches):
+            last = index == len(micro_batches) - 1
+            sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
+            with sync:
+                with context.autocast():
+                    logits = model(batch_images)
+                bce_sum = loss_fn.weighted_bce_sum(logits, batch_masks)
+                loss = (bce_sum * scale).float()
+                if loss_fn.dice:
+                    loss = loss + loss_fn.dice_loss(logits, batch_masks) / context.grad_accum
+                scaler.scale(loss).backward()
+            step_loss += bce_sum.detach()
+        first_bad_step = torch.where((first_bad_step < 0) & ~torch.isfinite(step_loss), global_step, first_bad_step)
+        if context.clip_grad:
+            scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), context.clip_grad)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_total += step_loss
+        weight_total += local_weight
+        window_loss += step_loss
+        window_weight += local_weight
+        window_images += sum(len(i) for i, _ in micro_batches) * env.world_size
+        micro_batches.clear()
+        bar.update()
+        if step % context.log_every == 0 or step == steps:
+            raise_if_diverged(first_bad_step, epoch, global_step - step)
+            if env.is_main:
+                rate = window_images / (time.perf_counter() - window_start)
+                loss_value = (window_loss / window_weight).item()
+                bar.set_postfix(loss=f"{loss_value:.4f}", img_s=f"{rate:.1f}")
+                if on_log is not None:
+                    on_log(global_step, {"loss": loss_value, "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate})
+            window_loss.zero_()
+            window_weight.zero_()
+            window_start, window_images = time.perf_counter(), 0
+    bar.close()
+    sums = distributed.all_reduce_sum(torch.stack([loss_total, weight_total]))
+    return (sums[0] / sums[1]).item(), global_step
+
+
+def raise_if_diverged(first_bad_step: torch.Tensor, epoch: int, epoch_start_step: int) -> None:
+    """Every process takes the same decision: the earliest non-finite step over all of them."""
+    marker = torch.where(first_bad_step < 0, torch.iinfo(torch.long).max, first_bad_step)
+    earliest = distributed.all_reduce_min(marker.clone()).item()
+    if earliest != torch.iinfo(torch.long).max:
+        raise RunError(
+            f"non-finite loss at epoch {epoch}, step {earliest - epoch_start_step} (global step {earliest}); "
+            "training stopped and the checkpoints already written are untouched"
+        )
+
+
+@torch.inference_mode()
+def validate(model: nn.Module, loader: Iterable, context: StepContext, want_samples: bool = False) -> Validation:
+    """Validation loss and probability histograms summed over this process's shard and then all processes.
+
+    ``loader`` yields (images, masks, valid) as :func:`crackseg.data.pad_collate` makes them.
+    With ``want_samples``, the first batch's first 4 images come back with their probabilities.
+    """
+    env, loss_fn = context.env, context.loss_fn
+    model.eval()
+    histograms = torch.zeros((3, BINS), dtype=torch.long, device=env.device)
+    sums = torch.zeros(2, dtype=torch.float64, device=env.device)
+    samples = None
+    for images, masks, valid in loader:
+        masks, valid = masks.to(env.device, non_blocking=True), valid.to(env.device, non_blocking=True)
+        with context.autocast():
+            logits = model(context.model_input(context.to_device(images)))
+        sums[0] += loss_fn.weighted_bce_sum(logits, masks, valid)
+        sums[1] += loss_fn.weight_sum(masks, valid)
+        probs = torch.sigmoid(logits.float())
+        histograms += threshold_histograms(probs, masks, valid)
+        if want_samples and samples is None:
+            samples = (images[:4], probs[:4].cpu(), masks[:4].cpu())
+    distributed.all_reduce_sum(histograms)
+    distributed.all_reduce_sum(sums)
+    loss = (sums[0] / sums[1]).item() if sums[1] > 0 else float("nan")
+    return Validation(loss, histograms.cpu(), samples)
+
+
+def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW or SGD (Nesterov, momentum 0.9); no weight decay on biases and norms."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=0.9, nesterov=True)
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, name: str, epochs: int, steps_per_epoch: int, warmup_epochs: float
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Per-step schedule: linear warm-up, then cosine, poly(0.9) or x0.1 steps at 60% and 85%."""
+    total = epochs * steps_per_epoch
+    warmup = min(int(warmup_epochs * steps_per_epoch), total - 1)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if name == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        if name == "poly":
+            return (1.0 - progress) ** 0.9
+        return 0.1 ** sum(progress >= milestone for milestone in (0.6, 0.85))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

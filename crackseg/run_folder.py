@@ -1,0 +1,196 @@
+"""The run folder, owned by rank 0: resume source, config and split, epoch files, best/last, reports.
+
+Layout (``--run``)::
+
+    config.json        options and the values resolved from them
+    split.json         train / val / test stems
+    skipped.txt        problems skipped under --on-bad-sample skip
+    epoch_NNNN.pt      the last --keep-last epochs (full training state)
+    last.pt, best.pt   hard links to an epoch file
+    events.out.tfevents.*, train.log
+
+Only rank 0 writes; on the other ranks the writing methods do nothing and the log shows
+warnings only, so the training loop calls them without asking who it is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from crackseg.checkpoint import read_checkpoint, save_model
+from crackseg.data import load_split, save_split
+from crackseg.engine import Validation
+from crackseg.errors import InputError
+from crackseg.files import write_atomic
+from crackseg.metrics import BINS, counts_by_threshold
+
+log = logging.getLogger("crackseg.train")
+
+
+class RunFolder:
+    def __init__(self, path: Path, is_main: bool = True):
+        self.path = Path(path)
+        self.is_main = is_main
+        self._writer = None
+        self._handlers: list[logging.Handler] = []
+
+    def find_resume_source(self, resume: str) -> tuple[Path, dict] | None:
+        """The checkpoint to continue from and its payload: ``last.pt``, else the newest intact epoch file.
+
+        ``resume`` is ``auto``, ``none`` (refused if the folder holds checkpoints) or a path.
+        """
+        if resume == "none":
+            if any(self.path.glob("*.pt")):
+                raise InputError(f"{self.path} already holds checkpoints; resume it (--resume auto) or choose another --run")
+            return None
+        if resume != "auto":
+            return Path(resume), read_checkpoint(Path(resume))
+        last = self.path / "last.pt"
+        if not last.exists():
+            return None
+        try:
+            return last, read_checkpoint(last)
+        except InputError as error:
+            for candidate in sorted(self.path.glob("epoch_*.pt"), reverse=True):
+                try:
+                    payload = read_checkpoint(candidate)
+                except InputError:
+                    continue
+                print(f"crackseg: warning: {error}; resuming from {candidate} instead", file=sys.stderr)
+                return candidate, payload
+            raise InputError(f"{error}, and no intact epoch_NNNN.pt in {self.path} to fall back to") from None
+
+    def saved_split(self) -> dict[str, list[str]] | None:
+        path = self.path / "split.json"
+        return load_split(path) if path.is_file() else None
+
+    def write_setup(self, options: dict, resolved: dict, split: dict[str, list[str]], skipped: list) -> None:
+        """``config.json``, ``split.json`` and, when samples were skipped, ``skipped.txt``."""
+        if not self.is_main:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        if skipped:
+            write_atomic(self.path / "skipped.txt", "".join(f"{problem}\n" for problem in skipped))
+        save_split(self.path / "split.json", split)
+        write_atomic(self.path / "config.json", json.dumps({"options": options, "resolved": resolved}, indent=1) + "\n")
+
+    def save_epoch(self, model: nn.Module, epoch: int, state: dict, improved: bool, keep_last: int) -> None:
+        """Write ``epoch_NNNN.pt`` atomically, point ``last.pt`` (and ``best.pt``) at it, drop old epochs."""
+        if not self.is_main:
+            return
+        epoch_file = self.path / f"epoch_{epoch:04d}.pt"
+        save_model(model, epoch_file, epoch=epoch, **state)
+        _link_atomic(epoch_file, self.path / "last.pt")
+        if improved:
+            _link_atomic(epoch_file, self.path / "best.pt")
+        for old in sorted(self.path.glob("epoch_*.pt"))[:-keep_last]:
+            old.unlink()
+
+    def __enter__(self) -> RunFolder:
+        """Start logging: rank 0 to stdout and ``train.log``, other ranks warnings only."""
+        log.propagate = False
+        log.setLevel(logging.INFO if self.is_main else logging.WARNING)
+        if self.is_main:
+            self.path.mkdir(parents=True, exist_ok=True)
+            console = logging.StreamHandler(sys.stdout)
+            console.setFormatter(logging.Formatter("%(message)s"))
+            file = logging.FileHandler(self.path / "train.log")
+            file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+            self._handlers = [console, file]
+            for handler in self._handlers:
+                log.addHandler(handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        for handler in self._handlers:
+            log.removeHandler(handler)
+            handler.close()
+        self._handlers = []
+
+    def open_events(self, global_step: int) -> None:
+        """Start the TensorBoard event file; on resume, events after ``global_step`` are dropped."""
+        if self.is_main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.path), purge_step=global_step or None)
+
+    def log(self, message: str) -> None:
+        log.info(message)
+
+    def log_step(self, global_step: int, values: dict[str, float]) -> None:
+        """Training progress every ``--log-every`` steps (the ``on_log`` of ``train_one_epoch``)."""
+        if self._writer is None:
+            return
+        for name, value in values.items():
+            self._writer.add_scalar(f"train/{name}", value, global_step)
+
+    def report_epoch(
+        self, epoch: int, epochs: int, train_loss: float, images_per_s: float, peak_gb: float | None,
+        validation: Validation | None, best: dict,
+    ) -> None:
+        """One line in the log and the epoch's scalars, PR curve and sample overlays in TensorBoard."""
+        if not self.is_main:
+            return
+        writer = self._writer
+        line = f"epoch {epoch}/{epochs}  train loss {train_loss:.4f}  {images_per_s:.1f} img/s"
+        writer.add_scalar("train/epoch_loss", train_loss, epoch)
+        if peak_gb is not None:
+            line += f"  peak GPU memory {peak_gb:.2f} GB"
+            writer.add_scalar("train/peak_gpu_memory_gb", peak_gb, epoch)
+        if validation is not None:
+            metrics = validation.metrics()
+            line += (
+                f"  val loss {metrics['loss']:.4f}  F1 {metrics['f1']:.4f} @ {metrics['threshold']:.2f}  IoU {metrics['iou']:.4f}"
+                f"  P {metrics['precision']:.3f}  R {metrics['recall']:.3f}"
+            )
+            for name, value in metrics.items():
+                writer.add_scalar(f"val/{name}", value, epoch)
+            _add_pr_curve(writer, validation.histograms, epoch)
+            if validation.samples is not None:
+                images, probs, masks = validation.samples
+                overlay = _overlay(images, probs >= metrics["threshold"], masks)
+                writer.add_images("val/samples (red: predicted, green: true)", overlay, epoch, dataformats="NCHW")
+        if best["score"] is not None:
+            line += f"  [best {best['metric']} {best['score']:.4f} @ epoch {best['epoch']}]"
+        writer.flush()
+        log.info(line)
+
+
+def _add_pr_curve(writer, histograms: torch.Tensor, epoch: int) -> None:
+    counts = counts_by_threshold(histograms)
+    tp, fp, tn = (t[1:BINS].double() for t in (counts.correct, counts.false_positive, counts.true_negative))
+    fn = (counts.truth - counts.found)[1:BINS].double()
+    precision, recall = tp / (tp + fp).clamp(min=1), tp / (tp + fn).clamp(min=1)
+    writer.add_pr_curve_raw("val/pr_curve", tp, fp, tn, fn, precision, recall, epoch, num_thresholds=BINS - 1)
+
+
+def _overlay(images: torch.Tensor, predicted: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """Photos with predicted cracks in red, true cracks in green (both: yellow)."""
+    out = images.clone()
+    predicted, truth = predicted[:, 0], truth[:, 0].bool()
+    out[:, 0][predicted] = 255
+    out[:, 1][truth] = 255
+    out[:, 2][predicted | truth] = 0
+    return out
+
+
+def _link_atomic(source: Path, target: Path) -> None:
+    """Make ``target`` hold ``source``'s bytes without rewriting them (a hard link), atomically."""
+    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temp.unlink(missing_ok=True)
+    try:
+        os.link(source, temp)
+    except OSError:  # file systems without hard links
+        shutil.copyfile(source, temp)
+    os.replace(temp, target)

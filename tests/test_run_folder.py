@@ -1,0 +1,77 @@
+"""The run folder on its own: resume source, epoch files and links, setup files, rank 0 alone writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from crackseg.checkpoint import read_checkpoint
+from crackseg.errors import InputError
+from crackseg.models import build_model
+from crackseg.run_folder import RunFolder
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return build_model("mobilenet_v2")
+
+
+def _save_epochs(folder: RunFolder, model, epochs, best=(), keep_last: int = 10) -> None:
+    for epoch in epochs:
+        folder.save_epoch(model, epoch, {"global_step": 10 * epoch}, improved=epoch in best, keep_last=keep_last)
+
+
+def test_epochs_rotate_and_last_and_best_link_to_their_epoch(tmp_path, model):
+    folder = RunFolder(tmp_path)
+    _save_epochs(folder, model, [1, 2, 3, 4], best=(2,), keep_last=2)
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["best.pt", "epoch_0003.pt", "epoch_0004.pt", "last.pt"]
+    assert (tmp_path / "last.pt").samefile(tmp_path / "epoch_0004.pt")
+    assert read_checkpoint(tmp_path / "best.pt")["epoch"] == 2  # its epoch file rotated away, the link keeps it
+    assert read_checkpoint(tmp_path / "last.pt")["global_step"] == 40
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_resume_source_is_last_then_the_newest_intact_epoch(tmp_path, model, capsys):
+    folder = RunFolder(tmp_path)
+    assert folder.find_resume_source("auto") is None
+    _save_epochs(folder, model, [1, 2, 3])
+    source, payload = folder.find_resume_source("auto")
+    assert source == tmp_path / "last.pt" and payload["epoch"] == 3
+    (tmp_path / "last.pt").unlink()
+    (tmp_path / "last.pt").write_bytes(b"torn")
+    (tmp_path / "epoch_0003.pt").write_bytes(b"torn too")
+    source, payload = folder.find_resume_source("auto")
+    assert source == tmp_path / "epoch_0002.pt" and payload["epoch"] == 2
+    assert "resuming from" in capsys.readouterr().err
+    source, payload = folder.find_resume_source(str(tmp_path / "epoch_0001.pt"))
+    assert payload["epoch"] == 1
+    with pytest.raises(InputError, match="already holds checkpoints"):
+        folder.find_resume_source("none")
+    for path in tmp_path.glob("epoch_*.pt"):
+        path.write_bytes(b"torn")
+    with pytest.raises(InputError, match="no intact epoch_NNNN.pt"):
+        folder.find_resume_source("auto")
+
+
+def test_setup_files_are_written_and_the_split_read_back(tmp_path):
+    folder = RunFolder(tmp_path / "run")
+    assert folder.saved_split() is None
+    split = {"train": ["a", "b"], "val": ["c"], "test": []}
+    folder.write_setup({"lr": 0.1}, {"global_batch": 4}, split, ["x.jpg: not a readable image"])
+    assert folder.saved_split() == split
+    assert json.loads((tmp_path / "run" / "config.json").read_text()) == {"options": {"lr": 0.1}, "resolved": {"global_batch": 4}}
+    assert (tmp_path / "run" / "skipped.txt").read_text() == "x.jpg: not a readable image\n"
+
+
+def test_other_ranks_write_nothing(tmp_path, model):
+    folder = RunFolder(tmp_path / "run", is_main=False)
+    with folder:
+        folder.write_setup({}, {}, {"train": [], "val": [], "test": []}, [])
+        _save_epochs(folder, model, [1])
+        folder.open_events(0)
+        folder.log_step(1, {"loss": 1.0})
+    assert not (tmp_path / "run").exists()
+
