@@ -61,6 +61,12 @@ else
   rendezvous=(--standalone)
 fi
 
+# Each rendezvous round gets a fresh store for the workers, hosted by the new rank 0 on a new
+# port. Sharing the agents' store across rounds made restarted ranks read the killed ranks'
+# addresses, and on several machines the agents' restart counts can differ (a node whose
+# worker did not fail counts no restart), so no key prefix can tell the rounds apart there.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+
 # "--" keeps torchrun's parser off crackseg's options: without it torchrun reads --run as an
 # ambiguous abbreviation of its --run-path, and --monitor as its --monitor-interval.
 exec "$python" -m torch.distributed.run "${rendezvous[@]}" --nproc-per-node "$nproc" \

@@ -352,7 +352,7 @@ def _threshold_for_crack_fraction(model: torch.nn.Module, images: Path, fraction
     An untrained model at 0.5 marks most pixels, which makes the measurements several times
     dearer than on the sparse masks of a trained one; real crack photos are about 2% crack.
     """
-    from crackseg.data import load_image
+    from crackseg.images import load_image
 
     first = load_image(sorted(images.iterdir())[0])[None].to(device)
     prob = torch.sigmoid(model(first).float()).flatten()

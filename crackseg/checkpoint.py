@@ -3,7 +3,8 @@
 A crackseg file is a dict saved with ``torch.save`` and loaded with ``weights_only=True``::
 
     {"format": "crackseg", "version": 1,
-     "model": {"config": CrackSegModel.config(), "state_dict": weights without prefixes},
+     "model": {"config": CrackSegModel.config(), "state_dict": weights without prefixes,
+               "sha256": weights_digest(state_dict)},  # checked on every load
      ...training state (see :func:`training_state`), when written by training...}
 
 Any such file (``best.pt``, ``last.pt``, ``epoch_NNNN.pt``, a converted classic file) is
@@ -13,13 +14,14 @@ enough for :func:`load_model`. Classic crack-segmentation checkpoints are import
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from crackseg.errors import InputError
-from crackseg.files import write_atomic
+from crackseg.files import ensure_writable_folder, write_atomic
 from crackseg.config import CLASSIC_ENCODERS
 from crackseg.models import CrackSegModel, build_model, load_torch_file, model_from_config
 
@@ -34,7 +36,16 @@ def save_model(model: nn.Module, path: Path, **extra) -> None:
     The file appears whole or not at all: a temp file beside ``path``, fsynced, then renamed.
     """
     payload = {"format": FORMAT, "version": VERSION, "model": _model_entry(model), **extra}
-    write_atomic(path, lambda file: torch.save(payload, file), durable=True)
+
+    def write(file) -> None:
+        try:
+            torch.save(payload, file)
+        except RuntimeError as error:  # torch's zip writer hides a failed write (a full disk) behind its own error
+            if isinstance(error.__context__, OSError):
+                raise error.__context__ from None
+            raise
+
+    write_atomic(path, write, durable=True)
 
 
 def read_checkpoint(path: Path) -> dict:
@@ -46,7 +57,20 @@ def read_checkpoint(path: Path) -> dict:
         raise InputError(f"{path}: not a crackseg checkpoint")
     if payload.get("version", 0) > VERSION:
         raise InputError(f"{path}: written by a newer crackseg (format version {payload['version']}); upgrade crackseg")
+    entry = payload.get("model")
+    if isinstance(entry, dict) and "sha256" in entry and weights_digest(entry["state_dict"]) != entry["sha256"]:
+        raise InputError(f"{path}: its weights do not match the checksum saved with them (the file is damaged); use another copy")
     return payload
+
+
+def weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        tensor = state[key].detach().cpu().contiguous()
+        digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -64,7 +88,7 @@ def _model_entry(model: nn.Module) -> dict:
         while key.startswith(_WRAPPER_PREFIXES):
             key = key.split(".", 1)[1]
         state[key] = value.detach().cpu()
-    return {"config": plain.config(), "state_dict": state}
+    return {"config": plain.config(), "state_dict": state, "sha256": weights_digest(state)}
 
 
 def load_model(
@@ -117,12 +141,17 @@ def convert_classic(source: Path, arch: str, out: Path, threshold: float = 0.2, 
     """
     if arch not in CLASSIC_ENCODERS:
         raise InputError(f"--arch must be a classic architecture ({', '.join(CLASSIC_ENCODERS)}), got {arch!r}")
+    if Path(out).is_dir():
+        raise InputError(f"--out {out}: is a folder; give the model file's name, e.g. {Path(out) / 'model.pt'}")
     if Path(out).exists() and not overwrite:
         raise InputError(f"{out} already exists; choose another --out or pass --overwrite")
+    ensure_writable_folder(Path(out).parent, "--out")
     classic = load_torch_file(source, "checkpoint")
+    if isinstance(classic, dict) and classic.get("format") == FORMAT:
+        raise InputError(f"{source}: already a crackseg model file; predict, evaluate and --init take it as it is")
     state = classic.get("model") if isinstance(classic, dict) else None
-    if not isinstance(state, dict):
-        raise InputError(f"{source}: not a classic checkpoint (no 'model' state dict inside)")
+    if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
+        raise InputError(f"{source}: not a classic checkpoint (no 'model' state dict of tensors inside)")
     state = {key.removeprefix("module."): value for key, value in state.items()}
 
     model = build_model(arch=arch)
@@ -131,7 +160,9 @@ def convert_classic(source: Path, arch: str, out: Path, threshold: float = 0.2, 
         holds = next((name for name in CLASSIC_ENCODERS if _classic_shapes(name) == {k: v.shape for k, v in state.items()}), None)
         if holds:
             raise InputError(f"{source}: holds a {holds} model, not the {arch} that was asked for (--arch {holds})")
-        raise InputError(f"{source}: its {len(state)} tensors do not match {arch} ({len(expected)} tensors) by name and shape")
+        missing = sorted(expected.keys() - state.keys())
+        detail = f"; missing e.g. {missing[0]}" if missing else ""
+        raise InputError(f"{source}: its {len(state)} tensors do not match {arch} ({len(expected)} tensors) by name and shape{detail}")
     model.net.load_state_dict(state, strict=True)
     model.threshold = threshold
     source_info = {key: _plain(value) for key, value in classic.items() if key != "model"}

@@ -1,7 +1,9 @@
 """``crackseg <command>``: argument parsing only; each command calls one library function.
 
 User mistakes raise :class:`~crackseg.errors.InputError` and end as one line on stderr
-with exit status 2; anything else is a bug and keeps its traceback.
+with exit status 2; a run that cannot go on (:class:`~crackseg.errors.RunError`, or an
+OSError such as a full disk) ends as one line with exit status 1; anything else is a
+bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +14,20 @@ import sys
 from pathlib import Path
 
 from crackseg import __version__
-from crackseg.config import AMP_CHOICES, GROUPS, Range, flag, option_fields
+from crackseg.config import (
+    AMP_CHOICES,
+    AT_LEAST_ONE,
+    FRACTION,
+    GROUPS,
+    NON_NEGATIVE,
+    POSITIVE,
+    TILE,
+    TILE_OVERLAP,
+    TOLERANCE,
+    Range,
+    flag,
+    option_fields,
+)
 from crackseg.errors import InputError, RunError
 
 
@@ -25,13 +40,6 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
                 or not action.option_strings:
             return text
         return text + " (default: %(default)s)"
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -139,13 +147,16 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from crackseg.evaluate import evaluate_checkpoint, evaluate_files, format_table, write_report
+    from crackseg.files import ensure_writable_folder
 
     if args.out is not None and (args.out / "report.json").exists() and not args.overwrite:
         raise InputError(f"{args.out / 'report.json'} already exists; choose another --out or pass --overwrite")
+    if args.out is not None:
+        ensure_writable_folder(args.out, "--out")
     if args.checkpoint is not None:
         if args.data is None:
             raise InputError("--checkpoint needs --data ROOT (and --split, default test)")
-        report = evaluate_checkpoint(args.checkpoint, args.data, args.split or "test", args.tolerance, args.threshold, args.device, args.tile, args.batch_size, args.amp)
+        report = evaluate_checkpoint(args.checkpoint, args.data, args.split or "test", args.tolerance, args.threshold, args.device, args.tile, args.overlap, args.batch_size, args.amp)
     elif args.pred is not None and args.gt is not None:
         split = Path(args.split) if args.split else None
         report = evaluate_files(args.pred, args.gt, split, args.tolerance, 0.5 if args.threshold is None else args.threshold)
@@ -179,11 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     synth.add_argument("out", type=Path, help="output folder (created if missing)")
-    synth.add_argument("--count", type=_positive_int, default=64, help="number of images")
+    synth.add_argument("--count", type=_checked(int, AT_LEAST_ONE), default=64, help="number of images")
     synth.add_argument("--size", type=_size, default="256", help="image size in px: N or HxW (height x width)")
-    synth.add_argument("--seed", type=int, default=0, help="random seed")
+    synth.add_argument("--seed", type=_checked(int, NON_NEGATIVE), default=0, help="random seed")
     synth.add_argument("--truth", action="store_true", help="also write truth.json: each crack's length and width in px")
-    synth.add_argument("--workers", type=_positive_int, default=1, help="processes generating images in parallel")
+    synth.add_argument("--workers", type=_checked(int, AT_LEAST_ONE), default=1, help="processes generating images in parallel")
     synth.add_argument("--overwrite", action="store_true", help="replace files already in OUT")
     synth.set_defaults(handler=_cmd_synth)
 
@@ -215,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("classic", type=Path, help="classic checkpoint, e.g. model_best.pt or model_epoch_N.pt")
     convert.add_argument("--arch", required=True, choices=["unet16", "unet_resnet34", "unet_resnet101", "unet_resnet152"], help="architecture it holds")
     convert.add_argument("--out", type=Path, required=True, help="crackseg model file to write")
-    convert.add_argument("--threshold", type=float, default=0.2, help="decision threshold on crack probability stored in the file (the classic inference default)")
+    convert.add_argument("--threshold", type=_checked(float, FRACTION), default=0.2, help="decision threshold on crack probability stored in the file (the classic inference default)")
     convert.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     convert.set_defaults(handler=_cmd_convert)
 
@@ -253,21 +264,21 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--checkpoint", type=Path, required=True, help="crackseg checkpoint or model file (best.pt, a converted classic file, ...)")
     predict.add_argument("--out", type=Path, required=True, help="output folder")
     predict.add_argument("--recursive", action="store_true", help="also read images in sub-folders (output names keep the sub-folders)")
-    predict.add_argument("--threshold", type=float, default=None, help="crack probability threshold (default: the checkpoint's best validation F1 threshold)")
-    predict.add_argument("--tile", type=_positive_int, default=1024, help="tile side in px; larger images run as overlapping tiles")
-    predict.add_argument("--overlap", type=int, default=128, help="overlap between neighbouring tiles in px, blended smoothly")
-    predict.add_argument("--batch-size", type=_positive_int, default=None,
+    predict.add_argument("--threshold", type=_checked(float, FRACTION), default=None, help="crack probability threshold (default: the checkpoint's best validation F1 threshold)")
+    predict.add_argument("--tile", type=_checked(int, AT_LEAST_ONE), default=TILE, help="tile side in px; larger images run as overlapping tiles")
+    predict.add_argument("--overlap", type=_checked(int, NON_NEGATIVE), default=TILE_OVERLAP, help="overlap between neighbouring tiles in px, blended smoothly (less than --tile)")
+    predict.add_argument("--batch-size", type=_checked(int, AT_LEAST_ONE), default=None,
                          help="tiles per forward pass; tiles of several images share a batch (default 8 on a GPU, 1 on CPU, where batches ran slower)")
     predict.add_argument("--tta", choices=["none", "flip", "d4"], default="none", help="average probabilities over a horizontal flip, or all 8 flips and rotations")
     predict.add_argument("--save-prob", type=int, choices=[8, 16], default=None, help="also write OUT/probs/<name>.png, the probability map as 8- or 16-bit PNG")
     predict.add_argument("--overlay", action="store_true", help="also write OUT/overlays/<name>.jpg, the photo with cracks tinted red")
     predict.add_argument("--resize", type=_size, default=None, help="resize every image to N or HxW px first (for models trained on resized data); masks come back at the input size")
-    predict.add_argument("--px-size", type=float, default=None, help="pixel size in mm: measurements are also reported in mm")
+    predict.add_argument("--px-size", type=_checked(float, POSITIVE), default=None, help="pixel size in mm: measurements are also reported in mm")
     predict.add_argument("--no-measure", dest="measure", action="store_false",
                          help="skip crack length and width measurements (no cracks.csv): the fastest way to masks (measuring costs CPU time per image, see docs/benchmarks.md)")
     predict.add_argument("--skip-existing", action="store_true", help="keep masks already in OUT and predict the rest (finishes an interrupted batch)")
     predict.add_argument("--overwrite", action="store_true", help="replace outputs already in OUT")
-    predict.add_argument("--workers", type=int, default=None,
+    predict.add_argument("--workers", type=_checked(int, NON_NEGATIVE), default=None,
                          help="decoding processes and writer threads (0: all in the main process; default: 0 on CPU, where the model's threads use every core, else CPU cores / processes - 1, at most 8)")
     predict.add_argument("--device", default="auto", help="auto (CUDA when present), cuda or cpu")
     predict.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision; auto = bf16 on GPUs that support it")
@@ -292,13 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", type=Path, help="predict with this checkpoint instead of reading --pred")
     evaluate.add_argument("--data", type=Path, help="dataset root for --checkpoint")
     evaluate.add_argument("--split", default=None, help="file of stems to score; with --checkpoint also a split name (test, val, train: ROOT/NAME.txt) or all (default test)")
-    evaluate.add_argument("--tolerance", type=float, default=0.0, help="pixel tolerance for precision / recall / F1 (0 = exact pixels; papers often use 2)")
-    evaluate.add_argument("--threshold", type=float, default=None, help="operating threshold on probabilities (default 0.5 for files, the checkpoint's for --checkpoint)")
+    evaluate.add_argument("--tolerance", type=_checked(float, TOLERANCE), default=0.0, help=f"pixel tolerance for precision / recall / F1, {TOLERANCE.describe()} (0 = exact pixels; papers often use 2)")
+    evaluate.add_argument("--threshold", type=_checked(float, FRACTION), default=None, help="operating threshold on probabilities (default 0.5 for files, the checkpoint's for --checkpoint)")
     evaluate.add_argument("--out", type=Path, default=None, help="folder for the report files")
     evaluate.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     evaluate.add_argument("--device", default="auto", help="device for --checkpoint: auto, cuda or cpu")
-    evaluate.add_argument("--tile", type=_positive_int, default=1024, help="tile side in px for --checkpoint")
-    evaluate.add_argument("--batch-size", type=_positive_int, default=None, help="tiles per forward pass for --checkpoint (default 8 on a GPU, 1 on CPU)")
+    evaluate.add_argument("--tile", type=_checked(int, AT_LEAST_ONE), default=TILE, help="tile side in px for --checkpoint; larger images run as overlapping tiles")
+    evaluate.add_argument("--overlap", type=_checked(int, NON_NEGATIVE), default=TILE_OVERLAP, help="overlap between neighbouring tiles in px for --checkpoint (less than --tile)")
+    evaluate.add_argument("--batch-size", type=_checked(int, AT_LEAST_ONE), default=None, help="tiles per forward pass for --checkpoint (default 8 on a GPU, 1 on CPU)")
     evaluate.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision for --checkpoint; auto = bf16 on GPUs that support it")
     evaluate.set_defaults(handler=_cmd_evaluate)
     return parser
@@ -316,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"crackseg: error: {error}\n")
     except RunError as error:
         parser.exit(1, f"crackseg: error: {error}\n")
+    except OSError as error:  # the machine, not the input: a full disk, a vanished mount
+        where = f"{error.filename}: " if error.filename else ""
+        parser.exit(1, f"crackseg: error: {where}{error.strerror or error}\n")
     except KeyboardInterrupt:
         print("crackseg: interrupted", file=sys.stderr)
         return 130

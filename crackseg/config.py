@@ -19,8 +19,10 @@ CLASSIC_ENCODERS = {"unet16": "vgg16", "unet_resnet34": "resnet34", "unet_resnet
 ARCHS = ("unet", *CLASSIC_ENCODERS)
 DEFAULT_ENCODER = "resnet34"
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
+TILE, TILE_OVERLAP = 1024, 128  # px: images larger than a tile run as overlapping tiles (validation, predict, evaluate)
 GROUPS = ("data", "model", "optimization", "speed and memory", "run folder")  # as --help lists them
 
+PATH_OPTIONS = frozenset({"data", "images", "masks", "init"})
 # Options that may change when a run is resumed; any other difference is an error.
 RESUMABLE_CHANGES = frozenset(
     {"run", "epochs", "workers", "val_every", "keep_last", "log_every", "resume", "device", "cache", "val_batch_size"}
@@ -58,6 +60,7 @@ POSITIVE = Range(0, low_open=True)
 AT_LEAST_ONE = Range(1)
 NON_NEGATIVE = Range(0)
 FRACTION = Range(0, 1)
+TOLERANCE = Range(0, 32)  # px: evaluation tolerances in the literature are 2 to 5
 
 
 def option(default, help: str, group: str, choices: tuple | None = None, valid: Range | None = None, flag_type=None):
@@ -126,7 +129,10 @@ class TrainConfig:
         8, "images per process and step; global batch = processes x this x --grad-accum", "optimization", valid=AT_LEAST_ONE
     )
     val_batch_size: int | None = option(
-        None, "whole validation images per process and step (default --batch-size)", "optimization", valid=AT_LEAST_ONE
+        None,
+        f"validation tiles per forward pass (default --batch-size); images up to {TILE} px run whole, larger ones as tiles",
+        "optimization",
+        valid=AT_LEAST_ONE,
     )
     grad_accum: int = option(1, "micro-batches accumulated per optimizer step", "optimization", valid=AT_LEAST_ONE)
     lr: float = option(3e-4, "learning rate at the base global batch", "optimization", valid=POSITIVE)
@@ -227,9 +233,15 @@ def resolved_encoder(config: TrainConfig) -> str:
 
 
 def check_same_run(config: TrainConfig, saved: dict, source: Path) -> None:
-    """A resumed run must keep every option outside :data:`RESUMABLE_CHANGES`."""
+    """A resumed run must keep every option outside :data:`RESUMABLE_CHANGES`; paths compare as the files they name."""
     current = config.to_dict()
-    differ = [key for key in current if key not in RESUMABLE_CHANGES and key in saved and current[key] != saved[key]]
+
+    def same(key: str) -> bool:
+        if key in PATH_OPTIONS and current[key] and saved[key]:
+            return Path(current[key]).resolve() == Path(saved[key]).resolve()
+        return current[key] == saved[key]
+
+    differ = [key for key in current if key not in RESUMABLE_CHANGES and key in saved and not same(key)]
     if differ:
         listing = ", ".join(f"{flag(key)} {current[key]} (saved: {saved[key]})" for key in differ)
         raise InputError(f"{listing} contradicts the run saved in {source}; resume with its settings or start another --run")

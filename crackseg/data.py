@@ -20,16 +20,25 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from torchvision import tv_tensors
 
 from crackseg.errors import InputError
 from crackseg.files import write_atomic
+from crackseg.images import (
+    CRACK_THRESHOLD,
+    DECODE_ERRORS,
+    IMAGE_SUFFIXES,
+    describe_error,
+    displayed_size,
+    load_image,
+    load_mask,
+    mask_levels,
+    orientation,
+)
 from crackseg.seeding import mix_seed
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff")
 SPLITS = ("train", "val", "test")
-CRACK_THRESHOLD = 127  # mask values above this are crack
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,9 @@ def resolve_folders(root: Path | None, images: Path | None, masks: Path | None) 
 def find_samples(images: Path, masks: Path, mask_pattern: str = "{stem}") -> tuple[list[Sample], list[Problem]]:
     """Pair every image with the mask named ``mask_pattern.format(stem=...)`` plus any image suffix.
 
-    Returns the pairs sorted by stem, and one problem per unmatched or ambiguous file.
+    Returns the pairs sorted by stem, and one problem per unmatched file. Two files with
+    one stem in a folder (``001.png`` and ``001.bmp``) are a problem naming both, and that
+    stem is not paired at all: crackseg never guesses which one was meant.
     """
     for folder, flag in ((images, "--images"), (masks, "--masks")):
         if not Path(folder).is_dir():
@@ -96,30 +107,39 @@ def find_samples(images: Path, masks: Path, mask_pattern: str = "{stem}") -> tup
     prefix, suffix = mask_pattern.split("{stem}", 1)
     mask_name = re.compile(re.escape(prefix) + "(?P<stem>.+)" + re.escape(suffix) + "$")
 
-    problems: list[Problem] = []
-    image_files = _by_stem(Path(images), lambda stem: stem, problems)
-    mask_files = _by_stem(Path(masks), lambda stem: (m := mask_name.match(stem)) and m["stem"], problems)
-    for stem in sorted(image_files.keys() - mask_files.keys()):
+    image_files, image_twins = _by_stem(Path(images), lambda stem: stem)
+    mask_files, mask_twins = _by_stem(Path(masks), lambda stem: (m := mask_name.match(stem)) and m["stem"])
+    problems = [Problem(paths[0], _twins_message(paths)) for paths in [*image_twins.values(), *mask_twins.values()]]
+    ambiguous = image_twins.keys() | mask_twins.keys()
+    for stem in sorted(image_files.keys() - mask_files.keys() - ambiguous):
         problems.append(Problem(image_files[stem], f"no mask for this image in {masks}"))
-    for stem in sorted(mask_files.keys() - image_files.keys()):
+    for stem in sorted(mask_files.keys() - image_files.keys() - ambiguous):
         problems.append(Problem(mask_files[stem], f"no image for this mask in {images}"))
     samples = [Sample(stem, image_files[stem], mask_files[stem]) for stem in sorted(image_files.keys() & mask_files.keys())]
     return samples, problems
 
 
-def _by_stem(folder: Path, stem_of, problems: list[Problem]) -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for path in sorted(folder.iterdir()):
-        if path.suffix.lower() not in IMAGE_SUFFIXES or not path.is_file():
-            continue
-        stem = stem_of(path.stem)
-        if not stem:
-            continue
-        if stem in found:
-            problems.append(Problem(path, f"same stem as {found[stem].name}: cannot tell which to use"))
-            continue
-        found[stem] = path
+def files_by_stem(folder: Path) -> dict[str, Path]:
+    """Every image file of ``folder`` by stem; two files with one stem are an error naming both."""
+    found, twins = _by_stem(Path(folder), lambda stem: stem)
+    if twins:
+        paths = next(iter(twins.values()))
+        raise InputError(f"{paths[0]}: {_twins_message(paths)}" + (f" ({len(twins)} such stems)" if len(twins) > 1 else ""))
     return found
+
+
+def _by_stem(folder: Path, stem_of) -> tuple[dict[str, Path], dict[str, list[Path]]]:
+    """Unambiguous files by stem, and the stems that several files share (left out of the first)."""
+    every: dict[str, list[Path]] = {}
+    for path in sorted(folder.iterdir()):
+        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and (stem := stem_of(path.stem)):
+            every.setdefault(stem, []).append(path)
+    unique = {stem: paths[0] for stem, paths in every.items() if len(paths) == 1}
+    return unique, {stem: paths for stem, paths in every.items() if len(paths) > 1}
+
+
+def _twins_message(paths: list[Path]) -> str:
+    return f"shares its stem with {', '.join(p.name for p in paths[1:])}: cannot tell which to use; rename or remove one"
 
 
 def scan(samples: list[Sample], workers: int | None = None) -> Scan:
@@ -156,62 +176,32 @@ def _check_sample(sample: Sample) -> tuple[list[Problem], MaskInfo | None]:
     problems = []
     try:
         with Image.open(sample.image) as image:
-            image_size = image.size
+            stored, shown, turn = image.size, displayed_size(image), orientation(image)
             if image.format == "JPEG":
                 image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
             image.load()
-    except (OSError, UnidentifiedImageError, ValueError) as error:
-        problems.append(Problem(sample.image, _describe(error)))
-        image_size = None
+    except DECODE_ERRORS as error:
+        problems.append(Problem(sample.image, describe_error(error)))
+        shown = None
     try:
-        mask = _mask_array(sample.mask)
-    except (OSError, UnidentifiedImageError, ValueError) as error:
-        problems.append(Problem(sample.mask, _describe(error)))
+        mask = mask_levels(sample.mask)
+    except DECODE_ERRORS as error:
+        problems.append(Problem(sample.mask, describe_error(error)))
         return problems, None
-    if image_size is not None and image_size != (mask.shape[1], mask.shape[0]):
-        problems.append(
-            Problem(sample.mask, f"mask is {mask.shape[1]}x{mask.shape[0]} px but its image is {image_size[0]}x{image_size[1]}")
-        )
+    mask_size = (mask.shape[1], mask.shape[0])
+    if shown is not None and shown != mask_size:
+        message = f"mask is {mask_size[0]}x{mask_size[1]} px but its image is {shown[0]}x{shown[1]}"
+        if stored == mask_size:
+            message += (
+                f" as shown: the image's EXIF orientation tag ({turn}) turns its stored {stored[0]}x{stored[1]} pixels; "
+                "trace the mask on the photo as viewers show it, or remove the tag"
+            )
+        problems.append(Problem(sample.mask, message))
     if problems:
         return problems, None
     values = np.bincount(mask.ravel(), minlength=256)
-    present = np.flatnonzero(values)
-    if present.max() <= 1 and present.size == 2:
-        return [Problem(sample.mask, "mask holds only 0 and 1; crackseg expects 0 = background, 255 = crack")], None
-    binary = set(present.tolist()) <= {0, 255}
+    binary = set(np.flatnonzero(values).tolist()) <= {0, 255}
     return [], MaskInfo(mask.shape[0], mask.shape[1], int(values[CRACK_THRESHOLD + 1 :].sum()), binary)
-
-
-def _describe(error: Exception) -> str:
-    if isinstance(error, UnidentifiedImageError):
-        return "not a readable image (empty, or another kind of file)"
-    if isinstance(error, FileNotFoundError):
-        return "file not found"
-    return f"cannot decode: {error}"
-
-
-def _mask_array(path: Path) -> np.ndarray:
-    """(H, W) uint8 grey levels of a mask file; 16-bit masks are scaled to 8 bits."""
-    with Image.open(path) as mask:
-        if mask.mode.startswith("I"):
-            return (np.asarray(mask, dtype=np.float64) / 257.0).round().clip(0, 255).astype(np.uint8)
-        return np.asarray(mask.convert("L"))
-
-
-def load_image(path: Path) -> torch.Tensor:
-    """(3, H, W) uint8 RGB; grey, palette, RGBA, CMYK and 16-bit files are converted."""
-    with Image.open(path) as image:
-        if image.mode.startswith("I"):
-            grey = (np.asarray(image, dtype=np.float64) / 257.0).round().clip(0, 255).astype(np.uint8)
-            array = np.repeat(grey[..., None], 3, axis=2)
-        else:
-            array = np.asarray(image.convert("RGB"))
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)
-
-
-def load_mask(path: Path) -> torch.Tensor:
-    """(1, H, W) uint8, 1 = crack (grey level above 127), 0 = background."""
-    return torch.from_numpy((_mask_array(path) > CRACK_THRESHOLD).astype(np.uint8))[None]
 
 
 def open_dataset(
@@ -226,6 +216,8 @@ def open_dataset(
     samples, problems = find_samples(image_dir, mask_dir, mask_pattern)
     found = scan(samples, workers)
     found.problems[:0] = problems
+    if not samples:
+        found.problems.append(Problem(image_dir, f"no image/mask pairs (images in {image_dir}, masks in {mask_dir})"))
     paired = {sample.stem for sample in samples}
     usable = {sample.stem for sample in found.samples}
     for name in SPLITS:
@@ -239,11 +231,17 @@ def open_dataset(
 
 
 def read_stems(path: Path) -> list[str]:
-    """The stems a split file lists, one per line (blank lines ignored)."""
+    """The stems a split file lists, one per line (blank lines ignored); empty files and repeats are errors."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such split file (one stem per line)")
-    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    stems = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not stems:
+        raise InputError(f"{path}: lists no stems (one per line)")
+    repeated = [stem for stem, count in Counter(stems).items() if count > 1]
+    if repeated:
+        raise InputError(f"{path}: lists {repeated[0]!r} more than once ({len(repeated)} repeated stems); list each stem once")
+    return stems
 
 
 def make_split(
@@ -331,8 +329,8 @@ class CrackDataset(torch.utils.data.Dataset):
         sample = self.samples[index]
         try:
             return load_image(sample.image), load_mask(sample.mask)
-        except (OSError, UnidentifiedImageError, ValueError) as error:
-            raise InputError(f"{sample.image}: {_describe(error)} (changed since the dataset was checked?)") from None
+        except DECODE_ERRORS as error:
+            raise InputError(f"{sample.image}: {describe_error(error)} (changed since the dataset was checked?)") from None
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
@@ -392,24 +390,6 @@ def make_loader(
         collate_fn=collate_fn,
         generator=torch.Generator().manual_seed(0),
     )
-
-
-def pad_collate(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stack images of different sizes: zero-pad to the largest, and say which pixels are real.
-
-    Returns images (N, 3, H, W) uint8, masks (N, 1, H, W) uint8 and valid (N, 1, H, W) bool.
-    """
-    height = max(image.shape[-2] for image, _ in batch)
-    width = max(image.shape[-1] for image, _ in batch)
-    images = torch.zeros((len(batch), 3, height, width), dtype=torch.uint8)
-    masks = torch.zeros((len(batch), 1, height, width), dtype=torch.uint8)
-    valid = torch.zeros((len(batch), 1, height, width), dtype=torch.bool)
-    for index, (image, mask) in enumerate(batch):
-        h, w = image.shape[-2:]
-        images[index, :, :h, :w] = image
-        masks[index, :, :h, :w] = mask
-        valid[index, :, :h, :w] = True
-    return images, masks, valid
 
 
 def inspection_report(found: Scan, split: dict[str, list[str]], val_fraction: float) -> str:

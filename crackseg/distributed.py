@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from crackseg.errors import InputError
+from crackseg.errors import InputError, RunError
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 
@@ -53,12 +53,25 @@ def setup(device: str = "auto") -> Environment:
 
 
 def select_device(name: str = "auto", local_rank: int = 0) -> torch.device:
-    """``auto``: this process's GPU (by ``local_rank``) when CUDA is present, else the CPU."""
+    """``auto``: this process's GPU (by ``local_rank``) when CUDA is present, else the CPU.
+
+    ``cpu``, ``cuda`` and ``cuda:N`` are the other names; a GPU that is not there is an InputError.
+    """
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    chosen = torch.device(name)
+    try:
+        chosen = torch.device(name)
+    except RuntimeError:
+        raise InputError(f"--device {name}: unknown device; use auto, cpu, cuda or cuda:N") from None
+    if chosen.type not in ("cpu", "cuda"):
+        raise InputError(f"--device {name}: crackseg runs on cpu or cuda; use auto, cpu, cuda or cuda:N")
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {name}: no CUDA GPU is visible to this process; use --device cpu")
     if chosen.type == "cuda":
-        chosen = torch.device("cuda", local_rank if chosen.index is None else chosen.index)
+        index = local_rank if chosen.index is None else chosen.index
+        if index >= torch.cuda.device_count():
+            raise InputError(f"--device {name}: GPU {index} does not exist ({torch.cuda.device_count()} visible)")
+        chosen = torch.device("cuda", index)
         torch.cuda.set_device(chosen)
     return chosen
 
@@ -95,6 +108,9 @@ def _restart_safe_store() -> dist.Store | None:
     and torch 2.14 reuses its keys: the restarted ranks read the addresses of the killed
     ones and gloo fails with "connectFullMesh ... Connection refused", so --max-restarts
     never recovers. Prefixing the keys with the restart count gives each attempt its own.
+    That serves plain ``torchrun`` on one machine, where one agent counts the restarts;
+    across machines the agents' counts can differ, so ``launch.sh`` turns the shared store
+    off instead (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``) and this function is not used.
     """
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
@@ -144,13 +160,8 @@ def broadcast_from_main(value):
     return box[0]
 
 
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 def decided_on_main(env: Environment, decide, *args):
-    """Run ``decide(*args)`` on rank 0 and hand its result, or its InputError, to every rank.
+    """Run ``decide(*args)`` on rank 0 and hand its result, or its InputError / RunError, to every rank.
 
     Raising on rank 0 alone would leave the other ranks waiting in a collective forever.
     """
@@ -158,11 +169,11 @@ def decided_on_main(env: Environment, decide, *args):
     if env.is_main:
         try:
             outcome = ("ok", decide(*args))
-        except InputError as error:
-            outcome = ("error", str(error))
+        except (InputError, RunError) as error:
+            outcome = (type(error), str(error))
     outcome = broadcast_from_main(outcome)
-    if outcome[0] == "error":
-        raise InputError(outcome[1])
+    if outcome[0] != "ok":
+        raise outcome[0](outcome[1])
     return outcome[1]
 
 

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from crackseg import distributed
 from crackseg.errors import RunError
+from crackseg.inference import Predictor
 from crackseg.losses import CrackLoss
 from crackseg.metrics import BINS, best_f1, scores_at, threshold_histograms
 from crackseg.transforms import PhotometricJitter
@@ -55,7 +56,7 @@ class StepContext:
 class Validation:
     loss: float
     histograms: torch.Tensor  # (3, BINS) int64 (see crackseg.metrics), summed over every process
-    samples: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # rank 0's first images, probabilities, masks
+    samples: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (K, 3, H, W) images, (K, 1, H, W) probabilities, masks
 
     def metrics(self) -> dict[str, float]:
         best = best_f1(self.histograms)
@@ -177,31 +178,51 @@ def raise_if_diverged(first_bad_step: torch.Tensor, epoch: int, epoch_start_step
 
 
 @torch.inference_mode()
-def validate(model: nn.Module, loader: Iterable, context: StepContext, want_samples: bool = False) -> Validation:
-    """Validation loss and probability histograms summed over this process's shard and then all processes.
+def validate(
+    model: nn.Module, loader: Iterable, context: StepContext, want_samples: bool = False, batch_size: int | None = None
+) -> Validation:
+    """Validation loss and probability histograms of this process's images, summed over all processes.
 
-    ``loader`` yields (images, masks, valid) as :func:`crackseg.data.pad_collate` makes them.
-    With ``want_samples``, the first batch's first 4 images come back with their probabilities.
+    ``loader`` yields one (image (3, H, W) uint8, mask (1, H, W)) at a time. Each image runs
+    exactly as ``predict`` and ``evaluate --checkpoint`` run it (whole up to the tile size,
+    blended tiles beyond; tiles batched only with tiles of their own shape), so the scores
+    equal ``evaluate``'s on the same images and do not depend on ``batch_size`` or on the
+    process count. The loss is the pixel-weighted BCE of the resulting probabilities, each
+    clamped to [1e-7, 1 - 1e-7]. With ``want_samples``, up to 4 images of the first
+    image's size come back with their probabilities and masks.
     """
     env, loss_fn = context.env, context.loss_fn
     model.eval()
-    histograms = torch.zeros((3, BINS), dtype=torch.long, device=env.device)
-    sums = torch.zeros(2, dtype=torch.float64, device=env.device)
-    samples = None
-    for images, masks, valid in loader:
-        masks, valid = masks.to(env.device, non_blocking=True), valid.to(env.device, non_blocking=True)
-        with context.autocast():
-            logits = model(context.model_input(context.to_device(images)))
-        sums[0] += loss_fn.weighted_bce_sum(logits, masks, valid)
-        sums[1] += loss_fn.weight_sum(masks, valid)
-        probs = torch.sigmoid(logits.float())
-        histograms += threshold_histograms(probs, masks, valid)
-        if want_samples and samples is None:
-            samples = (images[:4], probs[:4].cpu(), masks[:4].cpu())
-    distributed.all_reduce_sum(histograms)
-    distributed.all_reduce_sum(sums)
+    predictor = Predictor(
+        model, env.device, batch_size=batch_size, amp_dtype=context.amp_dtype, channels_last=context.channels_last
+    )
+    histograms = torch.zeros((3, BINS), dtype=torch.long)
+    sums = torch.zeros(2, dtype=torch.float64)
+    masks: dict[int, torch.Tensor] = {}
+    images: dict[int, torch.Tensor] = {}
+    samples: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def stream():
+        for key, (image, mask) in enumerate(loader):
+            masks[key] = mask.as_subclass(torch.Tensor)
+            if want_samples and len(samples) < 4:
+                images[key] = image.as_subclass(torch.Tensor)
+            yield key, image.as_subclass(torch.Tensor)
+
+    for key, prob in predictor.probabilities(stream()):
+        mask = masks.pop(key)[None]
+        prob = prob[None, None]
+        histograms += threshold_histograms(prob, mask)
+        sums[0] += loss_fn.weighted_bce_sum(torch.logit(prob.double(), eps=1e-7), mask)
+        sums[1] += loss_fn.weight_sum(mask)
+        image = images.pop(key, None)
+        if image is not None and (not samples or samples[0][0].shape == image.shape) and len(samples) < 4:
+            samples.append((image, prob[0], mask[0]))
+    histograms = distributed.all_reduce_sum(histograms.to(env.device)).cpu()
+    sums = distributed.all_reduce_sum(sums.to(env.device)).cpu()
     loss = (sums[0] / sums[1]).item() if sums[1] > 0 else float("nan")
-    return Validation(loss, histograms.cpu(), samples)
+    stacked = tuple(torch.stack(part) for part in zip(*samples)) if samples else None
+    return Validation(loss, histograms, stacked)
 
 
 def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:

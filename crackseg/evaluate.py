@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from crackseg.data import IMAGE_SUFFIXES, find_samples, load_image, load_mask, open_dataset, read_stems
+from crackseg.data import files_by_stem, open_dataset, read_stems
+from crackseg.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, load_image, load_mask, read_probability
 from crackseg.errors import InputError
 from crackseg.files import write_atomic, write_csv
 from crackseg.metrics import (
@@ -45,14 +46,6 @@ DEFINITIONS = {
 }
 
 
-def read_probability(path: Path) -> torch.Tensor:
-    """(H, W) float32 in [0, 1] from a mask (0/255) or an 8- or 16-bit probability PNG."""
-    with Image.open(path) as image:
-        if image.mode.startswith("I"):
-            return torch.from_numpy(np.asarray(image, dtype=np.float32) / 65535.0)
-        return torch.from_numpy(np.asarray(image.convert("L"), dtype=np.float32) / 255.0)
-
-
 def score_image(prob: torch.Tensor, truth: torch.Tensor, tolerance: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Strict (tolerance 0) and tolerant (3, BINS) histograms of one (H, W) image."""
     if prob.shape != truth.shape:
@@ -63,34 +56,46 @@ def score_image(prob: torch.Tensor, truth: torch.Tensor, tolerance: float) -> tu
 
 def evaluate_files(pred: Path, gt: Path, split: Path | None = None, tolerance: float = 0.0, threshold: float = 0.5) -> dict:
     """Score ``pred/<stem>.png`` against ``gt/<stem>.*`` for every stem of ``split`` (default: all of gt)."""
-    pairs, _ = find_samples(Path(pred), Path(gt))
-    wanted = read_stems(split) if split else None
-    by_stem = {pair.stem: pair for pair in pairs}
-    expected = wanted if wanted is not None else sorted(p.stem for p in Path(gt).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-    missing = [stem for stem in expected if stem not in by_stem]
+    truths = files_by_stem(Path(gt))
+    if not truths:
+        raise InputError(f"{gt}: no ground-truth masks in it ({', '.join(IMAGE_SUFFIXES)})")
+    predictions = files_by_stem(Path(pred))
+    expected = read_stems(split) if split else sorted(truths)
+    unknown = [stem for stem in expected if stem not in truths]
+    if unknown:
+        raise InputError(f"{split}: lists {len(unknown)} stems with no ground-truth mask in {gt} (e.g. {unknown[0]})")
+    missing = [stem for stem in expected if stem not in predictions]
     if missing:
         raise InputError(f"{len(missing)} ground-truth masks have no prediction in {pred} (e.g. {missing[0]}); predict them first")
 
     def one(stem: str):
-        pair = by_stem[stem]
+        prob = _read(read_probability, predictions[stem])
+        truth = _read(load_mask, truths[stem])[0].bool()
         try:
-            return stem, *score_image(read_probability(pair.image), load_mask(pair.mask)[0].bool(), tolerance)
+            return stem, *score_image(prob, truth, tolerance)
         except InputError as error:
-            raise InputError(f"{pair.image}: {error}") from None
+            raise InputError(f"{predictions[stem]}: {error}") from None
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(one, expected))
     return build_report(results, tolerance, threshold)
 
 
+def _read(reader, path: Path):
+    try:
+        return reader(path)
+    except DECODE_ERRORS as error:
+        raise InputError(f"{path}: {describe_error(error)}") from None
+
+
 def evaluate_checkpoint(
     checkpoint: Path, root: Path, split: str = "test", tolerance: float = 0.0, threshold: float | None = None,
-    device: str = "auto", tile: int = 1024, batch_size: int | None = None, amp: str = "auto",
+    device: str = "auto", tile: int = 1024, overlap: int = 128, batch_size: int | None = None, amp: str = "auto",
 ) -> dict:
     """Predict the images of a dataset split with ``checkpoint`` in this process and score them."""
     from crackseg.checkpoint import load_model
     from crackseg.distributed import resolve_amp, select_device
-    from crackseg.predict import Predictor
+    from crackseg.inference import Predictor
 
     chosen = select_device(device)
     amp_dtype = resolve_amp(amp, chosen)
@@ -111,11 +116,11 @@ def evaluate_checkpoint(
         raise InputError(f"--split lists {len(unknown)} stems not in {root} (e.g. {unknown[0]})")
     model = load_model(checkpoint, chosen)
     threshold = model.threshold if threshold is None else threshold
-    predictor = Predictor(model, chosen, tile=tile, batch_size=batch_size, amp_dtype=amp_dtype)
-    images = ((index, load_image(samples[stem].image)) for index, stem in enumerate(stems))
+    predictor = Predictor(model, chosen, tile=tile, overlap=overlap, batch_size=batch_size, amp_dtype=amp_dtype)
+    images = ((index, _read(load_image, samples[stem].image)) for index, stem in enumerate(stems))
     results = []
     for index, prob in predictor.probabilities(images):
-        truth = load_mask(samples[stems[index]].mask)[0].bool()
+        truth = _read(load_mask, samples[stems[index]].mask)[0].bool()
         results.append((stems[index], *score_image(prob, truth, tolerance)))
     report = build_report(sorted(results), tolerance, threshold)
     report["source"] = {"checkpoint": str(checkpoint), "data": str(root), "split": split}

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from crackseg.errors import InputError
+
 
 def write_atomic(path: Path, content: bytes | str | Callable[[BinaryIO], None], durable: bool = False) -> None:
     """Write ``content`` (bytes, text, or a function writing to a binary file) to ``path``."""
@@ -43,6 +45,20 @@ def write_atomic(path: Path, content: bytes | str | Callable[[BinaryIO], None], 
             os.close(directory)
 
 
+def ensure_writable_folder(path: Path, flag: str) -> Path:
+    """Create ``path`` if needed and check that files can be written in it, before any work is done."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{flag} {path}: is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise InputError(f"{flag} {path}: cannot write there ({error.strerror or error})") from None
+    return path
+
+
 def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
     """A CSV with a header; columns are ``columns`` then every other key in order of appearance."""
     columns = list(columns or [])
@@ -53,6 +69,18 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) ->
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(path, buffer.getvalue())
+
+
+def remove_orphan_temps(folder: Path) -> int:
+    """Delete temp files that an interrupted write left in ``folder`` (not below it); returns how many.
+
+    Call it only while no other writer uses the folder.
+    """
+    removed = 0
+    for temp in Path(folder).glob(".*.tmp"):
+        temp.unlink(missing_ok=True)
+        removed += 1
+    return removed
 
 
 def _umask() -> int:

@@ -1,12 +1,8 @@
 """Batch prediction: folders of photos of any size -> crack masks, probability maps, overlays, measurements.
 
-Images are never resized by default. One that fits in a tile runs whole (padded by the
-model to its size divisor); a larger one runs as overlapping tiles blended with weights
-that ramp down across the overlap, so no seam shows. Tiles of the same shape from
-different images share batches. Tiles are cut lazily and each image holds two float
-maps (weighted sum, weights), so a huge photo never has all its tiles in memory.
-Decoding runs in loader workers and encoding in writer threads, beside the model.
-Every file is written under a temporary name and renamed into place.
+The probabilities come from :class:`crackseg.inference.Predictor` (tiling, blending,
+batching, TTA). Decoding runs in loader workers and encoding in writer threads, beside
+the model. Every file is written under a temporary name and renamed into place.
 """
 
 from __future__ import annotations
@@ -15,28 +11,29 @@ import glob
 import io
 from collections import OrderedDict
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from tqdm import tqdm
 
 from crackseg import distributed
 from crackseg.checkpoint import load_model
-from crackseg.data import IMAGE_SUFFIXES, load_image
+from crackseg.config import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, TILE, TILE_OVERLAP
 from crackseg.errors import InputError
-from crackseg.files import write_atomic, write_csv
+from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_atomic, write_csv
+from crackseg.images import IMAGE_SUFFIXES, load_image
+from crackseg.inference import Predictor
 from crackseg.measure import measure_cracks
 
 
 @dataclass
 class PredictOptions:
     out: Path
-    tile: int = 1024
-    overlap: int = 128
+    tile: int = TILE
+    overlap: int = TILE_OVERLAP
     batch_size: int | None = None  # 8 on a GPU, 1 on CPU
     threshold: float | None = None
     tta: str = "none"
@@ -53,38 +50,42 @@ class PredictOptions:
     channels_last: bool = False
     recursive: bool = False
 
-
-@dataclass
-class _Job:
-    """One image in flight: its tiles still to run and the maps they blend into."""
-
-    key: int
-    height: int
-    width: int
-    tiles: list = field(default_factory=list)  # (top, left, height, width)
-    remaining: int = 0
-    total: torch.Tensor | None = None
-    weights: torch.Tensor | None = None
-    prob: torch.Tensor | None = None
+    def __post_init__(self) -> None:
+        """The same ranges the command line checks, for callers from Python."""
+        ranges = {"tile": AT_LEAST_ONE, "overlap": NON_NEGATIVE, "batch_size": AT_LEAST_ONE, "threshold": FRACTION,
+                  "px_size": POSITIVE, "workers": NON_NEGATIVE}
+        for name, valid in ranges.items():
+            value = getattr(self, name)
+            problem = None if value is None else valid.problem(value)
+            if problem:
+                raise InputError(f"--{name.replace('_', '-')} {problem}")
+        if self.overlap >= self.tile:
+            raise InputError(f"--overlap ({self.overlap} px) must be smaller than --tile ({self.tile} px)")
 
 
-def collect_inputs(inputs: list[str], recursive: bool = False) -> list[tuple[Path, str]]:
+def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | None = None) -> list[tuple[Path, str]]:
     """(image path, output name) for every input file, folder or glob, in a stable order.
 
     Output names mirror the inputs: a folder's files keep their path below it (without suffix),
     single files and glob matches keep their stem. Two inputs with one output name are an error.
+    Nothing inside ``out`` is ever an input: walks skip it, and naming a file there is an error.
     """
+    inside_out = (lambda p: Path(p).resolve().is_relative_to(Path(out).resolve())) if out is not None else (lambda p: False)
     found: list[tuple[Path, str]] = []
     for text in inputs:
         path = Path(text)
         if path.is_dir():
             pattern = "**/*" if recursive else "*"
-            files = sorted(p for p in path.glob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            files = sorted(
+                p for p in path.glob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not inside_out(p)
+            )
             found += [(p, p.relative_to(path).with_suffix("").as_posix()) for p in files]
         elif path.is_file():
+            if inside_out(path):
+                raise InputError(f"{path}: is inside --out {out}, where predict writes; it is never read as input")
             found.append((path, path.stem))
         else:
-            matches = sorted(Path(p) for p in glob.glob(text, recursive=recursive) if Path(p).is_file())
+            matches = sorted(Path(p) for p in glob.glob(text, recursive=recursive) if Path(p).is_file() and not inside_out(p))
             if not matches:
                 raise InputError(f"{text}: no such file or folder, and no file matches it as a pattern")
             found += [(p, p.stem) for p in matches if p.suffix.lower() in IMAGE_SUFFIXES]
@@ -97,126 +98,6 @@ def collect_inputs(inputs: list[str], recursive: bool = False) -> list[tuple[Pat
     if not unique:
         raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(inputs)}")
     return unique
-
-
-def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
-    """Tile origins along one axis: stride ``tile - overlap``, the last tile flush with the end."""
-    if length <= tile:
-        return [0]
-    stride = tile - overlap
-    starts = list(range(0, length - tile, stride))
-    return starts + [length - tile]
-
-
-def blend_weights(height: int, width: int, overlap: int) -> torch.Tensor:
-    """(H, W) weights: 1 inside, ramping linearly to a small positive value over ``overlap`` px."""
-    def ramp(n: int) -> torch.Tensor:
-        position = torch.arange(n, dtype=torch.float32)
-        edge = torch.minimum(position + 0.5, n - position - 0.5)
-        return (edge / max(overlap, 1)).clamp(0.01, 1.0)
-
-    return ramp(height)[:, None] * ramp(width)[None, :]
-
-
-class Predictor:
-    """Crack probabilities for a stream of images, with tiling, cross-image batching and TTA."""
-
-    def __init__(self, model, device: torch.device, tile: int = 1024, overlap: int = 128, batch_size: int | None = None,
-                 tta: str = "none", amp_dtype: torch.dtype | None = None, channels_last: bool = False,
-                 resize: tuple[int, int] | None = None):
-        if overlap >= tile:
-            raise InputError(f"--overlap ({overlap} px) must be smaller than --tile ({tile} px)")
-        if tta not in ("none", "flip", "d4"):
-            raise InputError(f"--tta must be none, flip or d4, got {tta!r}")
-        self.model = model
-        self.device = device
-        self.tile = tile
-        self.overlap = overlap
-        # On CPU one image per pass ran faster per image than batches (docs/benchmarks.md).
-        self.batch_size = batch_size or (8 if device.type == "cuda" else 1)
-        self.tta = tta
-        self.amp_dtype = amp_dtype
-        self.channels_last = channels_last
-        self.resize = resize
-        self._windows: dict[tuple[int, int], torch.Tensor] = {}
-
-    def probabilities(self, images):
-        """``images``: iterable of (key, (3, H, W) uint8). Yields (key, (H, W) float32 probabilities on CPU)."""
-        jobs: dict[int, _Job] = {}
-        pending: dict[tuple[int, int], list] = {}  # tile shape -> [(job, tile, pixels)]
-        for key, image in images:
-            original = image.shape[-2:]
-            if self.resize is not None:
-                image = F.interpolate(image[None].float(), size=self.resize, mode="bilinear", antialias=True)[0].round().clamp(0, 255).byte()
-            job = self._start(key, image, original)
-            jobs[key] = job
-            for tile in job.tiles:
-                top, left, height, width = tile
-                pending.setdefault((height, width), []).append((job, tile, image[:, top : top + height, left : left + width]))
-                if len(pending[(height, width)]) == self.batch_size:
-                    yield from self._run(pending.pop((height, width)), jobs)
-            while len(jobs) > 2 * self.batch_size + 2 and pending:  # bound the images held: run partial batches
-                yield from self._run(pending.pop(max(pending, key=lambda s: len(pending[s]))), jobs)
-        for shape in list(pending):
-            yield from self._run(pending.pop(shape), jobs)
-
-    def _start(self, key: int, image: torch.Tensor, original) -> _Job:
-        height, width = image.shape[-2:]
-        job = _Job(key, *original)
-        job.tiles = [
-            (top, left, min(self.tile, height), min(self.tile, width))
-            for top in tile_starts(height, self.tile, self.overlap)
-            for left in tile_starts(width, self.tile, self.overlap)
-        ]
-        job.remaining = len(job.tiles)
-        if len(job.tiles) > 1:
-            job.total = torch.zeros((height, width), dtype=torch.float32)
-            job.weights = torch.zeros((height, width), dtype=torch.float32)
-        return job
-
-    @torch.inference_mode()
-    def _run(self, batch: list, jobs: dict[int, _Job]):
-        pixels = torch.stack([tile_pixels for _, _, tile_pixels in batch]).to(self.device, non_blocking=True)
-        probs = self._tta_probabilities(pixels).cpu()
-        for (job, (top, left, height, width), _), prob in zip(batch, probs):
-            if job.total is None:
-                job.prob = prob
-            else:
-                window = self._window(height, width)
-                job.total[top : top + height, left : left + width] += prob * window
-                job.weights[top : top + height, left : left + width] += window
-            job.remaining -= 1
-            if job.remaining == 0:
-                del jobs[job.key]
-                yield job.key, self._finish(job)
-
-    def _finish(self, job: _Job) -> torch.Tensor:
-        prob = job.prob if job.total is None else job.total / job.weights
-        if prob.shape != (job.height, job.width):
-            prob = F.interpolate(prob[None, None], size=(job.height, job.width), mode="bilinear")[0, 0]
-        return prob
-
-    def _window(self, height: int, width: int) -> torch.Tensor:
-        if (height, width) not in self._windows:
-            self._windows[(height, width)] = blend_weights(height, width, self.overlap)
-        return self._windows[(height, width)]
-
-    def _tta_probabilities(self, pixels: torch.Tensor) -> torch.Tensor:
-        """(N, H, W) probabilities, averaged over the flips / rotations that ``tta`` names."""
-        views = {"none": [(0, False)], "flip": [(0, False), (0, True)], "d4": [(k, f) for k in range(4) for f in (False, True)]}
-        total = None
-        for turns, flip in views[self.tta]:
-            view = torch.rot90(pixels, turns, dims=(-2, -1)) if turns else pixels
-            view = view.flip(-1) if flip else view
-            if self.channels_last:
-                view = view.contiguous(memory_format=torch.channels_last)
-            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                logits = self.model(view)
-            prob = torch.sigmoid(logits.float())[:, 0]
-            prob = prob.flip(-1) if flip else prob
-            prob = torch.rot90(prob, -turns, dims=(-2, -1)) if turns else prob
-            total = prob if total is None else total + prob
-        return total / len(views[self.tta])
 
 
 class _Images(torch.utils.data.Dataset):
@@ -259,18 +140,10 @@ def default_workers(device: torch.device) -> int:
 
 def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: distributed.Environment) -> int:
     out = Path(options.out)
-    listed = collect_inputs(inputs, options.recursive)
-    mask_paths = [out / "masks" / f"{name}.png" for _, name in listed]
-    existing = [path for path in mask_paths if path.exists()]
-    if options.overwrite and options.skip_existing:
-        raise InputError("--overwrite and --skip-existing contradict each other; choose one")
-    if existing and not (options.overwrite or options.skip_existing):
-        raise InputError(
-            f"{len(existing)} outputs already exist in {out} (e.g. {existing[0]}); "
-            "pass --skip-existing to keep them and finish the rest, or --overwrite to replace them"
-        )
-    if (out / "predictions.csv").exists() and not (options.overwrite or options.skip_existing):
-        raise InputError(f"{out / 'predictions.csv'} already exists; pass --skip-existing or --overwrite")
+    listed = collect_inputs(inputs, options.recursive, out)
+    outputs = [_outputs_of(out, name, options) for _, name in listed]
+    distributed.decided_on_main(env, _prepare_out, out, outputs, options)
+    mask_paths = [paths[0] for paths in outputs]
     model = load_model(checkpoint, env.device)
     if options.channels_last:
         model.to(memory_format=torch.channels_last)
@@ -284,7 +157,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     errors: list[dict] = []
     todo = []
     for key in mine:
-        if options.skip_existing and mask_paths[key].exists():
+        if options.skip_existing and all(path.exists() for path in outputs[key]):
             mask = np.asarray(Image.open(mask_paths[key]).convert("L")) > 127
             rows[key], cracks = _summarize(listed[key][0], mask_paths[key], mask, options, "skipped: exists")
             crack_rows += cracks
@@ -332,6 +205,34 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
         print(f"{len(all_rows)} images predicted into {out}" + (f"; {len(all_errors)} failed, listed in {out / 'errors.csv'}" if all_errors else ""))
         return 1 if all_errors else 0
     return 0
+
+
+def _outputs_of(out: Path, name: str, options: PredictOptions) -> list[Path]:
+    """The files one image gets: its mask first, then what the options ask for."""
+    paths = [out / "masks" / f"{name}.png"]
+    if options.save_prob:
+        paths.append(out / "probs" / f"{name}.png")
+    if options.overlay:
+        paths.append(out / "overlays" / f"{name}.jpg")
+    return paths
+
+
+def _prepare_out(out: Path, outputs: list[list[Path]], options: PredictOptions) -> None:
+    """Check --out before any work: writable, and nothing replaced unless asked; clear interrupted writes."""
+    if options.overwrite and options.skip_existing:
+        raise InputError("--overwrite and --skip-existing contradict each other; choose one")
+    ensure_writable_folder(out, "--out")
+    if not (options.overwrite or options.skip_existing):
+        existing = [path for paths in outputs for path in paths if path.exists()]
+        if existing:
+            raise InputError(
+                f"{len(existing)} outputs already exist in {out} (e.g. {existing[0]}); "
+                "pass --skip-existing to keep them and finish the rest, or --overwrite to replace them"
+            )
+        if (out / "predictions.csv").exists():
+            raise InputError(f"{out / 'predictions.csv'} already exists; pass --skip-existing or --overwrite")
+    for folder in [out, *(path for path in out.rglob("*") if path.is_dir())]:
+        remove_orphan_temps(folder)
 
 
 class _Inline(Executor):

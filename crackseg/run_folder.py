@@ -2,6 +2,7 @@
 
 Layout (``--run``)::
 
+    lock               pid, host and torchrun job of the training that uses the folder
     config.json        options and the values resolved from them
     split.json         train / val / test stems
     skipped.txt        problems skipped under --on-bad-sample skip
@@ -11,6 +12,12 @@ Layout (``--run``)::
 
 Only rank 0 writes; on the other ranks the writing methods do nothing and the log shows
 warnings only, so the training loop calls them without asking who it is.
+
+The lock keeps two trainings out of one folder. It is created whole (a hard link of a
+finished temp file), which is atomic on local file systems and NFS. A lock whose process
+is gone from this host is stale and taken over with a warning, as is one left by an
+earlier attempt of the same torchrun job (``--max-restarts``); a lock held from another
+host is never assumed stale, since its process cannot be checked from here.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ import json
 import logging
 import os
 import shutil
+import socket
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -28,8 +37,8 @@ from torch import nn
 from crackseg.checkpoint import read_checkpoint, save_model
 from crackseg.data import load_split, save_split
 from crackseg.engine import Validation
-from crackseg.errors import InputError
-from crackseg.files import write_atomic
+from crackseg.errors import InputError, RunError
+from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_atomic
 from crackseg.metrics import BINS, counts_by_threshold
 
 log = logging.getLogger("crackseg.train")
@@ -41,6 +50,46 @@ class RunFolder:
         self.is_main = is_main
         self._writer = None
         self._handlers: list[logging.Handler] = []
+        self._lock: dict | None = None
+
+    def acquire(self) -> None:
+        """Take the folder's lock (creating the folder), or stop naming the training that holds it.
+
+        Also removes temp files that a killed save left behind: with the lock held, nobody else writes here.
+        """
+        if not self.is_main:
+            return
+        ensure_writable_folder(self.path, "--run")
+        lock = self.path / "lock"
+        mine = _lock_record()
+        temp = self.path / f".lock.{os.getpid()}.tmp"
+        write_atomic(temp, json.dumps(mine) + "\n")
+        try:
+            for _ in range(2):
+                try:
+                    os.link(temp, lock)
+                    self._lock = mine
+                    break
+                except FileExistsError:
+                    holder = _read_lock(lock)
+                    reason = _stale_reason(holder, mine)
+                    if reason is None:
+                        raise InputError(
+                            f"{self.path} is in use by {_describe_holder(holder)}; wait for that training to finish or "
+                            f"choose another --run (if it is not running any more, delete {lock})"
+                        ) from None
+                    print(f"crackseg: warning: {lock}: {reason}; taking it over", file=sys.stderr)
+                    lock.unlink(missing_ok=True)
+        finally:
+            temp.unlink(missing_ok=True)
+        remove_orphan_temps(self.path)
+
+    def release(self) -> None:
+        """Remove the lock if this process holds it."""
+        lock = self.path / "lock"
+        if self._lock is not None and _read_lock(lock) == self._lock:
+            lock.unlink(missing_ok=True)
+        self._lock = None
 
     def find_resume_source(self, resume: str) -> tuple[Path, dict] | None:
         """The checkpoint to continue from and its payload: ``last.pt``, else the newest intact epoch file.
@@ -83,14 +132,23 @@ class RunFolder:
         write_atomic(self.path / "config.json", json.dumps({"options": options, "resolved": resolved}, indent=1) + "\n")
 
     def save_epoch(self, model: nn.Module, epoch: int, state: dict, improved: bool, keep_last: int) -> None:
-        """Write ``epoch_NNNN.pt`` atomically, point ``last.pt`` (and ``best.pt``) at it, drop old epochs."""
+        """Write ``epoch_NNNN.pt`` atomically, point ``last.pt`` (and ``best.pt``) at it, drop old epochs.
+
+        A failed write (a full disk) is a RunError; the files written before stay as they were.
+        """
         if not self.is_main:
             return
         epoch_file = self.path / f"epoch_{epoch:04d}.pt"
-        save_model(model, epoch_file, epoch=epoch, **state)
-        _link_atomic(epoch_file, self.path / "last.pt")
-        if improved:
-            _link_atomic(epoch_file, self.path / "best.pt")
+        try:
+            save_model(model, epoch_file, epoch=epoch, **state)
+            _link_atomic(epoch_file, self.path / "last.pt")
+            if improved:
+                _link_atomic(epoch_file, self.path / "best.pt")
+        except OSError as error:
+            raise RunError(
+                f"cannot write the checkpoint of epoch {epoch} in {self.path} ({error.strerror or error}); "
+                "training stopped and the checkpoints already written are intact"
+            ) from None
         for old in sorted(self.path.glob("epoch_*.pt"))[:-keep_last]:
             old.unlink()
 
@@ -194,3 +252,59 @@ def _link_atomic(source: Path, target: Path) -> None:
     except OSError:  # file systems without hard links
         shutil.copyfile(source, temp)
     os.replace(temp, target)
+
+
+def _lock_record() -> dict:
+    """Who holds a lock: this process, its host and start time, and its torchrun job and attempt."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "process_start": _process_start(os.getpid()),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "job": os.environ.get("TORCHELASTIC_RUN_ID"),
+        "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+    }
+
+
+def _read_lock(lock: Path) -> dict | None:
+    try:
+        return json.loads(lock.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _stale_reason(holder: dict | None, mine: dict) -> str | None:
+    """Why a lock held by ``holder`` may be taken over by ``mine``, or None when it is live (or unknowable)."""
+    if holder is None:
+        return None
+    if holder.get("job") and holder.get("job") == mine["job"] and holder.get("attempt", 0) < mine["attempt"]:
+        return f"left by attempt {holder.get('attempt', 0)} of this torchrun job"
+    if holder.get("host") != mine["host"]:
+        return None
+    start = _process_start(holder.get("pid", -1))
+    if start is None or (holder.get("process_start") is not None and start != holder["process_start"]):
+        return f"left by pid {holder.get('pid')} on this host, which is no longer running"
+    return None
+
+
+def _describe_holder(holder: dict | None) -> str:
+    if holder is None:
+        return "another training (its lock file is unreadable)"
+    return f"pid {holder.get('pid')} on {holder.get('host')} (since {holder.get('since')})"
+
+
+def _process_start(pid: int) -> int | None:
+    """The start time of a running process (clock ticks since boot; 0 where /proc is missing), None when it is not running."""
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except (PermissionError, OverflowError, ValueError):
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +24,10 @@ from PIL import Image
 from scipy import ndimage, special
 
 from crackseg.errors import InputError
-from crackseg.files import write_atomic
+from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_atomic
 
 CRACK_FREE_FRACTION = 0.15
+_SYNTH_NAME = re.compile(r"images/\d{5,}\.jpg|masks/\d{5,}\.png|truth\.json")
 MAX_CRACK_WIDTH = 10.0
 
 
@@ -103,11 +105,12 @@ def write_dataset(
     out = Path(out)
     if count < 1:
         raise InputError(f"--count must be at least 1, got {count}")
+    ensure_writable_folder(out, "OUT")
+    previous = _previous_files(out)
+    if previous and not overwrite:
+        raise InputError(f"{previous[0].parent} already holds files; choose another folder or pass --overwrite")
     for sub in ("images", "masks"):
-        folder = out / sub
-        if folder.is_dir() and any(folder.iterdir()) and not overwrite:
-            raise InputError(f"{folder} already holds files; choose another folder or pass --overwrite")
-        folder.mkdir(parents=True, exist_ok=True)
+        (out / sub).mkdir(parents=True, exist_ok=True)
 
     jobs = [(out, seed, index, size) for index in range(count)]
     if workers > 1:
@@ -119,7 +122,28 @@ def write_dataset(
     if truth:
         table = {stem: [vars(c) for c in cracks] for stem, cracks in results}
         write_atomic(out / "truth.json", json.dumps(table, indent=1, sort_keys=True) + "\n")
+    written = {out / "images" / f"{stem}.jpg" for stem, _ in results} | {out / "masks" / f"{stem}.png" for stem, _ in results}
+    if truth:
+        written.add(out / "truth.json")
+    for stale in set(previous) - written:  # what a larger or --truth run left: the dataset is this run's alone
+        stale.unlink()
     return [stem for stem, _ in results]
+
+
+def _previous_files(out: Path) -> list[Path]:
+    """Files an earlier synth run left in ``out``; anything synth does not write there is an error.
+
+    ``--overwrite`` replaces a synthetic dataset, never a folder of other files. Temp files of
+    an interrupted run are removed first.
+    """
+    for folder in (out, out / "images", out / "masks"):
+        remove_orphan_temps(folder)
+    found = sorted(p for sub in ("images", "masks") if (out / sub).is_dir() for p in (out / sub).iterdir())
+    found += [out / "truth.json"] if (out / "truth.json").exists() else []
+    foreign = [p for p in found if not _SYNTH_NAME.fullmatch(p.relative_to(out).as_posix())]
+    if foreign:
+        raise InputError(f"{foreign[0]}: not written by crackseg synth; write the synthetic dataset into another folder")
+    return found
 
 
 def _write_one(job: tuple[Path, int, int, tuple[int, int]]) -> tuple[str, list[Crack]]:
@@ -129,8 +153,10 @@ def _write_one(job: tuple[Path, int, int, tuple[int, int]]) -> tuple[str, list[C
     stem = f"{index:05d}"
     buffer = io.BytesIO()
     Image.fromarray(sample.image).save(buffer, "JPEG", quality=int(rng.integers(72, 96)))
-    (out / "images" / f"{stem}.jpg").write_bytes(buffer.getvalue())
-    Image.fromarray(sample.mask.astype(np.uint8) * 255).save(out / "masks" / f"{stem}.png")
+    write_atomic(out / "images" / f"{stem}.jpg", buffer.getvalue())
+    buffer = io.BytesIO()
+    Image.fromarray(sample.mask.astype(np.uint8) * 255).save(buffer, "PNG")
+    write_atomic(out / "masks" / f"{stem}.png", buffer.getvalue())
     cracks = [Crack(*(round(v, 2) if isinstance(v, float) else v for v in vars(c).values())) for c in sample.cracks]
     return stem, cracks
 

@@ -46,7 +46,6 @@ from crackseg.data import (
     make_loader,
     make_split,
     open_dataset,
-    pad_collate,
     usable_samples,
 )
 from crackseg.engine import StepContext, build_optimizer, build_scheduler, train_one_epoch, validate
@@ -82,17 +81,25 @@ class Prepared:
 def fit(config: TrainConfig) -> dict:
     """Train as configured, resuming where the run folder says; returns the best score and run folder."""
     check_options(config)
-    config = dataclasses.replace(config, encoder=resolved_encoder(config))
+    config = normalized(config)
     env = distributed.setup(config.device)
+    folder = RunFolder(Path(config.run), env.is_main)
     try:
-        return _fit(config, env)
+        _check_device_options(config, env)
+        distributed.decided_on_main(env, folder.acquire)
+        return _fit(config, env, folder)
     finally:
+        folder.release()
         distributed.teardown()
 
 
-def _fit(config: TrainConfig, env: distributed.Environment) -> dict:
-    _check_device_options(config, env)
-    folder = RunFolder(Path(config.run), env.is_main)
+def normalized(config: TrainConfig) -> TrainConfig:
+    """The encoder the architecture implies, and absolute paths: what the run folder records."""
+    paths = {name: str(Path(value).absolute()) for name in ("data", "images", "masks", "init") if (value := getattr(config, name))}
+    return dataclasses.replace(config, encoder=resolved_encoder(config), **paths)
+
+
+def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -> dict:
     source, payload = _resume_source(env, folder, config)
     if payload is not None:
         check_same_run(config, payload["config"]["options"], source)
@@ -148,7 +155,9 @@ def _fit(config: TrainConfig, env: distributed.Environment) -> dict:
             validation = None
             distributed.broadcast_buffers(model_without_ddp)
             if split["val"] and (epoch % config.val_every == 0 or epoch == config.epochs):
-                validation = validate(model_without_ddp, val_loader, context, want_samples=env.is_main)
+                validation = validate(
+                    model_without_ddp, val_loader, context, want_samples=env.is_main, batch_size=config.val_batch_size or config.batch_size
+                )
                 model_without_ddp.threshold = validation.metrics()["threshold"]
             metrics = validation.metrics() if validation else None
             improved = metrics is not None and _improves(config.monitor, metrics, best["score"])
@@ -164,9 +173,9 @@ def _fit(config: TrainConfig, env: distributed.Environment) -> dict:
                 "split": split,
                 "rng": {"scheme": "torch, numpy and random seeded per epoch from (seed, epoch, rank)", "seed": config.seed},
             }
-            folder.save_epoch(model_without_ddp, epoch, state, improved, config.keep_last)
+            # Every rank waits for rank 0's save, and stops with it if the save fails.
+            distributed.decided_on_main(env, folder.save_epoch, model_without_ddp, epoch, state, improved, config.keep_last)
             folder.report_epoch(epoch, config.epochs, train_loss, images_per_s, peak_gb, validation, best)
-            distributed.barrier()
         if best["score"] is not None:
             folder.log(f"best {best['metric']} {best['score']:.4f} at epoch {best['epoch']}; run folder: {folder.path}")
         return {"run": str(folder.path), "best": best, "epochs_run": config.epochs - start_epoch + 1}
@@ -279,9 +288,7 @@ def _make_loaders(config: TrainConfig, env: distributed.Environment, prepared: P
     )
     train_loader = make_loader(train_set, config.batch_size, train_sampler, workers, pin, drop_last=True)
     val_shard = Subset(val_set, list(range(env.rank, len(val_set), env.world_size)))  # every image once, no padding
-    val_loader = make_loader(
-        val_shard, config.val_batch_size or config.batch_size, SequentialSampler(val_shard), workers, pin, collate_fn=pad_collate
-    )
+    val_loader = make_loader(val_shard, None, SequentialSampler(val_shard), workers, pin)  # one whole image at a time
     return train_sampler, train_loader, val_loader
 
 

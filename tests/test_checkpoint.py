@@ -80,3 +80,18 @@ def test_newer_format_is_refused(tmp_path):
     torch.save({"format": "crackseg", "version": 99}, tmp_path / "new.pt")
     with pytest.raises(InputError, match="newer crackseg"):
         read_checkpoint(tmp_path / "new.pt")
+
+
+def test_a_flipped_byte_in_the_weights_is_caught_on_load(tmp_path, small_model):
+    import zipfile
+
+    path = _file(small_model, tmp_path / "model.pt")
+    with zipfile.ZipFile(path) as archive:
+        largest = max((info for info in archive.infolist() if "/data/" in info.filename), key=lambda info: info.file_size)
+        start = largest.header_offset + 30 + len(largest.filename.encode()) + len(largest.extra)
+    data = bytearray(path.read_bytes())
+    data[start + largest.file_size // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    torch.load(path, weights_only=True)  # torch itself does not notice
+    with pytest.raises(InputError, match="do not match the checksum saved with them"):
+        load_model(path)

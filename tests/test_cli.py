@@ -51,3 +51,62 @@ def test_input_error_is_one_line_naming_the_path(tmp_path):
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith("crackseg: error: ") and str(tmp_path) in result.stderr
+
+
+def _main(*args: str) -> tuple[int, str]:
+    """Exit status and stderr of ``crackseg ARGS`` run in this process."""
+    import contextlib
+    import io
+
+    from crackseg.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit:
+            code = exit.code
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize("args, named", [
+    (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--threshold", "1.5"], "--threshold"),
+    (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--overlap", "-1"], "--overlap"),
+    (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--tile", "0"], "--tile"),
+    (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--px-size", "nan"], "--px-size"),
+    (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--workers", "-1"], "--workers"),
+    (["evaluate", "--pred", "p", "--gt", "g", "--tolerance", "-1"], "--tolerance"),
+    (["evaluate", "--pred", "p", "--gt", "g", "--tolerance", "1000"], "--tolerance"),
+    (["evaluate", "--pred", "p", "--gt", "g", "--threshold", "inf"], "--threshold"),
+    (["train", "--data", "d", "--run", "r", "--lr", "0"], "--lr"),
+    (["train", "--data", "d", "--run", "r", "--keep-last", "0"], "--keep-last"),
+    (["train", "--data", "d", "--run", "r", "--pos-weight", "0"], "--pos-weight"),
+    (["synth", "OUT", "--seed", "-3"], "--seed"),
+    (["convert", "c.pt", "--arch", "unet16", "--out", "m.pt", "--threshold", "-0.1"], "--threshold"),
+])
+def test_out_of_range_numbers_are_one_line_errors(args, named):
+    code, err = _main(*args)
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("crackseg ") and named in err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("device, message", [
+    ("foo", "--device foo: unknown device"),
+    ("mps", "crackseg runs on cpu or cuda"),
+    pytest.param("cuda", "--device cuda: no CUDA GPU is visible", marks=pytest.mark.skipif(
+        __import__("torch").cuda.is_available(), reason="a GPU is present")),
+])
+def test_devices_that_are_not_there_are_one_line_errors(tmp_path, device, message):
+    for args in (["predict", str(tmp_path), "--checkpoint", "m.pt", "--out", str(tmp_path / "o")],
+                 ["train", "--data", str(tmp_path), "--run", str(tmp_path / "r")]):
+        code, err = _main(*args, "--device", device)
+        assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_output_paths_that_are_files_are_refused_before_work(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for args in (["synth", str(tmp_path / "file"), "--count", "1"],
+                 ["train", "--data", str(tmp_path), "--run", str(tmp_path / "file"), "--device", "cpu"],
+                 ["evaluate", "--pred", str(tmp_path), "--gt", str(tmp_path), "--out", str(tmp_path / "file")]):
+        code, err = _main(*args)
+        assert code == 2 and err.count("\n") == 1 and "is a file, not a folder" in err, (args, err)

@@ -15,16 +15,14 @@ from crackseg.data import (
     EpochSampler,
     crack_pixel_weight,
     find_samples,
-    load_image,
-    load_mask,
     load_split,
     make_split,
     open_dataset,
-    pad_collate,
     save_split,
     usable_samples,
 )
 from crackseg.errors import InputError
+from crackseg.images import load_image, load_mask, read_probability
 from crackseg.transforms import PhotometricJitter, gaussian_blur, train_transform
 
 
@@ -66,12 +64,17 @@ def test_unmatched_and_ambiguous_files_are_listed(tmp_path):
     (root / "masks" / "b.png").unlink()
     (root / "images" / "c.png").unlink()
     Image.new("RGB", (32, 24)).save(root / "images" / "a.jpg")
+    (root / "masks" / "d.png").write_bytes((root / "masks" / "a.png").read_bytes())
+    Image.new("RGB", (32, 24)).save(root / "images" / "d.bmp")
+    Image.new("RGB", (32, 24)).save(root / "images" / "d.tif")
     samples, problems = find_samples(root / "images", root / "masks")
-    assert [s.stem for s in samples] == ["a"]
+    assert samples == []  # a and d have two images each: neither is guessed
     messages = sorted(str(p) for p in problems)
     assert any("b.png: no mask" in m for m in messages)
     assert any("c.png: no image" in m for m in messages)
-    assert any("a.png: same stem as a.jpg" in m or "a.jpg: same stem as a.png" in m for m in messages)
+    assert any("a.jpg: shares its stem with a.png: cannot tell which to use" in m for m in messages)
+    assert any("d.bmp: shares its stem with d.tif" in m for m in messages)
+    assert len(messages) == 4  # the twins' masks are not also reported as unmatched
 
 
 @pytest.mark.parametrize(
@@ -143,13 +146,15 @@ def test_lossy_jpeg_mask_is_binarized_and_counted(tmp_path):
     assert (loaded[0].numpy() == (mask > 127)).mean() > 0.97
 
 
-def test_zero_one_masks_are_a_problem(tmp_path):
+def test_zero_one_masks_read_as_zero_255_everywhere(tmp_path):
     root = _dataset(tmp_path, ["a"])
     mask = np.zeros((24, 32), np.uint8)
     mask[3] = 1
     Image.fromarray(mask).save(root / "masks" / "a.png")
-    (problem,) = open_dataset(root).problems
-    assert "only 0 and 1" in str(problem)
+    found = open_dataset(root)
+    assert not found.problems and found.masks["a"].crack_pixels == 32 and found.masks["a"].binary
+    assert torch.equal(load_mask(root / "masks" / "a.png")[0], torch.from_numpy(mask))
+    assert read_probability(root / "masks" / "a.png").max() == 1.0  # evaluate reads predictions the same way
 
 
 def test_split_is_seeded_by_stem_saved_and_reloaded(tmp_path):
@@ -265,15 +270,6 @@ def test_loader_workers_and_cache_give_the_same_batches(synth_root):
     assert all(torch.equal(a, b) for a, b in zip(*batches))
 
 
-def test_pad_collate_marks_real_pixels():
-    batch = [(torch.ones(3, 4, 5, dtype=torch.uint8), torch.ones(1, 4, 5, dtype=torch.uint8)),
-             (torch.ones(3, 6, 3, dtype=torch.uint8), torch.zeros(1, 6, 3, dtype=torch.uint8))]
-    images, masks, valid = pad_collate(batch)
-    assert images.shape == (2, 3, 6, 5) and valid.shape == (2, 1, 6, 5)
-    assert valid[0].sum() == 20 and valid[1].sum() == 18
-    assert images[0, :, 4:].sum() == 0 and masks.sum() == 20
-
-
 def _inspect(capsys, *args) -> tuple[int, str]:
     try:
         code = main(["inspect", *map(str, args)])
@@ -299,3 +295,20 @@ def test_inspect_on_crackforest(cfd_root, capsys):
     assert "pairs: 117 usable: train 64, val 7, test 46" in out
     weight = float(out.split("pos_weight for training): ")[1].split()[0])
     assert 40 < weight < 90  # about 1.6% crack pixels
+
+
+def test_a_stem_repeated_in_a_split_file_is_refused_naming_it(tmp_path):
+    root = _dataset(tmp_path, ["a", "b", "c"])
+    (root / "train.txt").write_text("a\nb\na\n")
+    with pytest.raises(InputError, match=r"train.txt: lists 'a' more than once"):
+        open_dataset(root)
+    (root / "train.txt").write_text("\n\n")
+    with pytest.raises(InputError, match=r"train.txt: lists no stems"):
+        open_dataset(root)
+
+
+def test_inspect_on_a_folder_without_pairs_exits_1(tmp_path, capsys):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "masks").mkdir()
+    assert main(["inspect", str(tmp_path)]) == 1
+    assert "no image/mask pairs" in capsys.readouterr().out

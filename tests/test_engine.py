@@ -100,7 +100,7 @@ def test_the_jitter_runs_on_training_batches_only():
     train_one_epoch(model, _batches(2), optimizer, scheduler, context)
     assert seen == [torch.uint8, torch.uint8]
     images, masks = _batches(1)[0]
-    validate(model, [(images, masks, torch.ones_like(masks, dtype=torch.bool))], context)
+    validate(model, list(zip(images, masks)), context)
     assert len(seen) == 2
 
 
@@ -128,3 +128,34 @@ def test_schedule_warms_up_then_decays_to_zero():
     step = build_scheduler(build_optimizer(model, "sgd", 1.0, 0.0), "step", epochs=10, steps_per_epoch=10, warmup_epochs=0)
     factors = [step.lr_lambdas[0](s) for s in (0, 59, 60, 84, 85, 99)]
     assert factors == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
+
+
+def test_validation_of_mixed_sizes_does_not_depend_on_batching_and_equals_evaluate(tmp_path):
+    """Padding images of different sizes into one batch changed the scores; now each runs as predict runs it."""
+    import numpy as np
+    from PIL import Image
+
+    from crackseg.checkpoint import save_model
+    from crackseg.data import CrackDataset, open_dataset
+    from crackseg.evaluate import evaluate_checkpoint
+
+    rng = np.random.default_rng(0)
+    for sub in ("images", "masks"):
+        (tmp_path / sub).mkdir()
+    for index, (height, width) in enumerate([(64, 64), (40, 96), (96, 48), (64, 64), (33, 70)]):
+        Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(tmp_path / "images" / f"{index}.png")
+        mask = np.zeros((height, width), np.uint8)
+        mask[height // 2, :] = 255
+        Image.fromarray(mask).save(tmp_path / "masks" / f"{index}.png")
+    torch.manual_seed(0)
+    model = build_model("mobilenet_v2").eval()
+    dataset = CrackDataset(open_dataset(tmp_path).samples)
+    context = StepContext(env=CPU, loss_fn=CrackLoss(5.0))
+    one, four = (validate(model, dataset, context, batch_size=size) for size in (1, 4))
+    assert torch.equal(one.histograms, four.histograms) and one.loss == pytest.approx(four.loss, rel=1e-9)
+
+    save_model(model, tmp_path / "model.pt")
+    report = evaluate_checkpoint(tmp_path / "model.pt", tmp_path, "all", device="cpu", batch_size=3)
+    metrics = one.metrics()
+    assert report["ods"]["f1"] == pytest.approx(metrics["f1"], abs=1e-12)
+    assert report["ods"]["threshold"] == pytest.approx(metrics["threshold"])

@@ -116,3 +116,42 @@ def test_checkpoint_mode_predicts_the_split_and_scores_it(synth_root, tmp_path):
     assert evaluate_checkpoint(tmp_path / "m.pt", tmp_path / "data", "all", device="cpu")["images"] == 12
     with pytest.raises(InputError, match="no val.txt"):
         evaluate_checkpoint(tmp_path / "m.pt", tmp_path / "data", "val", device="cpu")
+
+
+def test_zero_one_ground_truth_scores_like_zero_255(tmp_path):
+    truth = _truth()
+    _masks(tmp_path / "pred", truth)
+    (tmp_path / "gt01").mkdir()
+    for stem, array in truth.items():
+        Image.fromarray(array.astype(np.uint8)).save(tmp_path / "gt01" / f"{stem}.png")  # values 0 and 1
+    report = evaluate_files(tmp_path / "pred", tmp_path / "gt01")
+    assert report["dataset"]["f1"] == pytest.approx(1.0) and report["dataset"]["iou_crack"] == pytest.approx(1.0)
+
+
+def test_duplicate_stems_empty_folders_and_bad_split_files_are_refused(tmp_path):
+    truth = _truth()
+    _masks(tmp_path / "gt", truth)
+    _masks(tmp_path / "pred", truth)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no ground-truth masks"):
+        evaluate_files(tmp_path / "pred", tmp_path / "empty")
+    (tmp_path / "blank.txt").write_text("\n")
+    with pytest.raises(InputError, match="blank.txt: lists no stems"):
+        evaluate_files(tmp_path / "pred", tmp_path / "gt", tmp_path / "blank.txt")
+    (tmp_path / "twice.txt").write_text("a\nb\na\n")
+    with pytest.raises(InputError, match="twice.txt: lists 'a' more than once"):
+        evaluate_files(tmp_path / "pred", tmp_path / "gt", tmp_path / "twice.txt")
+    Image.fromarray((truth["a"] * 255).astype(np.uint8)).save(tmp_path / "gt" / "a.bmp")
+    with pytest.raises(InputError, match=r"a.bmp: shares its stem with a.png"):
+        evaluate_files(tmp_path / "pred", tmp_path / "gt")
+
+
+def test_tiles_smaller_than_the_default_overlap_work_with_evaluates_own_overlap(synth_root, tmp_path, capsys):
+    torch.manual_seed(0)
+    save_model(build_model("mobilenet_v2"), tmp_path / "m.pt")
+    args = ["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--data", str(synth_root), "--split", "all", "--device", "cpu",
+            "--tile", "32"]
+    with pytest.raises(SystemExit) as exit:
+        main(args)
+    assert exit.value.code == 2 and "--overlap (128 px) must be smaller than --tile (32 px)" in capsys.readouterr().err
+    assert main([*args, "--overlap", "8"]) == 0

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import functools
 
 import pytest
@@ -142,6 +144,24 @@ def test_convert_cli(tmp_path):
     source = _classic_file(tmp_path, "unet16")
     assert main(["convert", str(source), "--arch", "unet16", "--out", str(tmp_path / "m.pt")]) == 0
     assert load_model(tmp_path / "m.pt").arch == "unet16"
+
+
+def test_convert_refuses_crackseg_files_and_incomplete_classic_files(tmp_path):
+    source = _classic_file(tmp_path, "unet16")
+    convert_classic(source, "unet16", tmp_path / "model.pt")
+    with pytest.raises(InputError, match="already a crackseg model file"):
+        convert_classic(tmp_path / "model.pt", "unet16", tmp_path / "again.pt")
+    classic = torch.load(source, weights_only=True)
+    dropped = sorted(classic["model"])[0]
+    del classic["model"][dropped]
+    torch.save(classic, tmp_path / "incomplete.pt")
+    with pytest.raises(InputError, match=rf"do not match unet16 .* missing e.g. {re.escape(dropped)}"):
+        convert_classic(tmp_path / "incomplete.pt", "unet16", tmp_path / "x.pt")
+    torch.save({"model": {"final.weight": "not a tensor"}, "epoch": 1}, tmp_path / "odd.pt")
+    with pytest.raises(InputError, match="no 'model' state dict of tensors"):
+        convert_classic(tmp_path / "odd.pt", "unet16", tmp_path / "x.pt")
+    with pytest.raises(InputError, match="is a folder"):
+        convert_classic(source, "unet16", tmp_path)
 
 
 def test_offline_imagenet_fails_with_a_way_forward(monkeypatch):

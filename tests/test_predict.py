@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch import nn
 
 from crackseg.checkpoint import save_model
 from crackseg.cli import main
-from crackseg.models import CrackSegModel, build_model
-from crackseg.predict import Predictor, collect_inputs, default_workers, tile_starts
+from crackseg.errors import InputError
+from crackseg.models import build_model
+from crackseg.predict import collect_inputs, default_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,62 +74,6 @@ def test_masks_have_the_input_size_for_odd_sizes_and_tiles(tmp_path, checkpoint)
     assert all(row["status"] == "ok" and "length_mm" in row for row in rows)
     assert (tmp_path / "out" / "cracks.csv").exists()
     assert not list((tmp_path / "out").rglob("*.tmp"))
-
-
-def test_one_tile_equals_the_whole_image_and_tiles_agree_inside(model):
-    image = torch.randint(0, 256, (3, 96, 160), dtype=torch.uint8)
-    with torch.no_grad():
-        whole = torch.sigmoid(model(image[None]))[0, 0]
-    one_tile = dict(Predictor(model, torch.device("cpu"), tile=256).probabilities([(0, image)]))[0]
-    assert torch.allclose(one_tile, whole, atol=1e-6)
-    tiled = dict(Predictor(model, torch.device("cpu"), tile=64, overlap=32).probabilities([(0, image)]))[0]
-    assert tiled.shape == whole.shape
-    assert (tiled - whole).abs().mean() < 0.05  # tiles see less context, but agree on average
-
-
-def test_blending_leaves_no_seam_on_a_constant_image(model):
-    image = torch.full((3, 200, 300), 128, dtype=torch.uint8)
-
-    def largest_jump(overlap: int) -> float:
-        prob = dict(Predictor(model, torch.device("cpu"), tile=64, overlap=overlap).probabilities([(0, image)]))[0]
-        inner = prob[8:-8, 8:-8]
-        return max((inner[1:] - inner[:-1]).abs().max().item(), (inner[:, 1:] - inner[:, :-1]).abs().max().item())
-
-    hard, blended = largest_jump(0), largest_jump(32)
-    assert blended < hard / 3, (blended, hard)
-
-
-def test_flip_tta_on_an_equivariant_model_gives_the_plain_result():
-    torch.manual_seed(0)
-    net = nn.Conv2d(3, 1, kernel_size=1)  # pointwise: equivariant to flips and rotations by construction
-    model = CrackSegModel(net, "unet", "pointwise", size_divisor=1).eval()
-    image = torch.randint(0, 256, (3, 40, 56), dtype=torch.uint8)
-    plain = dict(Predictor(model, torch.device("cpu"), tta="none").probabilities([(0, image)]))[0]
-    for tta in ("flip", "d4"):
-        averaged = dict(Predictor(model, torch.device("cpu"), tta=tta).probabilities([(0, image)]))[0]
-        assert torch.allclose(averaged, plain, atol=1e-6), tta
-    lopsided = CrackSegModel(nn.Conv2d(3, 1, kernel_size=(1, 3), padding=(0, 1)), "unet", "x", 1).eval()
-    assert not torch.allclose(
-        dict(Predictor(lopsided, torch.device("cpu"), tta="flip").probabilities([(0, image)]))[0],
-        dict(Predictor(lopsided, torch.device("cpu"), tta="none").probabilities([(0, image)]))[0],
-    )
-
-
-def test_tiles_of_many_images_share_batches(model):
-    calls = []
-    original = model.forward
-
-    def counting(images):
-        calls.append(len(images))
-        return original(images)
-
-    model.forward = counting
-    try:
-        images = [(k, torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8)) for k in range(10)]
-        results = dict(Predictor(model, torch.device("cpu"), batch_size=4).probabilities(images))
-    finally:
-        del model.forward
-    assert sorted(results) == list(range(10)) and calls == [4, 4, 2]
 
 
 def test_no_measure_writes_the_same_masks_without_measurements(tmp_path, checkpoint):
@@ -226,18 +171,79 @@ def test_inputs_mirror_names_and_refuse_collisions(tmp_path):
     _photos(tmp_path / "b", [(8, 8)])
     listed = collect_inputs([str(tmp_path / "a")], recursive=True)
     assert [name for _, name in listed] == ["img0", "sub/img0"]
-    from crackseg.errors import InputError
-
     with pytest.raises(InputError, match="would both be written as img0.png"):
         collect_inputs([str(tmp_path / "a" / "img0.jpg"), str(tmp_path / "b" / "img0.jpg")])
     with pytest.raises(InputError, match="no such file or folder"):
         collect_inputs([str(tmp_path / "nothing*.jpg")])
 
 
-def test_tile_starts_cover_the_image_and_end_flush():
-    assert tile_starts(100, 256, 32) == [0]
-    assert tile_starts(700, 256, 32) == [0, 224, 444]
-    for length in (257, 500, 1000, 4097):
-        starts = tile_starts(length, 256, 64)
-        assert starts[0] == 0 and starts[-1] == length - 256
-        assert all(b - a <= 256 - 64 for a, b in zip(starts, starts[1:]))
+def test_outputs_inside_a_recursive_input_are_never_read_again(tmp_path, checkpoint):
+    _photos(tmp_path / "din", [(32, 32)] * 4)
+    for flag in ("--overwrite", "--overwrite", "--skip-existing"):
+        assert _predict("--checkpoint", checkpoint, tmp_path / "din", "--recursive", "--out", tmp_path / "din" / "pred",
+                        "--overlay", flag) == 0
+        assert len(_rows(tmp_path / "din" / "pred" / "predictions.csv")) == 4
+    assert len(list((tmp_path / "din" / "pred" / "masks").rglob("*.png"))) == 4
+    with pytest.raises(InputError, match="is inside --out"):
+        collect_inputs([str(tmp_path / "din" / "pred" / "masks" / "img0.png")], out=tmp_path / "din" / "pred")
+
+
+def test_skip_existing_redoes_an_image_whose_requested_outputs_are_incomplete(tmp_path, checkpoint):
+    _photos(tmp_path / "in", [(32, 32), (40, 40)])
+    args = ["--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--overlay", "--save-prob", 8]
+    assert _predict(*args) == 0
+    (tmp_path / "out" / "overlays" / "img1.jpg").unlink()
+    (tmp_path / "out" / "probs" / "img0.png").unlink()
+    assert _predict(*args, "--skip-existing") == 0
+    assert (tmp_path / "out" / "overlays" / "img1.jpg").exists() and (tmp_path / "out" / "probs" / "img0.png").exists()
+    assert [row["status"] for row in _rows(tmp_path / "out" / "predictions.csv")] == ["ok", "ok"]
+    assert _predict(*args, "--skip-existing") == 0
+    assert [row["status"] for row in _rows(tmp_path / "out" / "predictions.csv")] == ["skipped: exists"] * 2
+
+
+def test_out_that_is_a_file_is_refused_before_any_work(tmp_path, checkpoint, capsys):
+    _photos(tmp_path / "in", [(32, 32)])
+    (tmp_path / "out").write_text("not a folder")
+    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_interrupted_writes_are_cleared_and_full_disks_reported_per_image(tmp_path, checkpoint):
+    """RLIMIT_FSIZE fails every large write as a full disk would: the CSVs still list what was done."""
+    import resource
+    import signal
+
+    _photos(tmp_path / "in", [(192, 192), (200, 160)])
+    (tmp_path / "out" / "masks").mkdir(parents=True)
+    orphan = tmp_path / "out" / "masks" / ".img0.png.abcd.tmp"
+    orphan.write_bytes(b"torn")
+
+    def small_files_only():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, 16_000))
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    result = subprocess.run(
+        [sys.executable, "-m", "crackseg", "predict", str(tmp_path / "in"), "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"),
+         "--save-prob", "16", "--threshold", "1", "--device", "cpu", "--workers", "0"],
+        capture_output=True, text=True, env=env, timeout=240, preexec_fn=small_files_only,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert not orphan.exists() and not list((tmp_path / "out").rglob(".*.tmp"))
+    errors = _rows(tmp_path / "out" / "errors.csv")
+    assert len(errors) == 2 and all("cannot write outputs" in e["error"] and "File too large" in e["error"] for e in errors)
+    assert (tmp_path / "out" / "predictions.csv").exists()
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(threshold=1.5), "--threshold must be in [0, 1]"),
+    (dict(overlap=-1), "--overlap must be >= 0"),
+    (dict(tile=256, overlap=256), "--overlap (256 px) must be smaller than --tile (256 px)"),
+    (dict(px_size=float("nan")), "--px-size must be a finite number"),
+    (dict(workers=-2), "--workers must be >= 0"),
+])
+def test_options_from_python_are_checked_like_the_flags(tmp_path, options, message):
+    from crackseg.predict import PredictOptions
+
+    with pytest.raises(InputError, match=re.escape(message)):
+        PredictOptions(out=tmp_path, **options)

@@ -75,3 +75,77 @@ def test_other_ranks_write_nothing(tmp_path, model):
         folder.log_step(1, {"loss": 1.0})
     assert not (tmp_path / "run").exists()
 
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def _lock(folder, **fields) -> None:
+    import socket
+
+    record = {"pid": 1, "host": socket.gethostname(), "process_start": None, "since": "earlier", "job": None, "attempt": 0}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lock").write_text(json.dumps({**record, **fields}))
+
+
+def test_a_second_holder_is_refused_naming_the_first(tmp_path):
+    import os
+    import socket
+
+    first = RunFolder(tmp_path / "run")
+    first.acquire()
+    record = json.loads((tmp_path / "run" / "lock").read_text())
+    assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
+    with pytest.raises(InputError, match=rf"in use by pid {os.getpid()} on {socket.gethostname()}.*delete .*lock"):
+        RunFolder(tmp_path / "run").acquire()
+    first.release()
+    assert not (tmp_path / "run" / "lock").exists()
+    second = RunFolder(tmp_path / "run")
+    second.acquire()
+    second.release()
+
+
+def test_stale_locks_are_taken_over_with_a_warning_and_foreign_hosts_are_not(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    _lock(run, pid=_dead_pid())
+    folder = RunFolder(run)
+    folder.acquire()
+    assert "no longer running; taking it over" in capsys.readouterr().err
+    folder.release()
+
+    _lock(run, pid=1, host="elsewhere.example")
+    with pytest.raises(InputError, match="in use by pid 1 on elsewhere.example"):
+        RunFolder(run).acquire()
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    _lock(run, pid=1, host="elsewhere.example", job="job7", attempt=0)  # rank 0 of attempt 0 ran on another node
+    RunFolder(run).acquire()
+    assert "left by attempt 0 of this torchrun job" in capsys.readouterr().err
+    _lock(run, pid=1, host="elsewhere.example", job="job7", attempt=1)  # the same attempt elsewhere: live
+    with pytest.raises(InputError, match="in use"):
+        RunFolder(run).acquire()
+
+
+def test_temp_files_of_a_killed_save_are_removed_on_the_next_start(tmp_path, model):
+    folder = RunFolder(tmp_path)
+    _save_epochs(folder, model, [1])
+    orphans = [tmp_path / ".epoch_0002.pt.x1y2.tmp", tmp_path / ".last.pt.4242.tmp"]
+    for orphan in orphans:
+        orphan.write_bytes(b"half a checkpoint")
+    folder.acquire()
+    assert not any(orphan.exists() for orphan in orphans)
+    assert (tmp_path / "epoch_0001.pt").exists()
+    folder.release()
+
+
+def test_the_run_folder_must_be_a_writable_folder(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match=r"--run .*file: is a file, not a folder"):
+        RunFolder(tmp_path / "file").acquire()

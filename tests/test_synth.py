@@ -107,3 +107,15 @@ def test_parse_size(text, expected):
 def test_parse_size_rejects_bad_text(text):
     with pytest.raises(ValueError):
         parse_size(text)
+
+
+def test_overwrite_with_fewer_images_leaves_only_the_new_dataset(tmp_path):
+    write_dataset(tmp_path, count=5, size=(32, 32), seed=1, truth=True)
+    write_dataset(tmp_path, count=2, size=(32, 32), seed=2, overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == ["00000.jpg", "00001.jpg"]
+    assert sorted(p.name for p in (tmp_path / "masks").iterdir()) == ["00000.png", "00001.png"]
+    assert not (tmp_path / "truth.json").exists()
+    (tmp_path / "images" / "holiday.jpg").write_bytes(b"someone else's photo")
+    with pytest.raises(InputError, match="holiday.jpg: not written by crackseg synth"):
+        write_dataset(tmp_path, count=2, size=(32, 32), seed=2, overwrite=True)
+    assert (tmp_path / "images" / "holiday.jpg").exists()

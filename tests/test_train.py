@@ -16,7 +16,7 @@ import torch
 from crackseg import distributed
 from crackseg.checkpoint import load_model, read_checkpoint, restore_training_state
 from crackseg.config import TrainConfig
-from crackseg.data import CrackDataset, load_split, make_loader, open_dataset, pad_collate
+from crackseg.data import CrackDataset, load_split, open_dataset
 from crackseg.engine import StepContext, validate
 from crackseg.errors import InputError, RunError
 from crackseg.losses import CrackLoss
@@ -118,10 +118,9 @@ def test_validation_metrics_are_exact_across_process_counts(synth_root, tmp_path
     found = open_dataset(synth_root)
     by_stem = {s.stem: s for s in found.samples}
     val_set = CrackDataset([by_stem[stem] for stem in payload["split"]["val"]])
-    loader = make_loader(val_set, 2, torch.utils.data.SequentialSampler(val_set), collate_fn=pad_collate)
     env = distributed.Environment(0, 0, 1, torch.device("cpu"))
     context = StepContext(env=env, loss_fn=CrackLoss(payload["config"]["resolved"]["pos_weight"]))
-    single = validate(model, loader, context).metrics()
+    single = validate(model, val_set, context).metrics()
     for name, value in payload["metrics"].items():
         assert single[name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
 
@@ -189,8 +188,8 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_checkpoints(synth_root,
     calls = {"n": 0}
     original = CrackLoss.weighted_bce_sum
 
-    def poisoned(self, logits, masks, valid=None):
-        value = original(self, logits, masks, valid)
+    def poisoned(self, logits, masks):
+        value = original(self, logits, masks)
         if logits.requires_grad:  # training steps only, not validation
             calls["n"] += 1
             if calls["n"] == 3:
@@ -273,3 +272,82 @@ def test_worker_killed_mid_epoch_restarts_and_finishes(synth_root, tmp_path):
     assert process.returncode == 0, output[-4000:]
     assert read_checkpoint(run / "last.pt")["epoch"] == 4
     assert "resuming from" in (run / "train.log").read_text()
+
+
+def test_a_second_training_of_a_busy_run_stops_at_once_naming_the_first(synth_root, tmp_path):
+    run = tmp_path / "busy"
+    command = [sys.executable, "-m", "crackseg", "train", "--data", str(synth_root), "--run", str(run), "--epochs", "3", *TINY_FLAGS]
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env_without_torchrun())
+    try:
+        deadline = time.time() + 60
+        while not (run / "lock").exists() and time.time() < deadline:
+            time.sleep(0.02)
+        second = subprocess.run(command, capture_output=True, text=True, env=_env_without_torchrun(), timeout=120)
+        assert second.returncode == 2, second.stderr
+        assert f"in use by pid {first.pid}" in second.stderr and second.stderr.count("\n") == 1
+        assert first.wait(timeout=240) == 0, first.stderr.read()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert read_checkpoint(run / "last.pt")["epoch"] == 3 and not (run / "lock").exists()
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_in_one_line_keeping_the_earlier_ones(finished_run, tmp_path):
+    """RLIMIT_FSIZE makes every large write fail the way a full disk does; small files still go through."""
+    import resource
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = (run / "last.pt").read_bytes()
+
+    def small_files_only():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "crackseg", "train", "--data", _data_of(finished_run), "--run", str(run), "--epochs", "3", *TINY_FLAGS],
+        capture_output=True, text=True, env=_env_without_torchrun(), timeout=240, preexec_fn=small_files_only,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("crackseg: error: cannot write the checkpoint of epoch 3")
+    assert (run / "last.pt").read_bytes() == before and not list(run.glob(".*.tmp"))
+
+
+def test_ctrl_c_during_a_checkpoint_save_exits_cleanly_and_keeps_the_previous_one(synth_root, tmp_path, monkeypatch, capsys):
+    from crackseg.cli import main
+
+    run = tmp_path / "interrupted"
+    flags = ["train", "--data", str(synth_root), "--run", str(run), "--epochs", "2", *TINY_FLAGS]
+    saves = []
+    original = torch.save
+
+    def interrupted_second_save(payload, file, *args, **kwargs):
+        saves.append(payload["epoch"])
+        if len(saves) == 2:
+            file.write(b"half a checkpoint")
+            raise KeyboardInterrupt
+        return original(payload, file, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", interrupted_second_save)
+    assert main(flags) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "crackseg: interrupted" and "Traceback" not in err
+    assert read_checkpoint(run / "last.pt")["epoch"] == 1
+    assert not list(run.glob(".*.tmp")) and not (run / "lock").exists()
+
+
+@pytest.mark.parametrize("arch", ["unet16", "unet_resnet101"])
+def test_classic_architectures_train_without_an_encoder_flag(synth_root, tmp_path, arch):
+    config = TrainConfig(run=str(tmp_path / arch), data=str(synth_root), arch=arch, epochs=1, encoder_weights="none",
+                         crop_size=64, batch_size=2, workers=0, val_fraction=0.25, device="cpu")
+    fit(config)
+    saved = read_checkpoint(tmp_path / arch / "last.pt")
+    assert saved["model"]["config"]["arch"] == arch
+    assert saved["config"]["options"]["encoder"] == {"unet16": "vgg16", "unet_resnet101": "resnet101"}[arch]
+
+
+def test_resume_accepts_the_same_data_folder_spelled_another_way(synth_root, tmp_path, monkeypatch):
+    shutil.copytree(synth_root, tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    fit(_config(tmp_path / "run", Path("data"), epochs=1))
+    assert fit(_config(tmp_path / "run", tmp_path / "data" / ".." / "data", epochs=2))["epochs_run"] == 1

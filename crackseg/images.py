@@ -1,0 +1,103 @@
+"""Photos and masks read as viewers show them: the one reader for training, prediction and evaluation.
+
+- **Orientation**: a JPEG's EXIF Orientation tag is applied on load, so a phone photo
+  stored 64x32 with Orientation 6 is read as the 32x64 image every viewer (and every
+  labelling tool) shows, and masks traced on it line up.
+- **Mask values**: 0 = background, grey levels above 127 = crack; a mask whose only
+  values are 0 and 1 (with some 1) is a 0/1 mask and is read as 0/255. 16-bit masks and
+  probability maps are scaled to 8 bits first.
+- **Size limit**: Pillow refuses images over its decompression-bomb limit
+  (``Image.MAX_IMAGE_PIXELS``); that is reported as a one-line error naming the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff")
+CRACK_THRESHOLD = 127  # mask grey levels above this are crack
+_TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError)
+
+
+def describe_error(error: Exception) -> str:
+    """A short reason for a file that cannot be read, for one-line messages."""
+    if isinstance(error, UnidentifiedImageError):
+        return "not a readable image (empty, or another kind of file)"
+    if isinstance(error, FileNotFoundError):
+        return "file not found"
+    if isinstance(error, Image.DecompressionBombError):
+        limit = (Image.MAX_IMAGE_PIXELS or 0) / 1e6
+        return f"over Pillow's limit of {limit:.0f} megapixels for one image (a decompression-bomb guard)"
+    return f"cannot decode: {error}"
+
+
+def orientation(image: Image.Image) -> int:
+    """The EXIF Orientation tag (1 = as stored)."""
+    try:
+        return int(image.getexif().get(0x0112, 1))
+    except (ValueError, TypeError, SyntaxError):  # a malformed EXIF block: use the stored pixels
+        return 1
+
+
+def displayed_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) as viewers show the image, from its header (nothing decoded)."""
+    width, height = image.size
+    return (height, width) if orientation(image) in _TRANSPOSED else (width, height)
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    return ImageOps.exif_transpose(image) if orientation(image) != 1 else image
+
+
+def _grey_levels(image: Image.Image) -> np.ndarray:
+    """(H, W) uint8 grey levels; 16-bit images are scaled to 8 bits."""
+    if image.mode.startswith("I"):
+        return (np.asarray(image, dtype=np.float64) / 257.0).round().clip(0, 255).astype(np.uint8)
+    return np.asarray(image.convert("L"))
+
+
+def load_image(path: Path) -> torch.Tensor:
+    """(3, H, W) uint8 RGB as displayed; grey, palette, RGBA, CMYK and 16-bit files are converted."""
+    with Image.open(path) as image:
+        image = _upright(image)
+        if image.mode.startswith("I"):
+            array = np.repeat(_grey_levels(image)[..., None], 3, axis=2)
+        else:
+            array = np.asarray(image.convert("RGB"))
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)
+
+
+def mask_levels(path: Path) -> np.ndarray:
+    """(H, W) uint8 grey levels of a mask as displayed, 0/1 masks already scaled to 0/255."""
+    with Image.open(path) as image:
+        levels = _grey_levels(_upright(image))
+    if is_zero_one(levels):
+        levels = levels * np.uint8(255)
+    return levels
+
+
+def is_zero_one(levels: np.ndarray) -> bool:
+    """Only the values 0 and 1, with at least one 1: a mask written as 0 = background, 1 = crack."""
+    return bool(levels.max(initial=0) == 1)
+
+
+def load_mask(path: Path) -> torch.Tensor:
+    """(1, H, W) uint8, 1 = crack, 0 = background."""
+    return torch.from_numpy((mask_levels(path) > CRACK_THRESHOLD).astype(np.uint8))[None]
+
+
+def read_probability(path: Path) -> torch.Tensor:
+    """(H, W) float32 in [0, 1] from a predicted mask (0/255 or 0/1) or an 8- or 16-bit probability PNG."""
+    with Image.open(path) as image:
+        image = _upright(image)
+        if image.mode.startswith("I"):
+            return torch.from_numpy(np.asarray(image, dtype=np.float32) / 65535.0)
+        levels = np.asarray(image.convert("L"))
+    if is_zero_one(levels):
+        levels = levels * np.uint8(255)
+    return torch.from_numpy(levels.astype(np.float32) / 255.0)

@@ -1,0 +1,155 @@
+"""Crack probabilities for a stream of images of any size: tiling, cross-image batching, blending, TTA.
+
+Images are never resized by default. One that fits in a tile runs whole (padded by the
+model to its size divisor); a larger one runs as overlapping tiles blended with weights
+that ramp down across the overlap, so no seam shows. Tiles of the same shape from
+different images share batches, and only tiles of one shape are ever batched together,
+so an image's result does not depend on what it was batched with. Tiles are cut lazily
+and each image holds two float maps (weighted sum, weights), so a huge photo never has
+all its tiles in memory. Used by ``predict``, ``evaluate`` and training's validation,
+so all three score an image the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from crackseg.config import TILE, TILE_OVERLAP
+from crackseg.errors import InputError
+
+
+@dataclass
+class _Job:
+    """One image in flight: its tiles still to run and the maps they blend into."""
+
+    key: int
+    height: int
+    width: int
+    tiles: list = field(default_factory=list)  # (top, left, height, width)
+    remaining: int = 0
+    total: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+    prob: torch.Tensor | None = None
+
+
+def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
+    """Tile origins along one axis: stride ``tile - overlap``, the last tile flush with the end."""
+    if length <= tile:
+        return [0]
+    stride = tile - overlap
+    starts = list(range(0, length - tile, stride))
+    return starts + [length - tile]
+
+
+def blend_weights(height: int, width: int, overlap: int) -> torch.Tensor:
+    """(H, W) weights: 1 inside, ramping linearly to a small positive value over ``overlap`` px."""
+    def ramp(n: int) -> torch.Tensor:
+        position = torch.arange(n, dtype=torch.float32)
+        edge = torch.minimum(position + 0.5, n - position - 0.5)
+        return (edge / max(overlap, 1)).clamp(0.01, 1.0)
+
+    return ramp(height)[:, None] * ramp(width)[None, :]
+
+
+class Predictor:
+    """Crack probabilities for a stream of images, with tiling, cross-image batching and TTA."""
+
+    def __init__(self, model, device: torch.device, tile: int = TILE, overlap: int = TILE_OVERLAP, batch_size: int | None = None,
+                 tta: str = "none", amp_dtype: torch.dtype | None = None, channels_last: bool = False,
+                 resize: tuple[int, int] | None = None):
+        if overlap >= tile:
+            raise InputError(f"--overlap ({overlap} px) must be smaller than --tile ({tile} px)")
+        if tta not in ("none", "flip", "d4"):
+            raise InputError(f"--tta must be none, flip or d4, got {tta!r}")
+        self.model = model
+        self.device = device
+        self.tile = tile
+        self.overlap = overlap
+        # On CPU one image per pass ran faster per image than batches (docs/benchmarks.md).
+        self.batch_size = batch_size or (8 if device.type == "cuda" else 1)
+        self.tta = tta
+        self.amp_dtype = amp_dtype
+        self.channels_last = channels_last
+        self.resize = resize
+        self._windows: dict[tuple[int, int], torch.Tensor] = {}
+
+    def probabilities(self, images):
+        """``images``: iterable of (key, (3, H, W) uint8). Yields (key, (H, W) float32 probabilities on CPU)."""
+        jobs: dict[int, _Job] = {}
+        pending: dict[tuple[int, int], list] = {}  # tile shape -> [(job, tile, pixels)]
+        for key, image in images:
+            original = image.shape[-2:]
+            if self.resize is not None:
+                image = F.interpolate(image[None].float(), size=self.resize, mode="bilinear", antialias=True)[0].round().clamp(0, 255).byte()
+            job = self._start(key, image, original)
+            jobs[key] = job
+            for tile in job.tiles:
+                top, left, height, width = tile
+                pending.setdefault((height, width), []).append((job, tile, image[:, top : top + height, left : left + width]))
+                if len(pending[(height, width)]) == self.batch_size:
+                    yield from self._run(pending.pop((height, width)), jobs)
+            while len(jobs) > 2 * self.batch_size + 2 and pending:  # bound the images held: run partial batches
+                yield from self._run(pending.pop(max(pending, key=lambda s: len(pending[s]))), jobs)
+        for shape in list(pending):
+            yield from self._run(pending.pop(shape), jobs)
+
+    def _start(self, key: int, image: torch.Tensor, original) -> _Job:
+        height, width = image.shape[-2:]
+        job = _Job(key, *original)
+        job.tiles = [
+            (top, left, min(self.tile, height), min(self.tile, width))
+            for top in tile_starts(height, self.tile, self.overlap)
+            for left in tile_starts(width, self.tile, self.overlap)
+        ]
+        job.remaining = len(job.tiles)
+        if len(job.tiles) > 1:
+            job.total = torch.zeros((height, width), dtype=torch.float32)
+            job.weights = torch.zeros((height, width), dtype=torch.float32)
+        return job
+
+    @torch.inference_mode()
+    def _run(self, batch: list, jobs: dict[int, _Job]):
+        pixels = torch.stack([tile_pixels for _, _, tile_pixels in batch]).to(self.device, non_blocking=True)
+        probs = self._tta_probabilities(pixels).cpu()
+        for (job, (top, left, height, width), _), prob in zip(batch, probs):
+            if job.total is None:
+                job.prob = prob
+            else:
+                window = self._window(height, width)
+                job.total[top : top + height, left : left + width] += prob * window
+                job.weights[top : top + height, left : left + width] += window
+            job.remaining -= 1
+            if job.remaining == 0:
+                del jobs[job.key]
+                yield job.key, self._finish(job)
+
+    def _finish(self, job: _Job) -> torch.Tensor:
+        prob = job.prob if job.total is None else job.total / job.weights
+        if prob.shape != (job.height, job.width):
+            prob = F.interpolate(prob[None, None], size=(job.height, job.width), mode="bilinear")[0, 0]
+        return prob
+
+    def _window(self, height: int, width: int) -> torch.Tensor:
+        if (height, width) not in self._windows:
+            self._windows[(height, width)] = blend_weights(height, width, self.overlap)
+        return self._windows[(height, width)]
+
+    def _tta_probabilities(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(N, H, W) probabilities, averaged over the flips / rotations that ``tta`` names."""
+        views = {"none": [(0, False)], "flip": [(0, False), (0, True)], "d4": [(k, f) for k in range(4) for f in (False, True)]}
+        total = None
+        for turns, flip in views[self.tta]:
+            view = torch.rot90(pixels, turns, dims=(-2, -1)) if turns else pixels
+            view = view.flip(-1) if flip else view
+            if self.channels_last:
+                view = view.contiguous(memory_format=torch.channels_last)
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                logits = self.model(view)
+            prob = torch.sigmoid(logits.float())[:, 0]
+            prob = prob.flip(-1) if flip else prob
+            prob = torch.rot90(prob, -turns, dims=(-2, -1)) if turns else prob
+            total = prob if total is None else total + prob
+        return total / len(views[self.tta])
