@@ -8,6 +8,14 @@
     python benchmarks/bench.py predict [--device ...] [--encoder ...] [--size 448] [--batch-size 8] [--count 64] [--quick]
 
     python benchmarks/bench.py strategies [--device cpu|cuda] [--encoder resnet18] [--size 256] [--batch-size 4] [--quick]
+    python benchmarks/bench.py runtimes [--encoder resnet34] [--images DIR] [--count 40] [--quick]
+
+    python benchmarks/bench.py cracks --checkpoint checkpoints/demo/best.pt --data data/demo-test-truth
+
+cracks counts true cracks found as exactly one crack (synthetic data with per-crack truth),
+before and after joining pieces; an accuracy figure, recorded in docs/results.md.
+runtimes compares CPU prediction by torch eager, torch channels_last, ONNX Runtime and
+OpenVINO (model alone, and crackseg predict --no-measure from files), and the naive loop.
 
 strategies runs real `crackseg train` jobs (one process, DataParallel, DDP for every process
 count the machine allows, DDP + bf16 / fp16 AMP, + channels_last, + compile, + activation
@@ -345,6 +353,145 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def bench_runtimes(args: argparse.Namespace) -> list[dict]:
+    """CPU prediction by runtime: torch eager, torch channels_last, ONNX Runtime, OpenVINO, and the naive loop.
+
+    Each runtime is timed twice: its model alone on decoded images in memory (one image per
+    call, probabilities thresholded), and ``crackseg predict --no-measure`` from the image
+    files to PNG masks. All paths alternate within each round.
+    """
+    from PIL import Image
+
+    from crackseg.checkpoint import save_model
+    from crackseg.export import export_model, load_inference_model
+    from crackseg.images import load_image
+    from crackseg.models import build_model
+    from crackseg.predict import PredictOptions, predict_folder
+
+    windows = _windows(args, 3)
+    torch.manual_seed(0)
+    model = build_model(args.encoder).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if args.images:
+            source = Path(args.images)
+            files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))[: args.count]
+        else:
+            write_dataset(tmp / "data", 4 if args.quick else args.count, args.size, seed=0)
+            files = sorted((tmp / "data" / "images").iterdir())
+        (tmp / "in").mkdir()
+        for path in files:
+            (tmp / "in" / path.name).symlink_to(path.resolve())
+        model.threshold = _threshold_for_crack_fraction(model, tmp / "in", 0.02, torch.device("cpu"))
+        save_model(model, tmp / "model.pt")
+        export_model(tmp / "model.pt", "onnx", tmp / "model.onnx")
+        export_model(tmp / "model.pt", "openvino", tmp / "model.xml")
+        decoded = [load_image(path)[None] for path in files]
+        height, width = decoded[0].shape[-2:]
+        runtimes = {
+            "torch eager": (tmp / "model.pt", dict(backend="torch", channels_last=False)),
+            "torch channels_last": (tmp / "model.pt", dict(backend="torch", channels_last=True)),
+            "onnxruntime": (tmp / "model.onnx", dict(backend="onnxruntime")),
+            "openvino": (tmp / "model.xml", dict(backend="openvino")),
+        }
+        paths = {}
+        for name, (model_file, options) in runtimes.items():
+            runner = load_inference_model(model_file, options["backend"])
+            if options.get("channels_last"):
+                runner.to(memory_format=torch.channels_last)
+
+            @torch.inference_mode()
+            def model_only(index: int, runner=runner, channels_last=options.get("channels_last", False)) -> None:
+                for image in decoded:
+                    image = image.contiguous(memory_format=torch.channels_last) if channels_last else image
+                    output = runner(image)
+                    prob = output if getattr(runner, "returns_probabilities", False) else torch.sigmoid(output)
+                    (prob >= 0.5).numpy()
+
+            def end_to_end(index: int, model_file=model_file, options=options, name=name) -> None:
+                predict_folder(model_file, [str(tmp / "in")], PredictOptions(
+                    out=tmp / "out" / name.replace(" ", "_"), measure=False, overwrite=True, workers=0, device="cpu", **options))
+
+            paths[(name, "model")] = (model_only, len(files))
+            paths[(name, "end")] = (end_to_end, len(files))
+
+        @torch.inference_mode()
+        def naive(index: int) -> None:
+            """The classic tool: one image per pass, fp32 eager, every image resized to 448 px."""
+            for path in files:
+                image = Image.open(path).convert("RGB")
+                pixels = torch.from_numpy(np.array(image.resize((448, 448)))).permute(2, 0, 1)[None]
+                prob = torch.sigmoid(model(pixels))[0, 0].numpy()
+                Image.fromarray(((prob > model.threshold) * 255).astype(np.uint8)).resize(image.size).save(tmp / "naive.png")
+
+        paths["naive"] = (naive, len(files))
+        rates = _median_rates(paths, windows)
+    common = {"encoder": args.encoder, "images": len(files), "size": f"{width}x{height}", "source": "files" if args.images else "synthetic"}
+    eager_end = rates[("torch eager", "end")][0]
+    rows = []
+    for name in runtimes:
+        model_rate, end_rate = rates[(name, "model")][0], rates[(name, "end")][0]
+        rows.append({"mode": "runtimes", "runtime": name, **common, "model_only_images_per_s": round(model_rate, 2),
+                     "images_per_s": round(end_rate, 2), "efficiency": round(end_rate / model_rate, 3),
+                     "vs_torch_eager_end_to_end": round(end_rate / eager_end, 2),
+                     "window_rates_end": [round(r, 2) for r in rates[(name, "end")][1]]})
+    rows.append({"mode": "runtimes", "runtime": "naive loop (torch eager, resize to 448)", **common,
+                 "images_per_s": round(rates["naive"][0], 2), "vs_torch_eager_end_to_end": round(rates["naive"][0] / eager_end, 2)})
+    return rows
+
+
+def bench_cracks(args: argparse.Namespace) -> list[dict]:
+    """How many true cracks come out as exactly one crack, and their length error, per join setting.
+
+    Needs ``--checkpoint`` and ``--data``, a folder written by ``crackseg synth --truth`` (its
+    truth/<stem>.png labels each true crack). Each predicted crack is given to the true crack
+    nearest to most of its pixels (within 3 px); predicted cracks near none are false cracks.
+    Lengths are measured the same way on both sides (crackseg.measure on the true crack's pixels).
+    """
+    from PIL import Image
+    from scipy import ndimage
+
+    from crackseg.measure import find_cracks
+    from crackseg.predict import PredictOptions, predict_folder
+
+    settings = [("every connected piece (before)", "0px", "0px"), ("joined, specks dropped (defaults)", None, None)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "pred"
+        predict_folder(args.checkpoint, [str(args.data / "images")], PredictOptions(out=out, measure=False, device=args.device))
+        stems = sorted(p.stem for p in (args.data / "truth").iterdir())
+        for label, gap, shortest in settings:
+            options = PredictOptions(out=out, **({"join_gap": gap, "min_length": shortest} if gap else {}))
+            spec = options.output_spec()
+            true_total = one = found = false = 0
+            errors = []
+            for stem in stems:
+                truth = np.asarray(Image.open(args.data / "truth" / f"{stem}.png"))
+                mask = np.asarray(Image.open(out / "masks" / f"{stem}.png")) > 127
+                labels, cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px)
+                distance, (near_y, near_x) = ndimage.distance_transform_edt(truth == 0, return_indices=True)
+                nearest = np.where(distance <= 3, truth[near_y, near_x], 0)
+                owner = {}
+                for crack in cracks:
+                    votes = np.bincount(nearest[labels == crack.id], minlength=256)
+                    owner[crack.id] = int(votes[1:].argmax() + 1) if votes[1:].max() * 2 > votes.sum() else 0
+                found += len(cracks)
+                false += sum(value == 0 for value in owner.values())
+                for true_id in np.unique(truth[truth > 0]):
+                    true_length = sum(c.length_px for c in find_cracks(truth == true_id)[1])
+                    pieces = [c for c in cracks if owner[c.id] == true_id]
+                    true_total += 1
+                    one += len(pieces) == 1
+                    if pieces:
+                        errors.append(sum(c.length_px for c in pieces) / true_length - 1)
+            rows.append({"mode": "cracks", "setting": label, "join_gap_px": spec.join_gap_px, "min_length_px": spec.min_length_px,
+                         "true_cracks": true_total, "found_cracks": found, "true_found_as_one": one,
+                         "share_as_one": round(one / max(true_total, 1), 3), "false_cracks": false,
+                         "median_length_error": round(float(np.median(errors)), 3) if errors else None,
+                         "mean_abs_length_error": round(float(np.mean(np.abs(errors))), 3) if errors else None})
+    return rows
+
+
 @torch.inference_mode()
 def _threshold_for_crack_fraction(model: torch.nn.Module, images: Path, fraction: float, device: torch.device) -> float:
     """A threshold that marks about ``fraction`` of the first image's pixels as crack.
@@ -379,6 +526,8 @@ def bench_strategies(args: argparse.Namespace) -> list[dict]:
         if not args.quick:
             plans.append((f"DDP x{ddp} + bf16 + channels_last + compile", ddp, [*best_amp, "--channels-last", "--compile"]))
         plans.append((f"DDP x{ddp} + bf16 + activation checkpointing", ddp, [*best_amp, "--activation-checkpointing"]))
+    if args.quick:  # a smoke test of the machinery: one process, and DDP with every flag that changes the log
+        plans = [plans[0], plans[-1]] if len(plans) > 1 else plans
     count = 16 if args.quick else 48
     size = args.size[0]
     rows = []
@@ -439,7 +588,10 @@ def _markdown(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["synth", "data", "evaluate", "train", "predict", "strategies"])
+    parser.add_argument("mode", choices=["synth", "data", "evaluate", "train", "predict", "strategies", "runtimes", "cracks"])
+    parser.add_argument("--checkpoint", type=Path, default=None, help="cracks: the model whose predictions are counted")
+    parser.add_argument("--data", type=Path, default=None, help="cracks: a folder written by crackseg synth --truth")
+    parser.add_argument("--images", type=Path, default=None, help="runtimes: a folder of real photos to predict (default: synthetic)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (data, train, predict)")
     parser.add_argument("--encoder", default="resnet34", help="smp encoder of the UNet (train, predict)")
     parser.add_argument("--batch-size", type=int, default=8, help="images per step (train, predict)")
@@ -466,7 +618,7 @@ def main() -> None:
     args.amp = args.amp or ("bf16" if args.device.startswith("cuda") else "off")
 
     modes = {"synth": bench_synth, "data": bench_data, "evaluate": bench_evaluate, "train": bench_train, "predict": bench_predict,
-             "strategies": bench_strategies}
+             "strategies": bench_strategies, "runtimes": bench_runtimes, "cracks": bench_cracks}
     rows = modes[args.mode](args)
     report = {"environment": _environment(), "rows": rows}
     out = args.out or RESULTS / f"{args.mode}.json"

@@ -15,6 +15,7 @@ enough for :func:`load_model`. Classic crack-segmentation checkpoints are import
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -22,11 +23,13 @@ from torch import nn
 
 from crackseg.errors import InputError
 from crackseg.files import ensure_writable_folder, write_atomic
+import crackseg
 from crackseg.config import CLASSIC_ENCODERS
 from crackseg.models import CrackSegModel, build_model, load_torch_file, model_from_config
 
 FORMAT = "crackseg"
 VERSION = 1
+PRETRAINED_CONFIG, PRETRAINED_WEIGHTS = "config.json", "model.safetensors"
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # added by DDP / DataParallel and torch.compile
 
 
@@ -48,9 +51,24 @@ def save_model(model: nn.Module, path: Path, **extra) -> None:
     write_atomic(path, write, durable=True)
 
 
+def save_pretrained(model: nn.Module, folder: Path) -> None:
+    """``folder/config.json`` + ``folder/model.safetensors``: the weights without pickle, for any tool.
+
+    :func:`read_checkpoint` and :func:`load_model` take the folder like a ``.pt`` file.
+    """
+    import safetensors.torch
+
+    entry = _model_entry(model)
+    ensure_writable_folder(Path(folder), "--out")
+    tensors = {key: value.contiguous().clone() for key, value in entry["state_dict"].items()}  # shared tensors stored apart
+    write_atomic(Path(folder) / PRETRAINED_WEIGHTS, safetensors.torch.save(tensors, metadata={"format": FORMAT}))
+    config = {"format": FORMAT, "version": VERSION, "crackseg": crackseg.__version__, "model": entry["config"], "sha256": entry["sha256"]}
+    write_atomic(Path(folder) / PRETRAINED_CONFIG, json.dumps(config, indent=1) + "\n")
+
+
 def read_checkpoint(path: Path) -> dict:
-    """Load a file written by crackseg; a missing, torn or foreign file is a one-line error."""
-    payload = load_torch_file(path, "checkpoint")
+    """Load a file (or safetensors folder) written by crackseg; a missing, torn or foreign one is a one-line error."""
+    payload = _read_pretrained(Path(path)) if Path(path).is_dir() else load_torch_file(path, "checkpoint")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         if isinstance(payload, dict) and isinstance(payload.get("model"), dict) and "epoch" in payload:
             raise InputError(f"{path}: a classic crack-segmentation checkpoint; convert it first: crackseg convert {path} --arch ARCH --out model.pt")
@@ -61,6 +79,24 @@ def read_checkpoint(path: Path) -> dict:
     if isinstance(entry, dict) and "sha256" in entry and weights_digest(entry["state_dict"]) != entry["sha256"]:
         raise InputError(f"{path}: its weights do not match the checksum saved with them (the file is damaged); use another copy")
     return payload
+
+
+def _read_pretrained(folder: Path) -> dict:
+    """The payload of a safetensors folder, shaped like a ``.pt`` file's."""
+    import safetensors
+    import safetensors.torch
+
+    try:
+        config = json.loads((folder / PRETRAINED_CONFIG).read_text())
+        state = safetensors.torch.load_file(str(folder / PRETRAINED_WEIGHTS))
+    except FileNotFoundError as error:
+        raise InputError(f"{folder}: not a crackseg model folder (no {Path(error.filename).name})") from None
+    except (ValueError, OSError, safetensors.SafetensorError) as error:
+        raise InputError(f"{folder}: not a readable crackseg model folder ({type(error).__name__}: {error})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise InputError(f"{folder / PRETRAINED_CONFIG}: not a crackseg model config")
+    model = {"config": config["model"], "state_dict": state, **({"sha256": config["sha256"]} if "sha256" in config else {})}
+    return {"format": config.get("format"), "version": config.get("version", 0), "model": model}
 
 
 def weights_digest(state: dict[str, torch.Tensor]) -> str:
@@ -106,13 +142,28 @@ def load_model(
         raise InputError(
             f"{path}: holds a {config['arch']} model with the {config['encoder']} encoder, not the {asked} that was asked for; pass {advice}"
         )
-    return model_from_payload(payload).to(device).eval()
+    try:
+        model = model_from_payload(payload)
+    except InputError as error:
+        raise InputError(f"{path}: {error}") from None
+    return model.to(device).eval()
 
 
 def model_from_payload(payload: dict) -> CrackSegModel:
     """The model a file's payload (from :func:`read_checkpoint`) holds, weights loaded, on the CPU."""
-    model = model_from_config(payload["model"]["config"])
-    model.load_state_dict(payload["model"]["state_dict"], strict=True)
+    config = payload["model"]["config"]
+    model = model_from_config(config)
+    expected, state = model.state_dict(), payload["model"]["state_dict"]
+    missing = sorted(expected.keys() - state.keys())
+    unexpected = sorted(state.keys() - expected.keys())
+    reshaped = sorted(key for key in expected.keys() & state.keys() if expected[key].shape != state[key].shape)
+    if missing or unexpected or reshaped:
+        detail = "; ".join(f"{label} e.g. {keys[0]}" for label, keys in
+                           (("missing", missing), ("unexpected", unexpected), ("wrong shape", reshaped)) if keys)
+        raise InputError(
+            f"its weights do not fit the {config['arch']} model with the {config['encoder']} encoder its config describes ({detail})"
+        )
+    model.load_state_dict(state, strict=True)
     return model
 
 

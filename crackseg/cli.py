@@ -17,8 +17,12 @@ from crackseg import __version__
 from crackseg.config import (
     AMP_CHOICES,
     AT_LEAST_ONE,
+    BACKENDS,
+    EXPORT_FORMATS,
     FRACTION,
     GROUPS,
+    JOIN_GAP,
+    MIN_LENGTH,
     NON_NEGATIVE,
     POSITIVE,
     TILE,
@@ -49,6 +53,26 @@ def _size(text: str) -> tuple[int, int]:
         return parse_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _length(text: str) -> str:
+    from crackseg.config import parse_length
+
+    try:
+        parse_length(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _width_classes(text: str) -> str:
+    from crackseg.measure import WidthClasses
+
+    try:
+        WidthClasses.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
@@ -84,6 +108,21 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
     model = convert_classic(args.classic, args.arch, args.out, threshold=args.threshold, overwrite=args.overwrite)
     print(f"wrote {args.out}: {model.arch} ({model.encoder} encoder), threshold {model.threshold}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from crackseg.export import export_model
+
+    written = export_model(args.checkpoint, args.format, args.out, overwrite=args.overwrite)
+    print(f"wrote {written} ({args.format})")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from crackseg.report import write_report
+
+    print(f"report written to {write_report(args.predictions, args.evaluation)}")
     return 0
 
 
@@ -193,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--count", type=_checked(int, AT_LEAST_ONE), default=64, help="number of images")
     synth.add_argument("--size", type=_size, default="256", help="image size in px: N or HxW (height x width)")
     synth.add_argument("--seed", type=_checked(int, NON_NEGATIVE), default=0, help="random seed")
-    synth.add_argument("--truth", action="store_true", help="also write truth.json: each crack's length and width in px")
+    synth.add_argument("--truth", action="store_true", help="also write truth.json (each crack's nominal length and width in px) and truth/<stem>.png (each crack pixel labelled with its crack's number)")
     synth.add_argument("--workers", type=_checked(int, AT_LEAST_ONE), default=1, help="processes generating images in parallel")
     synth.add_argument("--overwrite", action="store_true", help="replace files already in OUT")
     synth.set_defaults(handler=_cmd_synth)
@@ -261,7 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     predict.add_argument("inputs", nargs="+", help="image files, folders or glob patterns (quote them)")
-    predict.add_argument("--checkpoint", type=Path, required=True, help="crackseg checkpoint or model file (best.pt, a converted classic file, ...)")
+    predict.add_argument("--checkpoint", "--model", dest="checkpoint", type=Path, required=True,
+                         help="crackseg checkpoint or model file: best.pt, a converted classic file, a safetensors folder, "
+                              "or an exported model.onnx / model.xml (see crackseg export)")
+    predict.add_argument("--backend", choices=BACKENDS, default="auto",
+                         help="runtime of the forward pass; auto: torch for checkpoints and safetensors folders, "
+                              "onnxruntime for .onnx, openvino for .xml (openvino also runs .onnx)")
     predict.add_argument("--out", type=Path, required=True, help="output folder")
     predict.add_argument("--recursive", action="store_true", help="also read images in sub-folders (output names keep the sub-folders)")
     predict.add_argument("--threshold", type=_checked(float, FRACTION), default=None, help="crack probability threshold (default: the checkpoint's best validation F1 threshold)")
@@ -273,17 +317,64 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--save-prob", type=int, choices=[8, 16], default=None, help="also write OUT/probs/<name>.png, the probability map as 8- or 16-bit PNG")
     predict.add_argument("--overlay", action="store_true", help="also write OUT/overlays/<name>.jpg, the photo with cracks tinted red")
     predict.add_argument("--resize", type=_size, default=None, help="resize every image to N or HxW px first (for models trained on resized data); masks come back at the input size")
+    predict.add_argument("--join-gap", type=_length, default=JOIN_GAP,
+                         help="bridge gaps up to this long (px, or mm with --px-size, e.g. 3mm) between pieces of one crack: a skeleton end "
+                              "must point at the other piece (within 30 degrees); 0 keeps every piece apart")
+    predict.add_argument("--min-length", type=_length, default=MIN_LENGTH,
+                         help="leave cracks shorter than this (px or mm) out of cracks.csv, the overlays and the counts; the mask keeps their pixels")
+    predict.add_argument("--width-classes", type=_width_classes, default=None,
+                         help="class each crack by its max and mean width: bre251 (BRE Digest 251: <=0.1, 1, 5, 15, 25, >25 mm), "
+                              "aci224 (ACI 224R tolerable widths 0.10, 0.15, 0.18, 0.30, 0.41 mm) or your edges in mm, e.g. 0.1,0.2,0.3,1.0; needs --px-size")
     predict.add_argument("--px-size", type=_checked(float, POSITIVE), default=None, help="pixel size in mm: measurements are also reported in mm")
     predict.add_argument("--no-measure", dest="measure", action="store_false",
                          help="skip crack length and width measurements (no cracks.csv): the fastest way to masks (measuring costs CPU time per image, see docs/benchmarks.md)")
+    predict.add_argument("--report", action="store_true", help="also write OUT/report.html (see crackseg report)")
     predict.add_argument("--skip-existing", action="store_true", help="keep masks already in OUT and predict the rest (finishes an interrupted batch)")
     predict.add_argument("--overwrite", action="store_true", help="replace outputs already in OUT")
     predict.add_argument("--workers", type=_checked(int, NON_NEGATIVE), default=None,
                          help="decoding processes and writer threads (0: all in the main process; default: 0 on CPU, where the model's threads use every core, else CPU cores / processes - 1, at most 8)")
     predict.add_argument("--device", default="auto", help="auto (CUDA when present), cuda or cpu")
     predict.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision; auto = bf16 on GPUs that support it")
-    predict.add_argument("--channels-last", action="store_true", help="NHWC memory layout (faster on tensor cores)")
+    predict.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                         help="NHWC memory layout for --backend torch; default: on for the CPU, where it was faster (docs/benchmarks.md), off on GPUs")
     predict.set_defaults(handler=_cmd_predict)
+
+    export = commands.add_parser(
+        "export",
+        help="export a model to ONNX, OpenVINO IR or safetensors, for prediction without PyTorch",
+        description=(
+            "Write the model of CHECKPOINT for other runtimes. ONNX and OpenVINO models take uint8 RGB\n"
+            "images (N, 3, H, W) of any size (normalization and padding inside) and return crack\n"
+            "probabilities (N, 1, H, W); the threshold, architecture, encoder and size divisor are\n"
+            "stored as metadata. safetensors writes a folder (config.json + model.safetensors) that\n"
+            "predict, evaluate and crackseg.load_model read without unpickling anything.\n\n"
+            "  crackseg export checkpoints/cfd/best.pt --format onnx --out cfd.onnx\n"
+            "  crackseg predict --model cfd.onnx photos/ --out predictions    (ONNX Runtime)"
+        ),
+        formatter_class=_HelpFormatter,
+    )
+    export.add_argument("checkpoint", type=Path, help="crackseg checkpoint, model file or safetensors folder")
+    export.add_argument("--format", required=True, choices=EXPORT_FORMATS, help="onnx (pip install 'crackseg[onnx]'), openvino "
+                        "(float32 IR, pip install 'crackseg[openvino]') or safetensors")
+    export.add_argument("--out", type=Path, required=True, help="model.onnx, model.xml (model.bin is written beside it) or a folder for safetensors")
+    export.add_argument("--overwrite", action="store_true", help="replace --out if it exists (by default an existing --out is an error)")
+    export.set_defaults(handler=_cmd_export)
+
+    report = commands.add_parser(
+        "report",
+        help="write report.html for a predictions folder: summary, sortable images, overlays, crack tables",
+        description=(
+            "Write PREDICTIONS/report.html: one self-contained page that opens from the file system in\n"
+            "any browser, with the run's summary (images, cracks, total length, widest crack, length per\n"
+            "width class), a sortable, paginated table of images with thumbnails, and per image the photo\n"
+            "with its overlay (a toggle) and its crack table. Pictures go to PREDICTIONS/report/ once.\n\n"
+            "  crackseg report predictions/ --evaluation reports/cfd"
+        ),
+        formatter_class=_HelpFormatter,
+    )
+    report.add_argument("predictions", type=Path, help="folder written by crackseg predict")
+    report.add_argument("--evaluation", type=Path, default=None, help="folder written by crackseg evaluate --out: adds scores, the PR curve and the worst images (default: none, predictions only)")
+    report.set_defaults(handler=_cmd_report)
 
     evaluate = commands.add_parser(
         "evaluate",
@@ -300,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--pred", type=Path, help="folder of predicted masks or probability maps (<stem>.png)")
     evaluate.add_argument("--gt", type=Path, help="folder of ground-truth masks (<stem>.*)")
-    evaluate.add_argument("--checkpoint", type=Path, help="predict with this checkpoint instead of reading --pred")
+    evaluate.add_argument("--checkpoint", "--model", dest="checkpoint", type=Path,
+                          help="predict with this checkpoint (or safetensors folder, .onnx, .xml) instead of reading --pred")
     evaluate.add_argument("--data", type=Path, help="dataset root for --checkpoint")
     evaluate.add_argument("--split", default=None, help="file of stems to score; with --checkpoint also a split name (test, val, train: ROOT/NAME.txt) or all (default test)")
     evaluate.add_argument("--tolerance", type=_checked(float, TOLERANCE), default=0.0, help=f"pixel tolerance for precision / recall / F1, {TOLERANCE.describe()} (0 = exact pixels; papers often use 2)")

@@ -20,6 +20,9 @@ ARCHS = ("unet", *CLASSIC_ENCODERS)
 DEFAULT_ENCODER = "resnet34"
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
 TILE, TILE_OVERLAP = 1024, 128  # px: images larger than a tile run as overlapping tiles (validation, predict, evaluate)
+BACKENDS = ("auto", "torch", "onnxruntime", "openvino")  # runtimes of predict's forward pass
+EXPORT_FORMATS = ("onnx", "openvino", "safetensors")
+JOIN_GAP, MIN_LENGTH = "10px", "10px"  # predict's defaults for joining crack pieces and dropping specks
 GROUPS = ("data", "model", "optimization", "speed and memory", "run folder")  # as --help lists them
 
 PATH_OPTIONS = frozenset({"data", "images", "masks", "init"})
@@ -245,3 +248,18 @@ def check_same_run(config: TrainConfig, saved: dict, source: Path) -> None:
     if differ:
         listing = ", ".join(f"{flag(key)} {current[key]} (saved: {saved[key]})" for key in differ)
         raise InputError(f"{listing} contradicts the run saved in {source}; resume with its settings or start another --run")
+
+
+def parse_length(text: str) -> tuple[float, str]:
+    """``"12px"``, ``"3mm"`` or ``"12"`` (px) -> (value, unit); the value is finite and >= 0."""
+    text = str(text).strip().lower()
+    unit = "mm" if text.endswith("mm") else "px"
+    number = text[: -len(unit)] if text.endswith(unit) else text
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"must be a length like 12px or 3mm, got {text!r}") from None
+    problem = NON_NEGATIVE.problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value, unit

@@ -93,12 +93,13 @@ def evaluate_checkpoint(
     device: str = "auto", tile: int = 1024, overlap: int = 128, batch_size: int | None = None, amp: str = "auto",
 ) -> dict:
     """Predict the images of a dataset split with ``checkpoint`` in this process and score them."""
-    from crackseg.checkpoint import load_model
     from crackseg.distributed import resolve_amp, select_device
+    from crackseg.export import load_inference_model, resolve_backend
     from crackseg.inference import Predictor
 
-    chosen = select_device(device)
-    amp_dtype = resolve_amp(amp, chosen)
+    runtime = resolve_backend(Path(checkpoint)) != "torch"
+    chosen = select_device("cpu" if runtime and device == "auto" else device)
+    amp_dtype = None if runtime else resolve_amp(amp, chosen)
     found = open_dataset(Path(root))
     if found.problems:
         raise InputError(f"{len(found.problems)} problems in {root}, e.g. {found.problems[0]}; see crackseg inspect {root}")
@@ -114,7 +115,7 @@ def evaluate_checkpoint(
     unknown = [stem for stem in stems if stem not in samples]
     if unknown:
         raise InputError(f"--split lists {len(unknown)} stems not in {root} (e.g. {unknown[0]})")
-    model = load_model(checkpoint, chosen)
+    model = load_inference_model(checkpoint, "auto", chosen)
     threshold = model.threshold if threshold is None else threshold
     predictor = Predictor(model, chosen, tile=tile, overlap=overlap, batch_size=batch_size, amp_dtype=amp_dtype)
     images = ((index, _read(load_image, samples[stem].image)) for index, stem in enumerate(stems))

@@ -147,8 +147,9 @@ class Predictor:
             if self.channels_last:
                 view = view.contiguous(memory_format=torch.channels_last)
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                logits = self.model(view)
-            prob = torch.sigmoid(logits.float())[:, 0]
+                output = self.model(view)
+            # Exported models (crackseg.export.RuntimeModel) return probabilities, torch models logits.
+            prob = (output.float() if getattr(self.model, "returns_probabilities", False) else torch.sigmoid(output.float()))[:, 0]
             prob = prob.flip(-1) if flip else prob
             prob = torch.rot90(prob, -turns, dims=(-2, -1)) if turns else prob
             total = prob if total is None else total + prob

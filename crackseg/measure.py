@@ -16,59 +16,131 @@ Skeletons come from scikit-image, distances and labels from scipy.ndimage.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import ndimage
 from scipy.spatial import cKDTree
+from skimage.draw import line as draw_line
 from skimage.morphology import skeletonize
 
 ORTHOGONAL, DIAGONAL, CORNER = 0.980, 1.406, 0.091
 _EIGHT = np.ones((3, 3), bool)
+_COS_30 = math.cos(math.radians(30))
 
 
 @dataclass(frozen=True)
 class CrackMeasure:
+    id: int  # 1 = the longest crack of the mask; the value of its pixels in find_cracks' labels
     length_px: float
     mean_width_px: float
     max_width_px: float
     area_px: int
     bbox: tuple[int, int, int, int]  # top, left, bottom, right (exclusive)
+    anchor: tuple[int, int]  # (row, col) of a skeleton pixel near the crack's middle: where to write its id
+    fragments: int  # connected pieces of the mask joined into this crack
 
 
-def measure_cracks(mask: np.ndarray, min_area: int = 1) -> list[CrackMeasure]:
-    """One measurement per 8-connected crack of ``mask`` ((H, W) bool), largest first."""
+def find_cracks(mask: np.ndarray, join_gap: float = 0.0, min_length: float = 0.0) -> tuple[np.ndarray, list[CrackMeasure]]:
+    """The cracks of ``mask`` ((H, W) bool): (H, W) int32 crack ids, and one measurement per crack, longest first.
+
+    Pieces of one crack that the mask shows apart are joined when a skeleton end points at
+    another piece (within 30 degrees of its direction) across a gap of at most ``join_gap``
+    px between their edges: a crack is followed along its own direction, never merged with
+    whatever lies near it. The joined length includes the gap; area and widths are the
+    mask's own pixels. Cracks shorter than ``min_length`` px are dropped (id 0).
+    """
     mask = np.asarray(mask, bool)
-    labels, count = ndimage.label(mask, _EIGHT)
+    pieces, count = ndimage.label(mask, _EIGHT)
     if count == 0:
-        return []
-    skeleton = skeletonize(mask)
+        return np.zeros(mask.shape, np.int32), []
     distance = ndimage.distance_transform_edt(mask)
-    areas = np.bincount(labels.ravel(), minlength=count + 1)[1:]
-
-    chain = _chain_length_by_label(skeleton, labels, count)
+    joined, bridges = _join_pieces(mask, pieces, distance, join_gap) if join_gap > 0 else (mask, [])
+    labels, total = ndimage.label(joined, _EIGHT) if bridges else (pieces, count)
+    skeleton = skeletonize(joined)
+    lengths = _chain_length_by_label(skeleton, labels, total)
     ends = _end_points(skeleton)
-    end_half_widths = np.bincount(labels[ends], weights=distance[ends] - 0.5, minlength=count + 1)[1:]
-    lengths = chain + end_half_widths
-    lone = lengths <= 0  # specks whose skeleton is one pixel: take the bounding extent
-    max_widths = _max_width_by_label(distance, skeleton, ends, labels, count)
-    measures = []
+    lengths += np.bincount(labels[ends], weights=distance[ends] - 0.5, minlength=total + 1)[1:]
+    areas = np.bincount(labels[mask], minlength=total + 1)[1:]
+    gaps = np.zeros(total + 1)
+    for (row, col), gap in bridges:
+        gaps[labels[row, col]] += gap
+    gaps = gaps[1:]
+    max_widths = _max_width_by_label(np.where(mask, distance, 0.0), skeleton & mask, ends, labels, total)
+    fragments = np.bincount(ndimage.maximum(labels, pieces, np.arange(1, count + 1)).astype(int), minlength=total + 1)[1:]
+    anchors = _anchors(skeleton, labels, total)
+    found = []
     for number, box in enumerate(ndimage.find_objects(labels)):
-        if areas[number] < min_area:
+        if box is None or areas[number] == 0:
             continue
         length = float(lengths[number])
-        if lone[number]:
+        if length <= 0:  # a speck whose skeleton is one pixel: take the bounding extent
             length = float(max(box[0].stop - box[0].start, box[1].stop - box[1].start))
-        measures.append(
-            CrackMeasure(
-                length_px=length,
-                mean_width_px=areas[number] / length,
-                max_width_px=float(max(max_widths[number], 1.0)),
-                area_px=int(areas[number]),
-                bbox=(box[0].start, box[1].start, box[0].stop, box[1].stop),
-            )
-        )
-    return sorted(measures, key=lambda m: -m.area_px)
+        if length < min_length:
+            continue
+        seen = max(length - float(gaps[number]), 1.0)
+        found.append((number + 1, length, areas[number] / seen, float(max(max_widths[number], 1.0)), int(areas[number]),
+                      (box[0].start, box[1].start, box[0].stop, box[1].stop), anchors.get(number + 1, (box[0].start, box[1].start)),
+                      int(fragments[number])))
+    found.sort(key=lambda item: (-item[1], item[0]))
+    renumber = np.zeros(total + 1, np.int32)
+    cracks = []
+    for new_id, (old, *values) in enumerate(found, 1):
+        renumber[old] = new_id
+        cracks.append(CrackMeasure(new_id, *values))
+    return np.where(mask, renumber[labels], 0).astype(np.int32), cracks
+
+
+def _join_pieces(mask, pieces, distance, join_gap):
+    """The mask with a one-pixel bridge across each gap a skeleton end points over, and the bridges' (start, gap)."""
+    skeleton = skeletonize(mask)
+    points = np.argwhere(skeleton)
+    owner = pieces[skeleton]
+    tree = cKDTree(points)
+    reach = join_gap + 2 * distance.max()
+    joined, bridges = mask.copy(), []
+    parent = list(range(pieces.max() + 1))  # union-find over pieces: one bridge per pair, none around a loop
+
+    def root(piece: int) -> int:
+        while parent[piece] != piece:
+            parent[piece] = parent[parent[piece]]
+            piece = parent[piece]
+        return piece
+
+    for end in np.argwhere(_end_points(skeleton)):
+        piece = pieces[tuple(end)]
+        near = [i for i in tree.query_ball_point(end, 10.0) if owner[i] == piece]
+        direction = end - points[near].mean(axis=0)
+        if np.hypot(*direction) < 1.0:
+            continue
+        direction /= np.hypot(*direction)
+        best, best_gap = None, join_gap
+        for i in tree.query_ball_point(end, reach):
+            if root(owner[i]) == root(piece):
+                continue
+            step = points[i] - end
+            span = np.hypot(*step)
+            gap = span - distance[tuple(end)] - distance[tuple(points[i])]
+            if gap <= best_gap and step @ direction >= span * _COS_30:
+                best, best_gap = points[i], gap
+        if best is not None:
+            parent[root(pieces[tuple(best)])] = root(piece)
+            rows, cols = draw_line(int(end[0]), int(end[1]), int(best[0]), int(best[1]))
+            joined[rows, cols] = True
+            bridges.append(((int(end[0]), int(end[1])), max(best_gap, 0.0)))
+    return joined, bridges
+
+
+def _anchors(skeleton: np.ndarray, labels: np.ndarray, count: int) -> dict[int, tuple[int, int]]:
+    """A skeleton pixel per label, the middle one of its pixels in scan order (on the crack, not beside it)."""
+    points = np.argwhere(skeleton & (labels > 0))
+    owners = labels[skeleton & (labels > 0)]
+    order = np.argsort(owners, kind="stable")
+    points, owners = points[order], owners[order]
+    starts = np.searchsorted(owners, np.arange(1, count + 1))
+    ends = np.searchsorted(owners, np.arange(1, count + 1), side="right")
+    return {label: tuple(int(v) for v in points[(a + b) // 2]) for label, a, b in zip(range(1, count + 1), starts, ends) if b > a}
 
 
 def _chain_length_by_label(skeleton: np.ndarray, labels: np.ndarray, count: int) -> np.ndarray:
@@ -131,3 +203,48 @@ def _full_width(distance: np.ndarray, skeleton: np.ndarray) -> np.ndarray:
     ridge_twin = ndimage.maximum_filter(np.where(skeleton, 0.0, distance), footprint=_EIGHT)
     even = np.isclose(ridge_twin, distance) & (distance > 0)
     return 2.0 * distance - 1.0 + even
+
+
+WIDTH_CLASS_PRESETS = {
+    # BRE Digest 251 damage categories for masonry walls, by crack width in mm: 0 hairline, 1 fine,
+    # 2 easily filled, 3 opening up, 4 extensive, 5 structural.
+    "bre251": ((0.1, 1.0, 5.0, 15.0, 25.0), ("0", "1", "2", "3", "4", "5")),
+    # ACI 224R tolerable widths by exposure (water-retaining, seawater, deicing chemicals,
+    # humidity / soil, dry air): a crack is tolerable in the exposures whose width it does not exceed.
+    "aci224": ((0.10, 0.15, 0.18, 0.30, 0.41), None),
+}
+
+
+@dataclass(frozen=True)
+class WidthClasses:
+    """Width bands in mm; a width on an edge goes to the lower band."""
+
+    name: str
+    edges_mm: tuple[float, ...]
+    labels: tuple[str, ...]  # one more than edges
+
+    @classmethod
+    def parse(cls, text: str) -> WidthClasses:
+        """``bre251``, ``aci224``, or increasing edges in mm such as ``0.1,0.2,0.3,1.0``."""
+        if text in WIDTH_CLASS_PRESETS:
+            edges, labels = WIDTH_CLASS_PRESETS[text]
+            return cls(text, edges, labels or _band_labels(edges))
+        try:
+            edges = tuple(float(part) for part in text.split(","))
+        except ValueError:
+            raise ValueError(f"must be {', '.join(WIDTH_CLASS_PRESETS)} or increasing widths in mm like 0.1,0.2,0.3, got {text!r}") from None
+        if not edges or any(not math.isfinite(e) or e <= 0 for e in edges) or list(edges) != sorted(set(edges)):
+            raise ValueError(f"widths must be positive and increasing (mm), got {text!r}")
+        return cls("custom", edges, _band_labels(edges))
+
+    def classify(self, width_mm: float) -> str:
+        return self.labels[int(np.searchsorted(self.edges_mm, width_mm, side="left"))]
+
+    def narrowest_band_mm(self) -> float:
+        """The narrowest band's width (the first band runs from 0)."""
+        return float(min(np.diff((0.0, *self.edges_mm))))
+
+
+def _band_labels(edges: tuple[float, ...]) -> tuple[str, ...]:
+    text = [f"{edge:g}" for edge in edges]
+    return (f"<={text[0]}", *(f"{a}-{b}" for a, b in zip(text, text[1:])), f">{text[-1]}")

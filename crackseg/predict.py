@@ -8,25 +8,25 @@ the model. Every file is written under a temporary name and renamed into place.
 from __future__ import annotations
 
 import glob
-import io
+import sys
 from collections import OrderedDict
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image
 from tqdm import tqdm
 
 from crackseg import distributed
-from crackseg.checkpoint import load_model
-from crackseg.config import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, TILE, TILE_OVERLAP
+from crackseg.export import load_inference_model, resolve_backend
+from crackseg.config import AT_LEAST_ONE, FRACTION, JOIN_GAP, MIN_LENGTH, NON_NEGATIVE, POSITIVE, TILE, TILE_OVERLAP, parse_length
 from crackseg.errors import InputError
-from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_atomic, write_csv
+from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_csv
 from crackseg.images import IMAGE_SUFFIXES, load_image
 from crackseg.inference import Predictor
-from crackseg.measure import measure_cracks
+from crackseg.measure import WidthClasses
+from crackseg.outputs import OutputSpec, outputs_of, summarize_existing, write_image_outputs, write_summary
+from crackseg.report import write_report
 
 
 @dataclass
@@ -47,8 +47,13 @@ class PredictOptions:
     workers: int | None = None  # 0 on CPU, spare cores on a GPU
     device: str = "auto"
     amp: str = "auto"
-    channels_last: bool = False
+    channels_last: bool | None = None  # None: on for the CPU (measured faster there), off on GPUs
     recursive: bool = False
+    backend: str = "auto"  # torch, onnxruntime or openvino; auto: from the model file
+    join_gap: str = JOIN_GAP  # "12px" or "3mm": gaps within one crack that are bridged
+    min_length: str = MIN_LENGTH  # cracks shorter than this are left out of tables and overlays
+    width_classes: str | None = None  # bre251, aci224 or edges in mm; needs px_size
+    report: bool = False  # also write OUT/report.html
 
     def __post_init__(self) -> None:
         """The same ranges the command line checks, for callers from Python."""
@@ -61,6 +66,29 @@ class PredictOptions:
                 raise InputError(f"--{name.replace('_', '-')} {problem}")
         if self.overlap >= self.tile:
             raise InputError(f"--overlap ({self.overlap} px) must be smaller than --tile ({self.tile} px)")
+        self.output_spec()  # lengths and classes are checked now, not after every image ran
+
+    def output_spec(self) -> OutputSpec:
+        """The per-image outputs, lengths in pixels."""
+        classes = None
+        if self.width_classes is not None:
+            if self.px_size is None:
+                raise InputError("--width-classes needs the pixel size in mm: give --px-size")
+            try:
+                classes = WidthClasses.parse(self.width_classes)
+            except ValueError as error:
+                raise InputError(f"--width-classes {error}") from None
+        return OutputSpec(self.save_prob, self.overlay, self.measure, self.px_size,
+                          self._pixels(self.join_gap, "--join-gap"), self._pixels(self.min_length, "--min-length"), classes)
+
+    def _pixels(self, text: str, flag: str) -> float:
+        try:
+            value, unit = parse_length(text)
+        except ValueError as error:
+            raise InputError(f"{flag} {error}") from None
+        if unit == "mm" and self.px_size is None:
+            raise InputError(f"{flag} {text} is in mm: give --px-size, or the length in px")
+        return value / self.px_size if unit == "mm" else value
 
 
 def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | None = None) -> list[tuple[Path, str]]:
@@ -122,7 +150,10 @@ def predict_folder(checkpoint: Path, inputs: list[str], options: PredictOptions)
 
     Under torchrun each process takes every WORLD_SIZE-th input; rank 0 writes the CSVs.
     """
-    env = distributed.setup(options.device)
+    backend = resolve_backend(Path(checkpoint), options.backend)
+    if backend != "torch" and (options.amp not in ("auto", "off") or options.channels_last):
+        raise InputError(f"--amp and --channels-last apply to --backend torch; {backend} runs the exported model in float32")
+    env = distributed.setup("cpu" if backend != "torch" and options.device == "auto" else options.device)
     try:
         return _predict(checkpoint, inputs, options, env)
     finally:
@@ -141,16 +172,22 @@ def default_workers(device: torch.device) -> int:
 def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: distributed.Environment) -> int:
     out = Path(options.out)
     listed = collect_inputs(inputs, options.recursive, out)
-    outputs = [_outputs_of(out, name, options) for _, name in listed]
+    spec = options.output_spec()
+    outputs = [outputs_of(out, name, spec) for _, name in listed]
     distributed.decided_on_main(env, _prepare_out, out, outputs, options)
     mask_paths = [paths[0] for paths in outputs]
-    model = load_model(checkpoint, env.device)
-    if options.channels_last:
+    model = load_inference_model(checkpoint, options.backend, env.device)
+    channels_last = isinstance(model, torch.nn.Module) and (env.device.type == "cpu" if options.channels_last is None else options.channels_last)
+    if channels_last:
         model.to(memory_format=torch.channels_last)
     threshold = model.threshold if options.threshold is None else options.threshold
-    amp_dtype = distributed.resolve_amp(options.amp, env.device)
-    predictor = Predictor(model, env.device, options.tile, options.overlap, options.batch_size, options.tta, amp_dtype, options.channels_last, options.resize)
+    amp_dtype = distributed.resolve_amp(options.amp, env.device) if isinstance(model, torch.nn.Module) else None
+    predictor = Predictor(model, env.device, options.tile, options.overlap, options.batch_size, options.tta, amp_dtype, channels_last, options.resize)
 
+    warnings = _resolution_warnings(spec)
+    if env.is_main:
+        for warning in warnings:
+            print(f"crackseg: warning: {warning}", file=sys.stderr)
     mine = list(range(env.rank, len(listed), env.world_size))
     rows: dict[int, dict] = {}
     crack_rows: list[dict] = []
@@ -158,8 +195,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     todo = []
     for key in mine:
         if options.skip_existing and all(path.exists() for path in outputs[key]):
-            mask = np.asarray(Image.open(mask_paths[key]).convert("L")) > 127
-            rows[key], cracks = _summarize(listed[key][0], mask_paths[key], mask, options, "skipped: exists")
+            rows[key], cracks = summarize_existing(listed[key][0], mask_paths[key], spec)
             crack_rows += cracks
         else:
             todo.append((key, listed[key][0]))
@@ -174,7 +210,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
         for key, image, error in loader:
             if error is not None:
                 errors.append({"path": str(listed[key][0]), "error": error})
-                tqdm.write(f"crackseg: error: {listed[key][0]}: {error}")
+                tqdm.write(f"crackseg: error: {listed[key][0]}: {error}", file=sys.stderr)
                 continue
             decoded[key] = image
             yield key, image
@@ -183,7 +219,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
         futures = []
         for key, prob in tqdm(predictor.probabilities(images()), total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
             image = decoded.pop(key)
-            futures.append((key, writers.submit(_write_outputs, out, listed[key], image, prob, threshold, options)))
+            futures.append((key, writers.submit(write_image_outputs, out, *listed[key], image, prob, threshold, spec)))
         for key, future in futures:
             try:
                 rows[key], cracks = future.result()
@@ -202,19 +238,14 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
         all_errors = [e for part in gathered for e in part[2]]
         if all_errors or (out / "errors.csv").exists():
             write_csv(out / "errors.csv", all_errors, ["path", "error"])
+        summary = write_summary(out, [all_rows[k] for k in sorted(all_rows)], [r for part in gathered for r in part[1]], spec, warnings)
         print(f"{len(all_rows)} images predicted into {out}" + (f"; {len(all_errors)} failed, listed in {out / 'errors.csv'}" if all_errors else ""))
+        if spec.measure:
+            print(_summary_line(summary))
+        if options.report:
+            print(f"report written to {write_report(out)}")
         return 1 if all_errors else 0
     return 0
-
-
-def _outputs_of(out: Path, name: str, options: PredictOptions) -> list[Path]:
-    """The files one image gets: its mask first, then what the options ask for."""
-    paths = [out / "masks" / f"{name}.png"]
-    if options.save_prob:
-        paths.append(out / "probs" / f"{name}.png")
-    if options.overlay:
-        paths.append(out / "overlays" / f"{name}.jpg")
-    return paths
 
 
 def _prepare_out(out: Path, outputs: list[list[Path]], options: PredictOptions) -> None:
@@ -235,6 +266,25 @@ def _prepare_out(out: Path, outputs: list[list[Path]], options: PredictOptions) 
         remove_orphan_temps(folder)
 
 
+def _resolution_warnings(spec: OutputSpec) -> list[str]:
+    """Width classes finer than a pixel cannot be told apart: a width is known to about +-1 px."""
+    classes = spec.width_classes
+    if classes is None or spec.px_size is None or classes.narrowest_band_mm() >= spec.px_size:
+        return []
+    return [f"width classes {classes.name}: the narrowest band is {classes.narrowest_band_mm():g} mm, less than one pixel "
+            f"({spec.px_size:g} mm); widths are known to about +-1 px, so cracks near a band edge may be classed one band off"]
+
+
+def _summary_line(summary: dict) -> str:
+    line = f"{summary['cracks']} cracks, {summary['length_px']:g} px"
+    if summary.get("length_mm") is not None:
+        line += f" = {summary['length_mm'] / 1000:.3f} m (pixel size {summary['px_size_mm']:g} mm)"
+    classes = summary.get("width_classes")
+    if classes:
+        line += "; length by max-width class (mm): " + ", ".join(f"{k}: {v:g}" for k, v in classes["length_mm"].items())
+    return line
+
+
 class _Inline(Executor):
     """Runs each task as it is submitted: with --workers 0 all work stays in the main thread."""
 
@@ -246,63 +296,4 @@ class _Inline(Executor):
             future.set_exception(error)
         return future
 
-
-def _write_outputs(out: Path, item: tuple[Path, str], image: torch.Tensor, prob: torch.Tensor, threshold: float, options: PredictOptions):
-    path, name = item
-    mask = (prob >= threshold).numpy()
-    mask_path = out / "masks" / f"{name}.png"
-    _write_png(mask_path, mask.astype(np.uint8) * 255)
-    if options.save_prob == 8:
-        _write_png(out / "probs" / f"{name}.png", (prob * 255).round().byte().numpy())
-    elif options.save_prob == 16:
-        _write_png(out / "probs" / f"{name}.png", (prob.double() * 65535).round().numpy().astype(np.uint16))
-    if options.overlay:
-        write_atomic(out / "overlays" / f"{name}.jpg", _overlay_jpeg(image, mask))
-    return _summarize(path, mask_path, mask, options, "ok")
-
-
-def _summarize(path: Path, mask_path: Path, mask: np.ndarray, options: PredictOptions, status: str) -> tuple[dict, list[dict]]:
-    """predictions.csv's row for one mask and, when measuring, cracks.csv's rows."""
-    height, width = mask.shape
-    row = {"path": str(path), "mask": str(mask_path), "width": width, "height": height, "crack_fraction": round(float(mask.mean()), 6)}
-    cracks = measure_cracks(mask) if options.measure else []
-    if options.measure:
-        total_length = sum(c.length_px for c in cracks)
-        row |= {
-            "cracks": len(cracks),
-            "length_px": round(total_length, 2),
-            "mean_width_px": round(sum(c.mean_width_px * c.length_px for c in cracks) / total_length, 3) if total_length else 0.0,
-            "max_width_px": round(max((c.max_width_px for c in cracks), default=0.0), 3),
-        }
-    row["area_px"] = int(mask.sum())
-    crack_rows = [
-        {"path": str(path), "crack": number, "length_px": round(c.length_px, 2), "mean_width_px": round(c.mean_width_px, 3),
-         "max_width_px": round(c.max_width_px, 3), "area_px": c.area_px, "top": c.bbox[0], "left": c.bbox[1],
-         "bottom": c.bbox[2], "right": c.bbox[3]}
-        for number, c in enumerate(cracks, 1)
-    ]
-    if options.px_size is not None:
-        for item in [row, *crack_rows]:
-            for key in ("length", "mean_width", "max_width"):
-                if f"{key}_px" in item:
-                    item[f"{key}_mm"] = round(item[f"{key}_px"] * options.px_size, 4)
-            item["area_mm2"] = round(item["area_px"] * options.px_size**2, 4)
-    row["status"] = status
-    return row, crack_rows
-
-
-def _overlay_jpeg(image: torch.Tensor, mask: np.ndarray) -> bytes:
-    """The photo with crack pixels tinted red, for people to look at."""
-    photo = image.permute(1, 2, 0).numpy().astype(np.float32)
-    tint = np.array([255.0, 30.0, 30.0], np.float32)
-    photo[mask] = 0.35 * photo[mask] + 0.65 * tint
-    buffer = io.BytesIO()
-    Image.fromarray(photo.round().astype(np.uint8)).save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
-
-
-def _write_png(path: Path, array: np.ndarray) -> None:
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, "PNG", compress_level=1)
-    write_atomic(path, buffer.getvalue())
 

@@ -27,7 +27,7 @@ from crackseg.errors import InputError
 from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_atomic
 
 CRACK_FREE_FRACTION = 0.15
-_SYNTH_NAME = re.compile(r"images/\d{5,}\.jpg|masks/\d{5,}\.png|truth\.json")
+_SYNTH_NAME = re.compile(r"images/\d{5,}\.jpg|(masks|truth)/\d{5,}\.png|truth\.json")
 MAX_CRACK_WIDTH = 10.0
 
 
@@ -46,6 +46,7 @@ class SynthSample:
     image: np.ndarray  # (H, W, 3) uint8, before JPEG compression
     mask: np.ndarray  # (H, W) bool, True on crack pixels
     distractors: np.ndarray  # (H, W) bool, crack-like marks that are not cracks
+    labels: np.ndarray  # (H, W) uint8: 0 background, k on the pixels of cracks[k - 1]
     cracks: list[Crack] = field(default_factory=list)
 
 
@@ -75,18 +76,21 @@ def make_sample(rng: np.random.Generator, height: int, width: int) -> SynthSampl
 
     cracks: list[Crack] = []
     mask = np.zeros((height, width), bool)
+    labels = np.zeros((height, width), np.uint8)
     if rng.random() >= CRACK_FREE_FRACTION:
         centre = np.zeros((height, width), bool)
         half_width = np.zeros((height, width), np.float32)
-        for _ in range(rng.integers(1, 4)):
+        owner = np.zeros((height, width), np.uint8)
+        for number in range(1, rng.integers(1, 4) + 1):
             cracks.append(_add_crack_path(rng, centre, half_width))
-        mask, depth = _rasterize_cracks(rng, centre, half_width)
+            owner[centre & (owner == 0)] = number
+        mask, depth, labels = _rasterize_cracks(rng, centre, half_width, owner)
         shade *= 1.0 - depth
 
     image = texture * shade * _illumination(rng, height, width)
     tint = 1.0 + rng.normal(0.0, 0.035, 3).astype(np.float32)
     rgb = image[..., None] * tint + rng.normal(0.0, rng.uniform(1.5, 5.0), (height, width, 3))
-    return SynthSample(np.clip(rgb, 0, 255).astype(np.uint8), mask, distractors, cracks)
+    return SynthSample(np.clip(rgb, 0, 255).astype(np.uint8), mask, distractors, labels, cracks)
 
 
 def write_dataset(
@@ -100,7 +104,8 @@ def write_dataset(
 ) -> list[str]:
     """Write ``count`` samples as ``images/<stem>.jpg`` and ``masks/<stem>.png``; return the stems.
 
-    With ``truth``, ``truth.json`` maps each stem to its cracks' nominal length and width.
+    With ``truth``, ``truth.json`` maps each stem to its cracks' nominal length and width, and
+    ``truth/<stem>.png`` labels each crack pixel with its crack's number in that list (1, 2, ...).
     """
     out = Path(out)
     if count < 1:
@@ -112,7 +117,7 @@ def write_dataset(
     for sub in ("images", "masks"):
         (out / sub).mkdir(parents=True, exist_ok=True)
 
-    jobs = [(out, seed, index, size) for index in range(count)]
+    jobs = [(out, seed, index, size, truth) for index in range(count)]
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
             results = list(pool.map(_write_one, jobs, chunksize=4))
@@ -124,7 +129,7 @@ def write_dataset(
         write_atomic(out / "truth.json", json.dumps(table, indent=1, sort_keys=True) + "\n")
     written = {out / "images" / f"{stem}.jpg" for stem, _ in results} | {out / "masks" / f"{stem}.png" for stem, _ in results}
     if truth:
-        written.add(out / "truth.json")
+        written |= {out / "truth.json"} | {out / "truth" / f"{stem}.png" for stem, _ in results}
     for stale in set(previous) - written:  # what a larger or --truth run left: the dataset is this run's alone
         stale.unlink()
     return [stem for stem, _ in results]
@@ -136,9 +141,9 @@ def _previous_files(out: Path) -> list[Path]:
     ``--overwrite`` replaces a synthetic dataset, never a folder of other files. Temp files of
     an interrupted run are removed first.
     """
-    for folder in (out, out / "images", out / "masks"):
+    for folder in (out, out / "images", out / "masks", out / "truth"):
         remove_orphan_temps(folder)
-    found = sorted(p for sub in ("images", "masks") if (out / sub).is_dir() for p in (out / sub).iterdir())
+    found = sorted(p for sub in ("images", "masks", "truth") if (out / sub).is_dir() for p in (out / sub).iterdir())
     found += [out / "truth.json"] if (out / "truth.json").exists() else []
     foreign = [p for p in found if not _SYNTH_NAME.fullmatch(p.relative_to(out).as_posix())]
     if foreign:
@@ -146,8 +151,8 @@ def _previous_files(out: Path) -> list[Path]:
     return found
 
 
-def _write_one(job: tuple[Path, int, int, tuple[int, int]]) -> tuple[str, list[Crack]]:
-    out, seed, index, (height, width) = job
+def _write_one(job: tuple[Path, int, int, tuple[int, int], bool]) -> tuple[str, list[Crack]]:
+    out, seed, index, (height, width), truth = job
     rng = np.random.default_rng([seed, index])
     sample = make_sample(rng, height, width)
     stem = f"{index:05d}"
@@ -157,6 +162,10 @@ def _write_one(job: tuple[Path, int, int, tuple[int, int]]) -> tuple[str, list[C
     buffer = io.BytesIO()
     Image.fromarray(sample.mask.astype(np.uint8) * 255).save(buffer, "PNG")
     write_atomic(out / "masks" / f"{stem}.png", buffer.getvalue())
+    if truth:
+        buffer = io.BytesIO()
+        Image.fromarray(sample.labels).save(buffer, "PNG")
+        write_atomic(out / "truth" / f"{stem}.png", buffer.getvalue())
     cracks = [Crack(*(round(v, 2) if isinstance(v, float) else v for v in vars(c).values())) for c in sample.cracks]
     return stem, cracks
 
@@ -263,12 +272,13 @@ def _walk(
 
 
 def _rasterize_cracks(
-    rng: np.random.Generator, centre: np.ndarray, half_width: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+    rng: np.random.Generator, centre: np.ndarray, half_width: np.ndarray, owner: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Crack pixels are those within the local half-width of the nearest centreline pixel.
 
-    Returns the mask and a darkening map in [0, 1): deepest on the centreline, softened
-    at the edges by a slight blur, as a real crack's shadowed interior is.
+    Returns the mask, a darkening map in [0, 1) (deepest on the centreline, softened at the
+    edges by a slight blur, as a real crack's shadowed interior is) and the crack each pixel
+    belongs to: the ``owner`` of its nearest centreline pixel.
     """
     distance, (near_y, near_x) = ndimage.distance_transform_edt(~centre, return_indices=True)
     local = half_width[near_y, near_x]
@@ -276,7 +286,8 @@ def _rasterize_cracks(
     depth_along = np.clip(0.45 + 0.15 * _smooth_noise(rng, centre.shape, 30.0), 0.25, 0.7)
     profile = 1.0 - 0.5 * (distance / np.maximum(local, 0.5)) ** 2
     depth = np.where(mask, depth_along * profile, 0.0).astype(np.float32)
-    return mask, np.clip(ndimage.gaussian_filter(depth, 0.7), 0.0, 0.9)
+    labels = np.where(mask, owner[near_y, near_x], 0).astype(np.uint8)
+    return mask, np.clip(ndimage.gaussian_filter(depth, 0.7), 0.0, 0.9), labels
 
 
 def _add_joint(rng: np.random.Generator, shade: np.ndarray, distractors: np.ndarray) -> None:

@@ -90,13 +90,16 @@ def test_no_measure_writes_the_same_masks_without_measurements(tmp_path, checkpo
 
 
 def test_workers_and_writer_threads_give_what_the_main_process_gives(tmp_path, checkpoint):
+    """Run as commands: loader workers leave a SIGCHLD handler in the process that started them,
+    which crashed this test process later, once OpenVINO had run in it (a CLI run is one process)."""
     _photos(tmp_path / "in", [(40, 56), (64, 64), (33, 47)])
     (tmp_path / "in" / "broken.jpg").write_bytes(b"not an image")
     outputs = []
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     for workers in ("0", "2"):
         out = tmp_path / f"out{workers}"
-        assert main(["predict", str(tmp_path / "in"), "--checkpoint", str(checkpoint), "--out", str(out),
-                     "--device", "cpu", "--workers", workers]) == 1
+        assert subprocess.run([sys.executable, "-m", "crackseg", "predict", str(tmp_path / "in"), "--checkpoint", str(checkpoint),
+                               "--out", str(out), "--device", "cpu", "--workers", workers], env=env, capture_output=True).returncode == 1
         masks = {p.name: p.read_bytes() for p in (out / "masks").iterdir()}
         rows = [{k: v for k, v in row.items() if k != "mask"} for row in _rows(out / "predictions.csv")]
         outputs.append((masks, rows, (out / "cracks.csv").read_text(), len(_rows(out / "errors.csv"))))
@@ -109,6 +112,22 @@ def test_default_workers_leave_cpu_cores_to_the_model_and_share_them_on_gpu_mach
     assert default_workers(torch.device("cuda", 0)) == 8  # at most 8
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert default_workers(torch.device("cuda", 3)) == 3  # 16 cores / 4 processes, less the process's own
+
+
+def test_torch_on_the_cpu_runs_channels_last_unless_told_not_to(tmp_path, checkpoint, monkeypatch):
+    """The CPU default is the layout docs/benchmarks.md measured faster; its probabilities match the other's."""
+    import crackseg.predict as predict_module
+
+    layouts = []
+    real = predict_module.Predictor
+    monkeypatch.setattr(predict_module, "Predictor", lambda model, *args: layouts.append(
+        next(model.parameters()).is_contiguous(memory_format=torch.channels_last)) or real(model, *args))
+    _photos(tmp_path / "in", [(48, 72)])
+    for out, flags in (("default", []), ("plain", ["--no-channels-last"])):
+        assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / out, "--save-prob", "16", *flags) == 0
+    assert layouts == [True, False]
+    probs = [np.asarray(Image.open(tmp_path / out / "probs" / "img0.png"), dtype=np.float64) / 65535 for out in ("default", "plain")]
+    assert np.abs(probs[0] - probs[1]).max() < 1e-4
 
 
 def test_corrupt_input_is_listed_and_the_rest_written(tmp_path, checkpoint):

@@ -1,0 +1,164 @@
+"""report.html from a real predict + evaluate run, checked in a real headless Chromium.
+
+Skips when no Chromium / chromedriver is installed (.ci/run installs Debian's). Run as a
+script it photographs a report: ``python tests/test_report.py REPORT.html OUT.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from crackseg.cli import main
+from crackseg.export import write_exported
+from crackseg.models import CrackSegModel
+
+
+def browser():
+    """A headless Chromium driven through the system's chromedriver (nothing is downloaded)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1400"):
+        options.add_argument(flag)
+    options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+
+
+def screenshot(report: Path, png: Path) -> None:
+    """The report's first screen as a PNG (the README's picture is made this way)."""
+    driver = browser()
+    try:
+        driver.get(Path(report).resolve().as_uri())
+        picture = Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("RGB")
+        picture.thumbnail((900, 900))
+        picture.save(png, optimize=True)
+    finally:
+        driver.quit()
+
+
+needs_browser = pytest.mark.skipif(
+    not (shutil.which("chromedriver") and (shutil.which("chromium") or shutil.which("chromium-browser"))),
+    reason="no chromium and chromedriver installed",
+)
+
+
+def _dark_line_model() -> CrackSegModel:
+    """Dark pixels are cracks: a 1x1 convolution on the normalized image, so predictions are known in advance."""
+    net = nn.Conv2d(3, 1, 1)
+    with torch.no_grad():
+        net.weight.fill_(-1.0)
+        net.bias.zero_()
+    model = CrackSegModel(net, "unet", "dark-line", size_divisor=1)
+    model.threshold = 0.5
+    return model
+
+
+def _photos(folder: Path) -> dict[str, int]:
+    """Grey photos with 0-3 dark cracks 3 px wide (gaps in some); returns the cracks drawn per image."""
+    folder.mkdir(parents=True)
+    (folder.parent / "truth").mkdir()
+    drawn = {}
+    for index, rows in enumerate([[20], [20, 60], [15, 45, 80], []]):
+        photo = np.full((100, 160, 3), 200, np.uint8)
+        truth = np.zeros((100, 160), np.uint8)
+        for row in rows:
+            photo[row : row + 3, 10:150] = 20
+            truth[row : row + 3, 10:150] = 255
+        if index == 1:
+            photo[60:63, 70:75] = 200  # a 5 px gap: still one crack
+        Image.fromarray(photo).save(folder / f"img{index}.png")
+        Image.fromarray(truth).save(folder.parent / "truth" / f"img{index}.png")
+        drawn[f"img{index}"] = len(rows)
+    return drawn
+
+
+@needs_browser
+def test_report_in_a_real_browser(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from selenium.webdriver.common.by import By
+
+    write_exported(_dark_line_model(), "onnx", tmp_path / "model.onnx")
+    drawn = _photos(tmp_path / "in")
+    assert main(["predict", str(tmp_path / "in"), "--model", str(tmp_path / "model.onnx"), "--out", str(tmp_path / "pred"),
+                 "--px-size", "0.5", "--width-classes", "bre251", "--save-prob", "8", "--device", "cpu"]) == 0
+    assert main(["evaluate", "--pred", str(tmp_path / "pred" / "probs"), "--gt", str(tmp_path / "truth"), "--out", str(tmp_path / "eval")]) == 0
+    assert main(["report", str(tmp_path / "pred"), "--evaluation", str(tmp_path / "eval")]) == 0
+    with open(tmp_path / "pred" / "cracks.csv") as file:
+        cracks = list(csv.DictReader(file))
+    assert {name: sum(Path(c["path"]).stem == name for c in cracks) for name in drawn} == drawn  # one crack per crack
+
+    driver = browser()
+    try:
+        driver.get((tmp_path / "pred" / "report.html").as_uri())
+        text = lambda css: driver.find_element(By.CSS_SELECTOR, css).text  # noqa: E731
+        assert text("#sum-images") == "4" and text("#sum-cracks") == str(len(cracks))
+        assert text("#sum-length") == f"{sum(float(c['length_mm']) for c in cracks) / 1000:.3f} m"
+        assert text("#sum-widest").endswith(" mm") and driver.find_element(By.ID, "classes")
+        assert driver.find_element(By.ID, "pr-curve") and len(driver.find_elements(By.CSS_SELECTOR, "#worst li")) == 4
+
+        names = lambda: [row.get_attribute("data-name") for row in driver.find_elements(By.CSS_SELECTOR, "tr.image-row")]  # noqa: E731
+        assert names() == ["img0", "img1", "img2", "img3"]
+        driver.find_element(By.CSS_SELECTOR, 'th[data-key="cracks"]').click()
+        assert names() == ["img2", "img1", "img0", "img3"]  # most cracks first
+        driver.find_element(By.CSS_SELECTOR, 'th[data-key="cracks"]').click()
+        assert names() == ["img3", "img0", "img1", "img2"]
+
+        driver.find_element(By.CSS_SELECTOR, 'tr.image-row[data-name="img2"]').click()
+        view = driver.find_element(By.ID, "view")
+        assert view.get_attribute("src").endswith("report/overlays/img2.jpg")
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#cracks tr")) == 1 + 3
+        driver.find_element(By.ID, "toggle").click()
+        assert view.get_attribute("src").endswith("report/photos/img2.jpg")
+        assert driver.execute_script("return document.getElementById('view').complete && document.getElementById('view').naturalWidth") > 0
+
+        picture = np.asarray(Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("L"), dtype=float)
+        assert picture.std() > 10  # not a blank page
+        severe = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+        assert severe == [], severe
+    finally:
+        driver.quit()
+
+
+@needs_browser
+def test_thousands_of_images_stay_paginated(tmp_path):
+    from selenium.webdriver.common.by import By
+
+    from crackseg.report import PAGE_ROWS, write_report
+
+    (tmp_path / "masks").mkdir()
+    rows = [{"path": f"/nowhere/p{i:04d}.jpg", "mask": str(tmp_path / "masks" / f"p{i:04d}.png"), "width": 10, "height": 10,
+             "crack_fraction": i / 3000, "cracks": i % 7, "length_px": float(i), "status": "ok"} for i in range(2500)]
+    for row in rows[:3]:
+        Image.fromarray(np.zeros((10, 10), np.uint8)).save(row["mask"])
+    with open(tmp_path / "predictions.csv", "w", newline="") as file:
+        writer = csv.DictWriter(file, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (tmp_path / "summary.json").write_text('{"images": 2500, "cracks": 7500, "length_px": 1.0, "px_size_mm": null, "warnings": []}')
+    write_report(tmp_path)
+    driver = browser()
+    try:
+        driver.get((tmp_path / "report.html").as_uri())
+        assert len(driver.find_elements(By.CSS_SELECTOR, "tr.image-row")) == PAGE_ROWS
+        driver.find_element(By.ID, "next").click()
+        assert driver.find_elements(By.CSS_SELECTOR, "tr.image-row")[0].get_attribute("data-name") == f"p{PAGE_ROWS:04d}"
+        assert "of 50" in driver.find_element(By.ID, "pager").text
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
+
+
+if __name__ == "__main__":
+    screenshot(Path(sys.argv[1]), Path(sys.argv[2]))
