@@ -20,7 +20,7 @@ def test_same_seed_gives_identical_bytes_and_other_seeds_differ(tmp_path):
     write_dataset(tmp_path / "b", count=4, size=(48, 64), seed=3, truth=True, workers=2)
     write_dataset(tmp_path / "c", count=4, size=(48, 64), seed=4, truth=True)
     a, b, c = (_files(tmp_path / name) for name in "abc")
-    assert len(a) == 9  # 4 images, 4 masks, truth.json
+    assert len(a) == 13  # 4 images, 4 masks, 4 truth labels, truth.json
     assert a == b
     assert all(a[name] != c[name] for name in a if name.suffix == ".jpg")
 
