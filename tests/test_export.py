@@ -15,6 +15,7 @@ from crackseg.checkpoint import load_model, save_model
 from crackseg.cli import main
 from crackseg.errors import InputError
 from crackseg.export import export_model, load_inference_model
+from conftest import isolated
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("openvino")
@@ -41,6 +42,7 @@ def small(tmp_path_factory):
 
 @pytest.mark.parametrize("arch, encoder", [("unet", "mobilenet_v2"), ("unet", "efficientnet-b0"), ("unet16", None),
                                            ("unet_resnet34", None)])
+@isolated
 def test_every_architecture_exports_and_equals_torch_at_odd_sizes(tmp_path, arch, encoder):
     torch.manual_seed(1)
     model = crackseg.build_model(encoder, arch=arch).eval()
@@ -55,6 +57,7 @@ def test_every_architecture_exports_and_equals_torch_at_odd_sizes(tmp_path, arch
             assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-3, (path.suffix, shape)
 
 
+@isolated
 def test_metadata_travels_with_the_exported_files(small):
     import onnx
 
@@ -104,6 +107,7 @@ def _rows(path):
         return list(csv.DictReader(file))
 
 
+@isolated
 def test_predict_through_every_runtime_writes_what_torch_writes(tmp_path, small):
     rng = np.random.default_rng(0)
     (tmp_path / "in").mkdir()
@@ -123,6 +127,7 @@ def test_predict_through_every_runtime_writes_what_torch_writes(tmp_path, small)
         assert len(_rows(tmp_path / name / "predictions.csv")) == 3
 
 
+@isolated
 def test_real_photos_give_the_same_masks_in_every_runtime(small, cfd_root):
     from crackseg.images import load_image
 
@@ -139,7 +144,11 @@ def test_real_photos_give_the_same_masks_in_every_runtime(small, cfd_root):
 
 
 @pytest.mark.parametrize("content", [b"", b"not a model at all", b"\x08\x01\x12\x04junk"])
-def test_broken_files_are_one_line_errors_for_export_and_predict(tmp_path, small, content, capsys):
+@isolated
+def test_broken_files_are_one_line_errors_for_export_and_predict(tmp_path, small, content):
+    import contextlib
+    import io
+
     for name in ("broken.pt", "broken.onnx", "broken.xml"):
         (tmp_path / name).write_bytes(content)
     (tmp_path / "in").mkdir()
@@ -148,9 +157,9 @@ def test_broken_files_are_one_line_errors_for_export_and_predict(tmp_path, small
     commands += [["predict", str(tmp_path / "in"), "--model", str(tmp_path / name), "--out", str(tmp_path / f"o{name}")]
                  for name in ("broken.pt", "broken.onnx", "broken.xml")]
     for args in commands:
-        with pytest.raises(SystemExit) as exit:
+        with pytest.raises(SystemExit) as exit, contextlib.redirect_stderr(io.StringIO()) as stderr:
             main(args)
-        err = capsys.readouterr().err
+        err = stderr.getvalue()
         assert exit.value.code == 2 and err.count("\n") == 1 and "broken" in err and "Traceback" not in err, (args, err)
 
 

@@ -14,13 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
-from torch import nn
 
+from conftest import dark_pixel_model
 from crackseg.cli import main
-from crackseg.export import write_exported
-from crackseg.models import CrackSegModel
 
 
 def browser():
@@ -54,17 +51,6 @@ needs_browser = pytest.mark.skipif(
 )
 
 
-def _dark_line_model() -> CrackSegModel:
-    """Dark pixels are cracks: a 1x1 convolution on the normalized image, so predictions are known in advance."""
-    net = nn.Conv2d(3, 1, 1)
-    with torch.no_grad():
-        net.weight.fill_(-1.0)
-        net.bias.zero_()
-    model = CrackSegModel(net, "unet", "dark-line", size_divisor=1)
-    model.threshold = 0.5
-    return model
-
-
 def _photos(folder: Path) -> dict[str, int]:
     """Grey photos with 0-3 dark cracks 3 px wide (gaps in some); returns the cracks drawn per image."""
     folder.mkdir(parents=True)
@@ -86,12 +72,11 @@ def _photos(folder: Path) -> dict[str, int]:
 
 @needs_browser
 def test_report_in_a_real_browser(tmp_path):
-    pytest.importorskip("onnxruntime")
     from selenium.webdriver.common.by import By
 
-    write_exported(_dark_line_model(), "onnx", tmp_path / "model.onnx")
+    model = dark_pixel_model(tmp_path)
     drawn = _photos(tmp_path / "in")
-    assert main(["predict", str(tmp_path / "in"), "--model", str(tmp_path / "model.onnx"), "--out", str(tmp_path / "pred"),
+    assert main(["predict", str(tmp_path / "in"), "--model", str(model), "--out", str(tmp_path / "pred"),
                  "--px-size", "0.5", "--width-classes", "bre251", "--save-prob", "8", "--device", "cpu"]) == 0
     assert main(["evaluate", "--pred", str(tmp_path / "pred" / "probs"), "--gt", str(tmp_path / "truth"), "--out", str(tmp_path / "eval")]) == 0
     assert main(["report", str(tmp_path / "pred"), "--evaluation", str(tmp_path / "eval")]) == 0
