@@ -10,8 +10,12 @@
     python benchmarks/bench.py strategies [--device cpu|cuda] [--encoder resnet18] [--size 256] [--batch-size 4] [--quick]
     python benchmarks/bench.py runtimes [--encoder resnet34] [--images DIR] [--count 40] [--quick]
 
+    python benchmarks/bench.py rasters [--quick]
+
     python benchmarks/bench.py cracks --checkpoint checkpoints/demo/best.pt --data data/demo-test-truth
 
+rasters predicts synthetic GeoTIFFs of 100 megapixels and 1 gigapixel by windows (peak RSS,
+megapixels/s) beside a photo decoded whole.
 cracks counts true cracks found as exactly one crack (synthetic data with per-crack truth),
 before and after joining pieces; an accuracy figure, recorded in docs/results.md.
 runtimes compares CPU prediction by torch eager, torch channels_last, ONNX Runtime and
@@ -41,6 +45,7 @@ import dataclasses
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -492,6 +497,94 @@ def bench_cracks(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+_RASTER_CHILD = """
+import json, sys, time
+import onnxruntime, rasterio
+import crackseg.predict
+from crackseg.cli import main
+start = time.perf_counter()
+code = main(sys.argv[1:])
+seconds = time.perf_counter() - start
+peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+print(json.dumps({"code": code, "seconds": seconds, "peak_rss_mb": round(peak / 1024)}))
+"""
+
+
+def bench_rasters(args: argparse.Namespace) -> list[dict]:
+    """Rasters predicted by windows: peak RSS and megapixels/s by raster size, beside the photo path.
+
+    Each raster is a synthetic JPEG-compressed tiled GeoTIFF (512 px tiles, EPSG:32633, the
+    way survey software writes orthomosaics), made in a temporary folder and deleted after.
+    The model is a small CNN exported to ONNX, so the figures are those of the streaming
+    (reading, blending, writing) rather than of a large model. Each run is a fresh
+    ``crackseg predict --no-measure`` process, timed from after its imports (model loading
+    included); its peak RSS is the kernel's VmHWM. The photo path predicts a 36-megapixel JPEG
+    photo of the same texture, model and tile, decoded whole.
+    """
+    import subprocess
+
+    import rasterio
+    from PIL import Image
+    from rasterio.transform import from_origin
+    from torch import nn
+
+    from crackseg.export import write_exported
+    from crackseg.models import CrackSegModel
+
+    sides = [(1200, 1200)] if args.quick else [(10000, 10000), (32000, 32000)]
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 1, 3, padding=1))
+    model = CrackSegModel(net, "unet", "small-cnn", size_divisor=1)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        write_exported(model, "onnx", tmp / "small.onnx")
+        texture = _pavement_texture(512, 4096, seed=0)
+
+        def predict(source: Path, out: Path) -> dict:
+            command = [sys.executable, "-c", _RASTER_CHILD, "predict", str(source), "--model", str(tmp / "small.onnx"),
+                       "--out", str(out), "--no-measure", "--threshold", "0.5", "--workers", "0"]
+            result = subprocess.run(command, capture_output=True, text=True, check=True)
+            return json.loads(result.stdout.strip().splitlines()[-1])
+
+        photo_side = 600 if args.quick else 6000
+        Image.fromarray(np.tile(texture, (photo_side // 512 + 1, 1, 1))[:photo_side, :photo_side]).save(tmp / "photo.jpg", quality=90)
+        photo = predict(tmp / "photo.jpg", tmp / "photo-out")
+        rows.append({"mode": "rasters", "input": f"JPEG photo {photo_side}x{photo_side}, decoded whole", "megapixels": photo_side**2 / 1e6,
+                     "seconds": round(photo["seconds"], 1), "megapixels_per_s": round(photo_side**2 / 1e6 / photo["seconds"], 2),
+                     "peak_rss_mb": photo["peak_rss_mb"]})
+        for height, width in sides:
+            path = tmp / f"ortho-{width}x{height}.tif"
+            profile = dict(driver="GTiff", width=width, height=height, count=3, dtype="uint8", crs="EPSG:32633",
+                           transform=from_origin(500000.0, 5000000.0, 0.005, 0.005), tiled=True, blockxsize=512, blockysize=512,
+                           compress="jpeg", photometric="ycbcr", jpeg_quality=90, bigtiff="if_safer")
+            with rasterio.open(path, "w", **profile) as raster:
+                for top in range(0, height, 512):
+                    rows_here = min(512, height - top)
+                    band = np.tile(texture, (1, width // texture.shape[1] + 1, 1))[:rows_here, :width]
+                    raster.write(np.ascontiguousarray(band.transpose(2, 0, 1)), window=rasterio.windows.Window(0, top, width, rows_here))
+            result = predict(path, tmp / f"out-{width}")
+            megapixels = width * height / 1e6
+            rows.append({"mode": "rasters", "input": f"GeoTIFF {width}x{height}, JPEG tiles, read by windows", "megapixels": megapixels,
+                         "seconds": round(result["seconds"], 1), "megapixels_per_s": round(megapixels / result["seconds"], 2),
+                         "peak_rss_mb": result["peak_rss_mb"]})
+            path.unlink()
+            shutil.rmtree(tmp / f"out-{width}")
+    return rows
+
+
+def _pavement_texture(height: int, width: int, seed: int) -> np.ndarray:
+    """(H, W, 3) uint8 grey grain with a few dark lines: a stand-in for pavement that compresses like a photo."""
+    rng = np.random.default_rng(seed)
+    grain = rng.normal(180, 20, (height // 4, width // 4)).clip(0, 255)
+    image = np.kron(grain, np.ones((4, 4)))
+    image += rng.normal(0, 6, image.shape)
+    for row in range(40, height, 170):
+        image[row : row + 3, 100 : width - 100] = 40
+    image = image.clip(0, 255).astype(np.uint8)
+    return np.repeat(image[..., None], 3, axis=2)
+
+
 @torch.inference_mode()
 def _threshold_for_crack_fraction(model: torch.nn.Module, images: Path, fraction: float, device: torch.device) -> float:
     """A threshold that marks about ``fraction`` of the first image's pixels as crack.
@@ -588,7 +681,7 @@ def _markdown(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["synth", "data", "evaluate", "train", "predict", "strategies", "runtimes", "cracks"])
+    parser.add_argument("mode", choices=["synth", "data", "evaluate", "train", "predict", "strategies", "runtimes", "cracks", "rasters"])
     parser.add_argument("--checkpoint", type=Path, default=None, help="cracks: the model whose predictions are counted")
     parser.add_argument("--data", type=Path, default=None, help="cracks: a folder written by crackseg synth --truth")
     parser.add_argument("--images", type=Path, default=None, help="runtimes: a folder of real photos to predict (default: synthetic)")
@@ -618,7 +711,8 @@ def main() -> None:
     args.amp = args.amp or ("bf16" if args.device.startswith("cuda") else "off")
 
     modes = {"synth": bench_synth, "data": bench_data, "evaluate": bench_evaluate, "train": bench_train, "predict": bench_predict,
-             "strategies": bench_strategies, "runtimes": bench_runtimes, "cracks": bench_cracks}
+             "strategies": bench_strategies, "runtimes": bench_runtimes, "cracks": bench_cracks,
+             "rasters": bench_rasters}
     rows = modes[args.mode](args)
     report = {"environment": _environment(), "rows": rows}
     out = args.out or RESULTS / f"{args.mode}.json"

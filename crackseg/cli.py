@@ -22,9 +22,11 @@ from crackseg.config import (
     FRACTION,
     GROUPS,
     JOIN_GAP,
+    MAX_PIXELS,
     MIN_LENGTH,
     NON_NEGATIVE,
     POSITIVE,
+    STREAM_ABOVE,
     TILE,
     TILE_OVERLAP,
     TOLERANCE,
@@ -329,6 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--no-measure", dest="measure", action="store_false",
                          help="skip crack length and width measurements (no cracks.csv): the fastest way to masks (measuring costs CPU time per image, see docs/benchmarks.md)")
     predict.add_argument("--report", action="store_true", help="also write OUT/report.html (see crackseg report)")
+    predict.add_argument("--max-pixels", type=_checked(int, AT_LEAST_ONE), default=MAX_PIXELS,
+                         help=f"refuse rasters larger than this many pixels (default {MAX_PIXELS:.0e}); GeoTIFFs and TIFFs over "
+                              f"{STREAM_ABOVE / 1e6:.0f} megapixels are predicted by windows, in memory that does not grow with their area")
+    predict.add_argument("--overviews", action="store_true", help="add overviews to GeoTIFF outputs, so GIS software opens them fast")
     predict.add_argument("--skip-existing", action="store_true", help="keep masks already in OUT and predict the rest (finishes an interrupted batch)")
     predict.add_argument("--overwrite", action="store_true", help="replace outputs already in OUT")
     predict.add_argument("--workers", type=_checked(int, NON_NEGATIVE), default=None,

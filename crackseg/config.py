@@ -20,6 +20,8 @@ ARCHS = ("unet", *CLASSIC_ENCODERS)
 DEFAULT_ENCODER = "resnet34"
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
 TILE, TILE_OVERLAP = 1024, 128  # px: images larger than a tile run as overlapping tiles (validation, predict, evaluate)
+MAX_PIXELS = 20_000_000_000  # predict's default --max-pixels: rasters larger than this are refused
+STREAM_ABOVE = 64_000_000  # px: TIFFs larger than this (or georeferenced) are predicted by windows
 BACKENDS = ("auto", "torch", "onnxruntime", "openvino")  # runtimes of predict's forward pass
 EXPORT_FORMATS = ("onnx", "openvino", "safetensors")
 JOIN_GAP, MIN_LENGTH = "10px", "10px"  # predict's defaults for joining crack pieces and dropping specks
@@ -77,16 +79,21 @@ def option(default, help: str, group: str, choices: tuple | None = None, valid: 
 
 def _pos_weight(text: str) -> str:
     """``auto``, ``none`` or a positive number, kept as text."""
-    if text in ("auto", "none"):
-        return text
+    if text not in ("auto", "none"):
+        _number(text, POSITIVE, "auto, none or a number")
+    return text
+
+
+def _number(text: str, valid: Range, expected: str, shown: str | None = None) -> float:
+    """``text`` as a number within ``valid``, or a ValueError saying what was ``expected``."""
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"must be auto, none or a number, got {text!r}") from None
-    problem = POSITIVE.problem(value)
+        raise ValueError(f"must be {expected}, got {shown or text!r}") from None
+    problem = valid.problem(value)
     if problem:
         raise ValueError(problem)
-    return text
+    return value
 
 
 @dataclass
@@ -255,11 +262,4 @@ def parse_length(text: str) -> tuple[float, str]:
     text = str(text).strip().lower()
     unit = "mm" if text.endswith("mm") else "px"
     number = text[: -len(unit)] if text.endswith(unit) else text
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"must be a length like 12px or 3mm, got {text!r}") from None
-    problem = NON_NEGATIVE.problem(value)
-    if problem:
-        raise ValueError(problem)
-    return value, unit
+    return _number(number, NON_NEGATIVE, "a length like 12px or 3mm", repr(text)), unit

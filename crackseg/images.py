@@ -7,7 +7,8 @@
   values are 0 and 1 (with some 1) is a 0/1 mask and is read as 0/255. 16-bit masks and
   probability maps are scaled to 8 bits first.
 - **Size limit**: Pillow refuses images over its decompression-bomb limit
-  (``Image.MAX_IMAGE_PIXELS``); that is reported as a one-line error naming the file.
+  (``Image.MAX_IMAGE_PIXELS``); that is reported as a one-line error naming the file and
+  how to convert it for prediction (large TIFFs are read by windows, crackseg.rasters).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def describe_error(error: Exception) -> str:
         return "file not found"
     if isinstance(error, Image.DecompressionBombError):
         limit = (Image.MAX_IMAGE_PIXELS or 0) / 1e6
-        return f"over Pillow's limit of {limit:.0f} megapixels for one image (a decompression-bomb guard)"
+        return (f"over the limit of {limit:.0f} megapixels for an image decoded whole (to predict it, convert it to a tiled "
+                "GeoTIFF, which predict reads by windows: gdal_translate -co TILED=YES -co COMPRESS=DEFLATE IN OUT.tif)")
     return f"cannot decode: {error}"
 
 

@@ -96,6 +96,57 @@ class Predictor:
         for shape in list(pending):
             yield from self._run(pending.pop(shape), jobs)
 
+    @torch.inference_mode()
+    def blocks(self, read, height: int, width: int):
+        """Probabilities of one image too large to hold, a finished block at a time.
+
+        ``read(top, left, rows, cols)`` gives ((3, rows, cols) uint8, (rows, cols) bool valid
+        pixels). Yields (top, left, (rows, cols) float32 probabilities, valid) for blocks in
+        the tiles' row-major order, each as soon as no later tile covers it. The tiles, their
+        blending and its order are those of :meth:`probabilities`, so the values are the same
+        bits. Held meanwhile: one tile's maps, and for the whole width only the rows a tile
+        row shares with the rows above and below (the overlap; more before the last tile row,
+        which lies flush with the bottom). ``floats_held`` records the peak count of floats.
+        Tiles with no valid pixel are not run: their probability is 0.
+        """
+        if self.resize is not None:
+            raise InputError("--resize cannot be used with rasters predicted by windows; leave it out")
+        tops, lefts = tile_starts(height, self.tile, self.overlap), tile_starts(width, self.tile, self.overlap)
+        tile_height, tile_width = min(self.tile, height), min(self.tile, width)
+        # One tile: its probabilities as they are (0 + x * 1 == x, x / 1 == x), as probabilities() returns them.
+        single = len(tops) == 1 and len(lefts) == 1
+        window = torch.ones((tile_height, tile_width)) if single else self._window(tile_height, tile_width)
+        carry = torch.zeros((2, 0, width))  # weighted sums and weights of the rows shared with the tile row above
+        self.floats_held = 0
+        for row, top in enumerate(tops):
+            done = (tops[row + 1] if row + 1 < len(tops) else height) - top
+            shared = carry.shape[1]
+            below = torch.zeros((2, tile_height - done, width))
+            band = torch.zeros((2, tile_height, tile_width))
+            band[:, :shared] = carry[:, :, : tile_width]
+            self.floats_held = max(self.floats_held, carry.numel() + below.numel() + band.numel())
+            for first in range(0, len(lefts), self.batch_size):
+                group = lefts[first : first + self.batch_size]
+                reads = [read(top, left, tile_height, tile_width) for left in group]
+                running = [k for k, (_, valid) in enumerate(reads) if valid.any()]
+                probs = self._tta_probabilities(torch.stack([reads[k][0] for k in running]).to(self.device)).cpu() if running else []
+                tile_probs = dict(zip(running, probs))
+                for k, left in enumerate(group):
+                    if k in tile_probs:
+                        band[0] += tile_probs[k] * window
+                        band[1] += window
+                    index = first + k
+                    end = lefts[index + 1] if index + 1 < len(lefts) else width
+                    cols = end - left
+                    total, weights = band[0, :done, :cols], band[1, :done, :cols]
+                    covered = weights > 0
+                    yield top, left, torch.where(covered, total / torch.where(covered, weights, 1.0), 0.0), reads[k][1][:done, :cols]
+                    below[:, :, left:end] = band[:, done:, :cols]
+                    if end < width:  # slide the band right by cols: the new columns start from the rows shared above
+                        band = torch.cat([band[:, :, cols:], torch.zeros((2, tile_height, cols))], dim=2)
+                        band[:, :shared, tile_width - cols :] = carry[:, :, left + tile_width : end + tile_width]
+            carry = below
+
     def _start(self, key: int, image: torch.Tensor, original) -> _Job:
         height, width = image.shape[-2:]
         job = _Job(key, *original)

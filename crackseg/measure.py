@@ -16,6 +16,7 @@ Skeletons come from scikit-image, distances and labels from scipy.ndimage.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -52,44 +53,84 @@ def find_cracks(mask: np.ndarray, join_gap: float = 0.0, min_length: float = 0.0
     mask's own pixels. Cracks shorter than ``min_length`` px are dropped (id 0).
     """
     mask = np.asarray(mask, bool)
-    pieces, count = ndimage.label(mask, _EIGHT)
-    if count == 0:
-        return np.zeros(mask.shape, np.int32), []
-    distance = ndimage.distance_transform_edt(mask)
-    joined, bridges = _join_pieces(mask, pieces, distance, join_gap) if join_gap > 0 else (mask, [])
-    labels, total = ndimage.label(joined, _EIGHT) if bridges else (pieces, count)
-    skeleton = skeletonize(joined)
-    lengths = _chain_length_by_label(skeleton, labels, total)
-    ends = _end_points(skeleton)
-    lengths += np.bincount(labels[ends], weights=distance[ends] - 0.5, minlength=total + 1)[1:]
-    areas = np.bincount(labels[mask], minlength=total + 1)[1:]
-    gaps = np.zeros(total + 1)
-    for (row, col), gap in bridges:
-        gaps[labels[row, col]] += gap
-    gaps = gaps[1:]
-    max_widths = _max_width_by_label(np.where(mask, distance, 0.0), skeleton & mask, ends, labels, total)
-    fragments = np.bincount(ndimage.maximum(labels, pieces, np.arange(1, count + 1)).astype(int), minlength=total + 1)[1:]
-    anchors = _anchors(skeleton, labels, total)
+    parts = crack_parts(mask, join_gap)
     found = []
-    for number, box in enumerate(ndimage.find_objects(labels)):
-        if box is None or areas[number] == 0:
+    for number in range(1, len(parts.area)):
+        if parts.area[number] == 0:
             continue
-        length = float(lengths[number])
-        if length <= 0:  # a speck whose skeleton is one pixel: take the bounding extent
-            length = float(max(box[0].stop - box[0].start, box[1].stop - box[1].start))
-        if length < min_length:
-            continue
-        seen = max(length - float(gaps[number]), 1.0)
-        found.append((number + 1, length, areas[number] / seen, float(max(max_widths[number], 1.0)), int(areas[number]),
-                      (box[0].start, box[1].start, box[0].stop, box[1].stop), anchors.get(number + 1, (box[0].start, box[1].start)),
-                      int(fragments[number])))
-    found.sort(key=lambda item: (-item[1], item[0]))
-    renumber = np.zeros(total + 1, np.int32)
+        measure = parts.measure(number)
+        if measure.length_px >= min_length:
+            found.append((number, measure))
+    found.sort(key=lambda item: (-item[1].length_px, item[0]))
+    renumber = np.zeros(len(parts.area), np.int32)
     cracks = []
-    for new_id, (old, *values) in enumerate(found, 1):
+    for new_id, (old, measure) in enumerate(found, 1):
         renumber[old] = new_id
-        cracks.append(CrackMeasure(new_id, *values))
-    return np.where(mask, renumber[labels], 0).astype(np.int32), cracks
+        cracks.append(dataclasses.replace(measure, id=new_id))
+    return np.where(mask, renumber[parts.labels], 0).astype(np.int32), cracks
+
+
+@dataclass
+class CrackParts:
+    """Per-label sums over the counted rows of a mask, which add up across bands of rows.
+
+    Index 0 of every array is the background. Lengths are the skeleton's links that start in
+    the counted rows plus the caps of the ends there; bounding boxes cover counted pixels.
+    """
+
+    labels: np.ndarray  # (H, W) int32: the joined cracks, before any is dropped
+    length: np.ndarray
+    gap: np.ndarray
+    area: np.ndarray
+    max_width: np.ndarray
+    box: np.ndarray  # (n + 1, 4) top, left, bottom, right (exclusive); top = H where no counted pixel
+    fragments: np.ndarray
+    anchors: dict[int, tuple[int, int]]
+
+    def measure(self, number: int) -> CrackMeasure:
+        """Label ``number`` as a CrackMeasure (id = number)."""
+        return crack_measure(number, float(self.length[number]), float(self.gap[number]), int(self.area[number]),
+                             float(self.max_width[number]), tuple(int(v) for v in self.box[number]), int(self.fragments[number]),
+                             self.anchors.get(number))
+
+
+def crack_measure(number: int, length: float, gap: float, area: int, max_width: float, box: tuple[int, int, int, int],
+                  fragments: int, anchor: tuple[int, int] | None = None) -> CrackMeasure:
+    """A CrackMeasure from a crack's sums (of one mask, or of several bands of one)."""
+    if length <= 0:  # a speck whose skeleton is one pixel: take the bounding extent
+        length = float(max(box[2] - box[0], box[3] - box[1]))
+    seen = max(length - gap, 1.0)
+    return CrackMeasure(number, length, area / seen, max(max_width, 1.0), area, box, anchor or box[:2], fragments)
+
+
+def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(None)) -> CrackParts:
+    """Join and label the cracks of ``mask`` and sum each one's measurements over the ``counted`` rows."""
+    mask = np.asarray(mask, bool)
+    pieces, count = ndimage.label(mask, _EIGHT)
+    distance = ndimage.distance_transform_edt(mask) if count else np.zeros(mask.shape)
+    joined, bridges = _join_pieces(mask, pieces, distance, join_gap) if join_gap > 0 and count else (mask, [])
+    labels, total = ndimage.label(joined, _EIGHT) if bridges else (pieces, count)
+    rows = np.zeros(mask.shape[0], bool)
+    rows[counted] = True
+    mine = np.where(rows[:, None], labels, 0)  # labels of the counted rows only: other pixels add to the background
+    skeleton = skeletonize(joined) if count else np.zeros(mask.shape, bool)
+    length = np.concatenate([[0.0], _chain_length_by_label(skeleton, mine, total)])
+    ends = _end_points(skeleton)
+    length += np.bincount(mine[ends], weights=distance[ends] - 0.5, minlength=total + 1)
+    gap = np.zeros(total + 1)
+    for (row, col), size in bridges:
+        if rows[row]:
+            gap[labels[row, col]] += size
+    max_width = np.concatenate([[0.0], _max_width_by_label(np.where(mask, distance, 0.0), skeleton & mask, ends, mine, total)])
+    box = np.tile(np.array([mask.shape[0], mask.shape[1], 0, 0]), (total + 1, 1))
+    for number, found in enumerate(ndimage.find_objects(mine), 1):
+        if found is not None:
+            box[number] = (found[0].start, found[1].start, found[0].stop, found[1].stop)
+    first_rows = np.array([found[0].start for found in ndimage.find_objects(pieces)], int)
+    owners = ndimage.maximum(labels, pieces, np.arange(1, count + 1)).astype(int) if count else np.zeros(0, int)
+    fragments = np.bincount(owners[rows[first_rows]], minlength=total + 1)
+    return CrackParts(labels.astype(np.int32), length, gap, np.bincount(mine[mask], minlength=total + 1), max_width, box,
+                      fragments, _anchors(skeleton, labels, total))
 
 
 def _join_pieces(mask, pieces, distance, join_gap):

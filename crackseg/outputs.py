@@ -62,7 +62,7 @@ def write_image_outputs(
     labels, cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px) if spec.measure else (None, [])
     if spec.overlay:
         write_atomic(out / "overlays" / f"{name}.jpg", overlay_jpeg(image, mask if labels is None else labels > 0, cracks))
-    return table_rows(path, mask_path, mask, cracks, spec, "ok")
+    return table_rows(path, mask_path, mask_counts(mask), cracks, spec, "ok")
 
 
 def summarize_existing(path: Path, mask_path: Path, spec: OutputSpec) -> tuple[dict, list[dict]]:
@@ -70,14 +70,20 @@ def summarize_existing(path: Path, mask_path: Path, spec: OutputSpec) -> tuple[d
     with Image.open(mask_path) as saved:
         mask = np.asarray(saved.convert("L")) > 127
     cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px)[1] if spec.measure else []
-    return table_rows(path, mask_path, mask, cracks, spec, "skipped: exists")
+    return table_rows(path, mask_path, mask_counts(mask), cracks, spec, "skipped: exists")
 
 
-def table_rows(path: Path, mask_path: Path, mask: np.ndarray, cracks: list[CrackMeasure], spec: OutputSpec,
-               status: str) -> tuple[dict, list[dict]]:
-    """predictions.csv's row for one mask and, when measuring, cracks.csv's rows (mm and classes with a pixel size)."""
+def mask_counts(mask: np.ndarray) -> dict:
+    """The columns of predictions.csv that come from the mask alone."""
     height, width = mask.shape
-    row = {"path": str(path), "mask": str(mask_path), "width": width, "height": height, "crack_fraction": round(float(mask.mean()), 6)}
+    return {"width": width, "height": height, "crack_fraction": round(float(mask.mean()), 6), "area_px": int(mask.sum())}
+
+
+def table_rows(path: Path, mask_path: Path, counts: dict, cracks: list[CrackMeasure], spec: OutputSpec,
+               status: str) -> tuple[dict, list[dict]]:
+    """predictions.csv's row for one mask (``counts``: see :func:`mask_counts`) and, when measuring,
+    cracks.csv's rows (mm and classes with a pixel size)."""
+    row = {"path": str(path), "mask": str(mask_path), **{k: counts[k] for k in ("width", "height", "crack_fraction")}}
     if spec.measure:
         total_length = sum(c.length_px for c in cracks)
         row |= {
@@ -86,7 +92,7 @@ def table_rows(path: Path, mask_path: Path, mask: np.ndarray, cracks: list[Crack
             "mean_width_px": round(sum(c.mean_width_px * c.length_px for c in cracks) / total_length, 3) if total_length else 0.0,
             "max_width_px": round(max((c.max_width_px for c in cracks), default=0.0), 3),
         }
-    row["area_px"] = int(mask.sum())
+    row |= {k: v for k, v in counts.items() if k not in row}
     crack_rows = [
         {"path": str(path), "crack": c.id, "length_px": round(c.length_px, 2), "mean_width_px": round(c.mean_width_px, 3),
          "max_width_px": round(c.max_width_px, 3), "area_px": c.area_px, "fragments": c.fragments,

@@ -11,22 +11,24 @@ import glob
 import sys
 from collections import OrderedDict
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from crackseg import distributed
-from crackseg.export import load_inference_model, resolve_backend
-from crackseg.config import AT_LEAST_ONE, FRACTION, JOIN_GAP, MIN_LENGTH, NON_NEGATIVE, POSITIVE, TILE, TILE_OVERLAP, parse_length
+from crackseg.config import AT_LEAST_ONE, FRACTION, JOIN_GAP, MAX_PIXELS, MIN_LENGTH, NON_NEGATIVE, POSITIVE, TILE, TILE_OVERLAP, parse_length
 from crackseg.errors import InputError
+from crackseg.export import load_inference_model, resolve_backend
 from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_csv
 from crackseg.images import IMAGE_SUFFIXES, load_image
 from crackseg.inference import Predictor
 from crackseg.measure import WidthClasses
-from crackseg.outputs import OutputSpec, outputs_of, summarize_existing, write_image_outputs, write_summary
+from crackseg.outputs import OutputSpec, outputs_of, summarize_existing, table_rows, write_image_outputs, write_summary
+from crackseg.rasters import RasterSource
 from crackseg.report import write_report
+from crackseg.streamed import is_streamed, predict_raster, raster_outputs, summarize_raster
 
 
 @dataclass
@@ -54,11 +56,13 @@ class PredictOptions:
     min_length: str = MIN_LENGTH  # cracks shorter than this are left out of tables and overlays
     width_classes: str | None = None  # bre251, aci224 or edges in mm; needs px_size
     report: bool = False  # also write OUT/report.html
+    max_pixels: int = MAX_PIXELS  # larger rasters are refused
+    overviews: bool = False  # GeoTIFF outputs get overviews, for GIS software
 
     def __post_init__(self) -> None:
         """The same ranges the command line checks, for callers from Python."""
         ranges = {"tile": AT_LEAST_ONE, "overlap": NON_NEGATIVE, "batch_size": AT_LEAST_ONE, "threshold": FRACTION,
-                  "px_size": POSITIVE, "workers": NON_NEGATIVE}
+                  "px_size": POSITIVE, "workers": NON_NEGATIVE, "max_pixels": AT_LEAST_ONE}
         for name, valid in ranges.items():
             value = getattr(self, name)
             problem = None if value is None else valid.problem(value)
@@ -173,7 +177,11 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     out = Path(options.out)
     listed = collect_inputs(inputs, options.recursive, out)
     spec = options.output_spec()
-    outputs = [outputs_of(out, name, spec) for _, name in listed]
+    streamed = {key for key, (path, _) in enumerate(listed) if is_streamed(path)}
+    for key in streamed:  # sizes and pixel types are checked before any work
+        RasterSource(listed[key][0], options.max_pixels).close()
+    outputs = [raster_outputs(out, name, spec.save_prob) if key in streamed else outputs_of(out, name, spec)
+               for key, (_, name) in enumerate(listed)]
     distributed.decided_on_main(env, _prepare_out, out, outputs, options)
     mask_paths = [paths[0] for paths in outputs]
     model = load_inference_model(checkpoint, options.backend, env.device)
@@ -194,10 +202,13 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     errors: list[dict] = []
     todo = []
     for key in mine:
-        if options.skip_existing and all(path.exists() for path in outputs[key]):
+        if options.skip_existing and all(path.exists() for path in outputs[key]) and key in streamed:
+            rows[key], cracks = _raster_rows(listed[key][0], mask_paths[key], spec, "skipped: exists")
+            crack_rows += cracks
+        elif options.skip_existing and all(path.exists() for path in outputs[key]):
             rows[key], cracks = summarize_existing(listed[key][0], mask_paths[key], spec)
             crack_rows += cracks
-        else:
+        elif key not in streamed:
             todo.append((key, listed[key][0]))
     workers = default_workers(env.device) if options.workers is None else options.workers
     loader = torch.utils.data.DataLoader(
@@ -227,6 +238,16 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
             except OSError as error:
                 errors.append({"path": str(listed[key][0]), "error": f"cannot write outputs: {error}"})
 
+    for key in (key for key in mine if key in streamed and key not in rows):
+        try:
+            predict_raster(listed[key][0], outputs[key], predictor, threshold, spec.save_prob, options.max_pixels, options.overviews)
+            rows[key], cracks = _raster_rows(listed[key][0], mask_paths[key], spec, "ok")
+        except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
+            errors.append({"path": str(listed[key][0]), "error": str(error)})
+            tqdm.write(f"crackseg: error: {listed[key][0]}: {error}", file=sys.stderr)
+            continue
+        crack_rows += cracks
+
     gathered = distributed.gather_objects((rows, crack_rows, errors), env)
     if env.is_main:
         all_rows = {k: v for part in gathered for k, v in part[0].items()}
@@ -246,6 +267,22 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
             print(f"report written to {write_report(out)}")
         return 1 if all_errors else 0
     return 0
+
+
+def _raster_rows(path: Path, mask_path: Path, spec: OutputSpec, status: str) -> tuple[dict, list[dict]]:
+    """The table rows of a raster predicted by windows; its pixel size comes from the georeferencing unless given."""
+    counts, cracks = summarize_raster(mask_path, spec.measure, spec.join_gap_px, spec.min_length_px)
+    note, transform = counts.pop("px_size_note"), counts.pop("transform")
+    if note and spec.px_size is None:
+        tqdm.write(f"crackseg: warning: {note}", file=sys.stderr)
+    if spec.px_size is None and counts["px_size_mm"] is not None:
+        spec = replace(spec, px_size=counts["px_size_mm"])
+    row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, status)
+    if transform is not None:
+        for item in crack_rows:  # the bounding box in map coordinates too
+            xs, ys = zip(*(transform * (col, row) for row in (item["top"], item["bottom"]) for col in (item["left"], item["right"])))
+            item |= {"x_min": min(xs), "y_min": min(ys), "x_max": max(xs), "y_max": max(ys)}
+    return row, crack_rows
 
 
 def _prepare_out(out: Path, outputs: list[list[Path]], options: PredictOptions) -> None:

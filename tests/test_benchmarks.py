@@ -20,6 +20,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
     ("predict", ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "4", "--workers", "0"]),
     ("strategies", ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "2", "--workers", "0"]),
     ("runtimes", ["--size", "64", "--encoder", "mobilenet_v2"]),
+    ("rasters", []),
 ])
 def test_benchmark_mode_runs(tmp_path, mode, extra):
     out = tmp_path / f"{mode}.json"

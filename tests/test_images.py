@@ -122,4 +122,4 @@ def test_an_image_over_pillows_limit_is_one_line_naming_it(tmp_path, command, ca
     text = captured.out + captured.err
     assert code in (1, 2) and "Traceback" not in text
     line = next(line for line in text.splitlines() if "huge.png" in line)
-    assert "over Pillow's limit of" in line and "megapixels" in line
+    assert "over the limit of" in line and "megapixels" in line and "GeoTIFF" in line

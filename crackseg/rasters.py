@@ -1,0 +1,189 @@
+"""Large rasters by windows: TIFF / GeoTIFF inputs of any size in, georeferenced GeoTIFF outputs.
+
+Reading goes through rasterio (GDAL) a band of rows at a time, so a gigapixel orthomosaic
+is never whole in memory. What predict needs from a raster:
+
+- **pixels** as (3, rows, W) uint8 RGB: grey rasters are repeated to three bands, a fourth
+  band (alpha) is not fed to the model, and 16-bit data is scaled from its bit depth (the
+  smallest of 8 to 16 bits that holds the raster's largest value, from GDAL's approximate
+  statistics) to 8 bits;
+- **valid pixels**: GDAL's dataset mask (nodata value, alpha band or mask band); invalid
+  pixels are neither predicted nor measured, and are masked in the outputs;
+- **georeferencing**: CRS and geotransform, copied to every raster output; in a projected
+  CRS the pixel size in millimetres comes from the geotransform.
+
+Needs the geo extra: ``pip install 'crackseg[geo]'``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from crackseg.config import MAX_PIXELS
+from crackseg.errors import InputError
+
+BLOCK = 512  # px: the side of an output GeoTIFF's tiles
+
+
+def rasterio():
+    """rasterio, or a one-line error naming the extra that installs it."""
+    try:
+        return importlib.import_module("rasterio")
+    except ImportError:
+        raise InputError("reading and writing GeoTIFFs needs rasterio; pip install 'crackseg[geo]'") from None
+
+
+class RasterSource:
+    """An open raster read by bands of rows; use as a context manager."""
+
+    def __init__(self, path: Path, max_pixels: int = MAX_PIXELS):
+        rio = rasterio()
+        self.path = Path(path)
+        try:
+            self._dataset = rio.open(self.path)
+        except rio.errors.RasterioIOError as error:
+            raise InputError(f"{path}: not a readable raster ({str(error).splitlines()[0][:200]})") from None
+        dataset = self._dataset
+        self.height, self.width = dataset.height, dataset.width
+        if self.height * self.width > max_pixels:
+            self.close()
+            raise InputError(f"{path}: {self.height * self.width / 1e6:,.0f} megapixels, over --max-pixels "
+                             f"{max_pixels / 1e6:,.0f} megapixels; pass a larger --max-pixels to predict it")
+        if dataset.dtypes[0] not in ("uint8", "uint16"):
+            self.close()
+            raise InputError(f"{path}: {dataset.dtypes[0]} pixels; crackseg reads 8- and 16-bit rasters (convert with gdal_translate -ot Byte -scale)")
+        self._indexes = [1] if dataset.count < 3 else [1, 2, 3]
+        self._order = [0, 0, 0] if dataset.count < 3 else [0, 1, 2]  # grey is repeated to RGB; a 4th band is not fed
+        self._scale = self._to_8_bits()
+        self.crs = dataset.crs
+        self.transform = dataset.transform
+
+    def __enter__(self) -> RasterSource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._dataset.close()
+
+    @property
+    def georeferenced(self) -> bool:
+        return self.crs is not None and not self.transform.is_identity
+
+    def px_size_mm(self) -> tuple[float | None, str | None]:
+        """(millimetres per pixel, None), or (None, why not) when the georeferencing gives no usable scale."""
+        if not self.georeferenced:
+            return None, None
+        if not self.crs.is_projected:
+            return None, f"{self.path}: CRS {self.crs.to_string()} is not projected, so its pixels have no size in mm; lengths stay in px (give --px-size)"
+        a, b, _, d, e, _ = self.transform[:6]
+        if b or d:
+            return None, f"{self.path}: a rotated or sheared geotransform; lengths stay in px (give --px-size)"
+        if not math.isclose(abs(a), abs(e), rel_tol=0.01):
+            return None, f"{self.path}: pixels are not square ({abs(a):g} x {abs(e):g}); lengths stay in px (give --px-size)"
+        unit_m = self.crs.linear_units_factor[1]
+        return abs(a) * unit_m * 1000.0, None
+
+    def read(self, top: int, left: int, rows: int, cols: int) -> tuple[torch.Tensor, np.ndarray]:
+        """A window: ((3, rows, cols) uint8 RGB, (rows, cols) bool valid pixels)."""
+        window = rasterio().windows.Window(left, top, cols, rows)
+        bands = self._dataset.read(self._indexes, window=window)[self._order]
+        if self._scale != 1:
+            bands = np.minimum(bands.astype(np.float32) * self._scale + 0.5, 255).astype(np.uint8)
+        valid = self._dataset.dataset_mask(window=window) > 0
+        return torch.from_numpy(np.ascontiguousarray(bands, dtype=np.uint8)), valid
+
+    def _to_8_bits(self) -> float:
+        """The factor from the raster's values to 0..255: its bit depth, from GDAL's approximate statistics."""
+        if self._dataset.dtypes[0] == "uint8":
+            return 1.0
+        largest = max(stats.max for stats in self._dataset.stats(indexes=self._indexes, approx=True))
+        bits = min(max(8, math.ceil(math.log2(largest + 1))), 16)
+        return 255.0 / (2**bits - 1)
+
+
+class RasterSink:
+    """A tiled, compressed GeoTIFF written by bands of rows, under a temporary name until :meth:`commit`.
+
+    BigTIFF when the file may pass 4 GB; the CRS and geotransform of ``source``; invalid
+    pixels in a mask band, internal when opened under :func:`gdal_settings`, so GIS
+    software shows them as nodata.
+    """
+
+    def __init__(self, path: Path, source: RasterSource, dtype: str):
+        rio = rasterio()
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        os.close(handle)
+        self.temp = Path(temp)
+        profile = dict(
+            driver="GTiff", width=source.width, height=source.height, count=1, dtype=dtype,
+            crs=source.crs, transform=source.transform, tiled=True, blockxsize=BLOCK, blockysize=BLOCK,
+            compress="deflate", predictor=2, bigtiff="IF_SAFER",
+        )
+        self._dataset = rio.open(self.temp, "w", **profile)
+        self._width = source.width
+        self._written = 0  # rows in the file
+        self._pending: list[np.ndarray] = []  # finished rows not yet a whole row of tiles: values, valid
+        self._band = None  # the band of rows being filled, block by block
+
+    def write_block(self, top: int, left: int, values: np.ndarray, valid: np.ndarray) -> None:
+        """One block of a band of rows, in row-major order; whole rows of GeoTIFF tiles go to the file.
+
+        Writing only complete tiles keeps each compressed tile written once.
+        """
+        rows, cols = values.shape
+        if left == 0:
+            self._band = (np.zeros((rows, self._width), values.dtype), np.zeros((rows, self._width), bool))
+        self._band[0][:, left : left + cols] = values
+        self._band[1][:, left : left + cols] = valid
+        if left + cols == self._width:
+            self._pending = [np.concatenate([held, new]) for held, new in zip(self._pending, self._band)] if self._pending else list(self._band)
+            self._band = None
+            self._flush(whole_tiles=True)
+
+    def _flush(self, whole_tiles: bool) -> None:
+        if not self._pending:
+            return
+        rows = len(self._pending[0]) // BLOCK * BLOCK if whole_tiles else len(self._pending[0])
+        if rows:
+            window = rasterio().windows.Window(0, self._written, self._width, rows)
+            self._dataset.write(self._pending[0][None, :rows], window=window)
+            self._dataset.write_mask(self._pending[1][:rows].astype(np.uint8) * 255, window=window)
+            self._written += rows
+            self._pending = [part[rows:] for part in self._pending]
+
+    def commit(self, overviews: bool = False) -> Path:
+        """Finish the file (with overviews if asked) and move it into place."""
+        self._flush(whole_tiles=False)
+        if overviews:
+            factors = [2**k for k in range(1, 16) if max(self._dataset.width, self._dataset.height) / 2**k >= BLOCK]
+            if factors:
+                self._dataset.build_overviews(factors, rasterio().enums.Resampling.nearest)
+        self._close()
+        os.replace(self.temp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        self._close()
+        self.temp.unlink(missing_ok=True)
+
+    def _close(self) -> None:
+        if not self._dataset.closed:
+            self._dataset.close()
+
+
+
+def gdal_settings():
+    """GDAL as predict uses it: mask bands inside the GeoTIFF, and a block cache of fixed size
+    (GDAL's default, 5% of RAM, would let memory grow with the raster up to that)."""
+    return rasterio().Env(GDAL_TIFF_INTERNAL_MASK=True, GDAL_CACHEMAX=256)

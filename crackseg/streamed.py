@@ -1,0 +1,161 @@
+"""Prediction of one raster too large to hold (an orthomosaic, a stitched facade), block by block.
+
+The raster is read a tile at a time (:class:`crackseg.rasters.RasterSource`), its
+probabilities come from :meth:`crackseg.inference.Predictor.blocks`, and each finished
+block is thresholded and written to tiled, compressed GeoTIFFs as soon as a whole row of
+their tiles is complete. Memory does not grow with the raster's area, and grows with its
+width only through the overlap rows and one row of output tiles. Outputs carry the input's CRS and
+geotransform; pixels outside the surveyed area (nodata, alpha 0) are masked in them and
+left out of the counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+
+from crackseg.config import MAX_PIXELS, STREAM_ABOVE
+from crackseg.errors import InputError
+from crackseg.inference import Predictor
+from crackseg.measure import CrackMeasure, crack_measure, crack_parts
+from crackseg.outputs import probability_levels
+from crackseg.rasters import RasterSink, RasterSource, gdal_settings, rasterio
+
+
+HALO = 64  # px above and below each measured band: cracks narrower than this are measured as on the whole mask
+
+
+def is_streamed(path: Path) -> bool:
+    """Whether ``path`` is predicted by windows: a TIFF that is georeferenced or larger than STREAM_ABOVE.
+
+    Other images (and every TIFF when the geo extra is missing) are decoded whole, as photos.
+    """
+    if Path(path).suffix.lower() not in (".tif", ".tiff"):
+        return False
+    try:
+        rio = rasterio()
+    except InputError:  # no geo extra: TIFFs are read whole by Pillow, as before
+        return False
+    try:
+        with rio.open(path) as dataset:
+            georeferenced = dataset.crs is not None and not dataset.transform.is_identity
+            return georeferenced or dataset.width * dataset.height > STREAM_ABOVE
+    except rio.errors.RasterioIOError:
+        return False  # not a TIFF GDAL reads: the photo path reports what is wrong with it
+
+
+def raster_outputs(out: Path, name: str, save_prob: int | None) -> list[Path]:
+    """The files a streamed raster gets: its mask first, then the probability map if asked."""
+    paths = [out / "masks" / f"{name}.tif"]
+    if save_prob:
+        paths.append(out / "probs" / f"{name}.tif")
+    return paths
+
+
+def predict_raster(path: Path, outputs: list[Path], predictor: Predictor, threshold: float, save_prob: int | None,
+                   max_pixels: int = MAX_PIXELS, overviews: bool = False) -> None:
+    """Write the mask (uint8 0/255) and, with ``save_prob``, the probabilities of one raster.
+
+    Nothing is left under the outputs' names unless the whole raster was predicted.
+    """
+    with gdal_settings(), RasterSource(path, max_pixels) as source:
+        sinks = [RasterSink(outputs[0], source, "uint8")]
+        if save_prob:
+            sinks.append(RasterSink(outputs[1], source, "uint8" if save_prob == 8 else "uint16"))
+        try:
+            for top, left, prob, valid in predictor.blocks(source.read, source.height, source.width):
+                sinks[0].write_block(top, left, ((prob >= threshold).numpy() & valid).astype(np.uint8) * 255, valid)
+                if save_prob:
+                    sinks[1].write_block(top, left, np.where(valid, probability_levels(prob, save_prob), 0), valid)
+            for sink in sinks:
+                sink.commit(overviews)
+        except BaseException:
+            for sink in sinks:
+                sink.abort()
+            raise
+
+
+def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_length: float = 0.0,
+                     band_pixels: int = 4_000_000) -> tuple[dict, list[CrackMeasure]]:
+    """A mask GeoTIFF's counts (predictions.csv's columns, the pixel size and geotransform) and, when
+    ``measure``, its cracks: longest first, ids from 1. Read a band of rows at a time.
+
+    Each band is measured with HALO rows (plus the join gap) above and below it
+    (:func:`crackseg.measure.crack_parts` counts only the band's own rows), and cracks that
+    the shared rows show to be the same are merged by union-find, so a crack crossing bands
+    is one crack with its whole length. The figures equal the whole mask's where cracks are
+    narrower than the halo.
+    """
+    rio = rasterio()
+    halo = HALO + math.ceil(join_gap)
+    with RasterSource(mask_path) as source:
+        px_size, note = source.px_size_mm()
+        transform = source.transform if source.georeferenced else None
+        crs = source.crs.to_string() if source.crs else ""
+    with rio.open(mask_path) as raster:
+        height, width = raster.height, raster.width
+        band = max(64, min(1024, band_pixels // width))
+        crack_pixels = valid_pixels = 0
+        parent: list[int] = []
+        sums: list[np.ndarray] = []  # per band and label: length, gap, area, max width, fragments
+        boxes: list[np.ndarray] = []
+        previous = None  # (labels of the rows shared with the next window, the first node of their window)
+        for top in range(0, height, band):
+            bottom = min(top + band, height)
+            own = rio.windows.Window(0, top, width, bottom - top)
+            crack_pixels += int((raster.read(1, window=own) > 127).sum())
+            valid_pixels += int((raster.dataset_mask(window=own) > 0).sum())
+            if not measure:
+                continue
+            start, stop = max(0, top - halo), min(height, bottom + halo)
+            parts = crack_parts(raster.read(1, window=rio.windows.Window(0, start, width, stop - start)) > 127,
+                                join_gap, slice(top - start, bottom - start))
+            first = len(parent)
+            parent.extend(range(first, first + len(parts.area) - 1))
+            sums.append(np.stack([parts.length, parts.gap, parts.area, parts.max_width, parts.fragments], axis=1)[1:])
+            boxes.append(parts.box[1:] + np.array([start, 0, start, 0]))
+            if previous is not None:
+                shared, above = previous
+                below = parts.labels[: len(shared)]
+                both = (shared > 0) & (below > 0)
+                for a, b in np.unique(np.stack([shared[both], below[both]], axis=1), axis=0):
+                    _union(parent, above + int(a) - 1, first + int(b) - 1)
+            previous = (parts.labels[max(0, bottom - halo) - start :], first)
+    counts = {"width": width, "height": height, "crack_fraction": round(crack_pixels / max(valid_pixels, 1), 6),
+              "area_px": crack_pixels, "valid_px": valid_pixels, "crs": crs, "px_size_mm": px_size,
+              "px_size_note": note, "transform": transform}
+    return counts, _merged_cracks(parent, sums, boxes, min_length)
+
+
+def _merged_cracks(parent: list[int], sums: list[np.ndarray], boxes: list[np.ndarray], min_length: float) -> list[CrackMeasure]:
+    if not parent:
+        return []
+    sums_all, boxes_all = np.concatenate(sums), np.concatenate(boxes)
+    roots = np.array([_root(parent, node) for node in range(len(parent))])
+    found = []
+    for root in np.unique(roots):
+        members = roots == root
+        length, gap, area, _, fragments = sums_all[members].sum(axis=0)
+        if area == 0:
+            continue
+        counted = boxes_all[members & (sums_all[:, 2] > 0)]  # the bands where the crack has pixels of its own
+        box = (int(counted[:, 0].min()), int(counted[:, 1].min()), int(counted[:, 2].max()), int(counted[:, 3].max()))
+        crack = crack_measure(0, float(length), float(gap), int(area), float(sums_all[members, 3].max()), box, int(fragments))
+        if crack.length_px >= min_length:
+            found.append(crack)
+    found.sort(key=lambda crack: (-crack.length_px, crack.bbox))
+    return [dataclasses.replace(crack, id=number) for number, crack in enumerate(found, 1)]
+
+
+def _root(parent: list[int], node: int) -> int:
+    while parent[node] != node:
+        parent[node] = parent[parent[node]]
+        node = parent[node]
+    return node
+
+
+def _union(parent: list[int], a: int, b: int) -> None:
+    parent[_root(parent, a)] = _root(parent, b)

@@ -1,0 +1,172 @@
+"""Rasters predicted by windows: the same pixels as in memory, georeferenced outputs, nodata, bands and limits."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from crackseg.cli import main
+from crackseg.inference import Predictor, tile_starts
+from crackseg.models import CrackSegModel
+from crackseg.rasters import RasterSource
+
+rasterio = pytest.importorskip("rasterio")
+from rasterio.transform import from_origin  # noqa: E402
+
+from conftest import dark_pixel_model  # noqa: E402
+
+TRANSFORM = from_origin(500000.0, 5000000.0, 0.002, 0.002)  # 2 mm pixels in UTM 33N
+
+
+def _write(path, bands: np.ndarray, crs="EPSG:32633", transform=TRANSFORM, **extra) -> None:
+    """A tiled GeoTIFF with 512 px blocks, as survey software writes them."""
+    count, height, width = bands.shape
+    with rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=count, dtype=bands.dtype,
+                       crs=crs, transform=transform, tiled=True, blockxsize=512, blockysize=512, compress="deflate", **extra) as out:
+        out.write(bands)
+
+
+def _pavement(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """(3, H, W) uint8 grey texture with dark lines: across the middle, and one slanting over many rows."""
+    rng = np.random.default_rng(seed)
+    image = rng.integers(150, 230, (height, width), dtype=np.uint8)
+    image[height // 2 : height // 2 + 3, 50 : width - 50] = 30
+    for col in range(100, min(width, 1300)):
+        row = 40 + (col - 100) * (height - 80) // 1200
+        image[row : row + 2, col] = 25
+    return np.repeat(image[None], 3, axis=0)
+
+
+def _context_model() -> CrackSegModel:
+    """A small random CNN: its output depends on a neighbourhood, so tile seams and blending matter."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 5, padding=2), nn.ReLU(), nn.Conv2d(4, 1, 5, padding=2))
+    return CrackSegModel(net, "unet", "tiny-cnn", size_divisor=1).eval()
+
+
+@pytest.fixture(scope="module")
+def dark_checkpoint(tmp_path_factory):
+    return dark_pixel_model(tmp_path_factory.mktemp("dark"))
+
+
+def _predict(*args) -> int:
+    try:
+        return main(["predict", *map(str, args), "--device", "cpu", "--workers", "0", "--tile", "256", "--overlap", "32"])
+    except SystemExit as exit:
+        return exit.code
+
+
+def _mask(path) -> tuple[np.ndarray, np.ndarray, dict]:
+    with rasterio.open(path) as raster:
+        return raster.read(1), raster.dataset_mask(), {"crs": raster.crs, "transform": raster.transform, "tiled": raster.profile.get("tiled")}
+
+
+def test_streamed_probabilities_are_the_in_memory_bits_and_hold_only_the_overlap_rows(tmp_path):
+    pixels = _pavement(2000, 3000)
+    _write(tmp_path / "ortho.tif", pixels)
+    model = _context_model()
+    predictor = Predictor(model, torch.device("cpu"), tile=256, overlap=32, batch_size=3)
+    streamed = torch.full((2000, 3000), -1.0)
+    with RasterSource(tmp_path / "ortho.tif") as source:
+        for top, left, prob, valid in predictor.blocks(source.read, source.height, source.width):
+            assert (streamed[top : top + prob.shape[0], left : left + prob.shape[1]] == -1).all() and valid.all()
+            streamed[top : top + prob.shape[0], left : left + prob.shape[1]] = prob
+    ((_, whole),) = list(Predictor(model, torch.device("cpu"), tile=256, overlap=32).probabilities([(0, torch.from_numpy(pixels))]))
+    assert torch.equal(streamed, whole)  # every pixel written once, and the same bits
+    # Weighted sums and weights of one tile, and of the rows a tile row shares with the rows above (32, the
+    # overlap) and below: 32 too, but 80 before the last tile row, which lies flush with the bottom (1744 = 2000 - 256).
+    assert tile_starts(2000, 256, 32)[-2:] == [1568, 1744]
+    assert predictor.floats_held == 2 * ((32 + 80) * 3000 + 256 * 256)
+
+
+def test_geotiff_outputs_keep_the_georeferencing_and_the_photo_path_keeps_png(tmp_path, dark_checkpoint):
+    (tmp_path / "in").mkdir()
+    _write(tmp_path / "in" / "ortho.tif", _pavement(700, 900))
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--save-prob", "16") == 0
+    mask, valid, info = _mask(tmp_path / "out" / "masks" / "ortho.tif")
+    assert info["crs"].to_epsg() == 32633 and info["transform"] == TRANSFORM and info["tiled"]
+    expected = _pavement(700, 900)[0] < 100
+    assert np.array_equal(mask > 0, expected) and set(np.unique(mask)) == {0, 255} and valid.all()
+    with rasterio.open(tmp_path / "out" / "probs" / "ortho.tif") as probs:
+        assert probs.dtypes[0] == "uint16" and probs.crs.to_epsg() == 32633
+    (row,) = csv.DictReader(open(tmp_path / "out" / "predictions.csv"))
+    assert float(row["px_size_mm"]) == pytest.approx(2.0) and row["crs"] == "EPSG:32633"
+    assert int(row["area_px"]) == expected.sum()
+    cracks = list(csv.DictReader(open(tmp_path / "out" / "cracks.csv")))
+    assert len(cracks) == int(row["cracks"]) == 1 and float(cracks[0]["length_mm"]) == pytest.approx(2 * float(cracks[0]["length_px"]))
+    for crack in cracks:  # the box in map coordinates: UTM metres from the geotransform
+        assert float(crack["x_min"]) == pytest.approx(500000.0 + 0.002 * int(crack["left"]))
+        assert float(crack["y_max"]) == pytest.approx(5000000.0 - 0.002 * int(crack["top"]))
+
+
+def test_nodata_and_alpha_areas_are_neither_predicted_nor_counted(tmp_path, dark_checkpoint):
+    (tmp_path / "in").mkdir()
+    pixels = _pavement(600, 800)
+    pixels[:, :, :300] = 0  # black, which the model would call crack, but declared nodata
+    _write(tmp_path / "in" / "nodata.tif", pixels, nodata=0)
+    alpha = np.full((1, 600, 800), 255, np.uint8)
+    alpha[:, 400:, :] = 0
+    _write(tmp_path / "in" / "rgba.tif", np.concatenate([_pavement(600, 800), alpha]), photometric="RGB", alpha="YES")
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--no-measure") == 0
+    mask, valid, _ = _mask(tmp_path / "out" / "masks" / "nodata.tif")
+    assert not mask[:, :300].any() and not valid[:, :300].any() and valid[:, 300:].all() and mask[:, 300:].any()
+    mask, valid, _ = _mask(tmp_path / "out" / "masks" / "rgba.tif")
+    assert not mask[400:].any() and not valid[400:].any() and mask[:400].any()
+    rows = {row["path"].rsplit("/", 1)[1]: row for row in csv.DictReader(open(tmp_path / "out" / "predictions.csv"))}
+    assert int(rows["nodata.tif"]["valid_px"]) == 600 * 500
+    assert int(rows["nodata.tif"]["area_px"]) == int((_pavement(600, 800)[0, :, 300:] < 100).sum())
+
+
+def test_sixteen_bit_and_single_band_rasters_read_like_their_eight_bit_rgb(tmp_path, dark_checkpoint):
+    (tmp_path / "in").mkdir()
+    pixels = _pavement(300, 500)
+    _write(tmp_path / "in" / "rgb8.tif", pixels)
+    _write(tmp_path / "in" / "rgb16.tif", pixels.astype(np.uint16) * 257)
+    _write(tmp_path / "in" / "rgb12.tif", ((pixels.astype(np.uint32) * 4095 + 127) // 255).astype(np.uint16))
+    _write(tmp_path / "in" / "grey.tif", pixels[:1])
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--no-measure") == 0
+    masks = {name: _mask(tmp_path / "out" / "masks" / f"{name}.tif")[0] for name in ("rgb8", "rgb16", "rgb12", "grey")}
+    assert masks["rgb8"].any()
+    for name in ("rgb16", "rgb12", "grey"):
+        assert np.array_equal(masks[name], masks["rgb8"]), name
+
+
+def test_limits_and_georeferencing_without_a_scale_are_one_line(tmp_path, dark_checkpoint, capsys):
+    (tmp_path / "in").mkdir()
+    _write(tmp_path / "in" / "big.tif", _pavement(300, 400))
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--max-pixels", "100000") == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "big.tif" in error and "--max-pixels" in error
+    (tmp_path / "geo").mkdir()
+    _write(tmp_path / "geo" / "lonlat.tif", _pavement(300, 400), crs="EPSG:4326", transform=from_origin(15.0, 48.0, 1e-7, 1e-7))
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "geo", "--out", tmp_path / "out2", "--no-measure") == 0
+    assert "not projected" in capsys.readouterr().err
+
+
+def test_cracks_across_bands_are_measured_as_on_the_whole_mask(tmp_path):
+    from skimage.draw import line
+
+    from crackseg.measure import find_cracks
+    from crackseg.streamed import summarize_raster
+
+    mask = np.zeros((700, 500), bool)
+    for (r0, c0, r1, c1), width in [((5, 10, 690, 400), 3), ((20, 450, 680, 470), 5), ((640, 5, 690, 200), 1)]:
+        rows, cols = line(r0, c0, r1, c1)
+        for offset in range(width):
+            mask[rows, np.minimum(cols + offset, 499)] = True
+    mask[400:406, 455:480] = False  # a 6 px gap in the second crack, on a band border below
+    mask[600:603, 100:103] = True  # a speck, shorter than the minimum length
+    _write(tmp_path / "mask.tif", (mask * np.uint8(255))[None])
+    expected = find_cracks(mask, join_gap=10, min_length=10)[1]
+    for band_rows in (64, 100, 700):  # 64 and 100 rows: every crack crosses several bands, the gap one too
+        counts, cracks = summarize_raster(tmp_path / "mask.tif", True, join_gap=10, min_length=10, band_pixels=band_rows * 500)
+        assert counts["area_px"] == mask.sum() and counts["px_size_mm"] == pytest.approx(2.0)
+        assert len(cracks) == len(expected) == 3, band_rows
+        for got, want in zip(cracks, expected):
+            assert (got.id, got.area_px, got.bbox, got.fragments) == (want.id, want.area_px, want.bbox, want.fragments), band_rows
+            assert got.length_px == pytest.approx(want.length_px, rel=1e-9)
+            assert (got.max_width_px, got.mean_width_px) == pytest.approx((want.max_width_px, want.mean_width_px), rel=1e-9)
