@@ -525,7 +525,7 @@ def bench_rasters(args: argparse.Namespace) -> list[dict]:
 
     import rasterio
     from PIL import Image
-    from rasterio.transform import from_origin
+    from affine import Affine
     from torch import nn
 
     from crackseg.export import write_exported
@@ -556,7 +556,7 @@ def bench_rasters(args: argparse.Namespace) -> list[dict]:
         for height, width in sides:
             path = tmp / f"ortho-{width}x{height}.tif"
             profile = dict(driver="GTiff", width=width, height=height, count=3, dtype="uint8", crs="EPSG:32633",
-                           transform=from_origin(500000.0, 5000000.0, 0.005, 0.005), tiled=True, blockxsize=512, blockysize=512,
+                           transform=Affine(0.005, 0.0, 500000.0, 0.0, -0.005, 5000000.0), tiled=True, blockxsize=512, blockysize=512,
                            compress="jpeg", photometric="ycbcr", jpeg_quality=90, bigtiff="if_safer")
             with rasterio.open(path, "w", **profile) as raster:
                 for top in range(0, height, 512):

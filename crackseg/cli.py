@@ -331,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--no-measure", dest="measure", action="store_false",
                          help="skip crack length and width measurements (no cracks.csv): the fastest way to masks (measuring costs CPU time per image, see docs/benchmarks.md)")
     predict.add_argument("--report", action="store_true", help="also write OUT/report.html (see crackseg report)")
+    predict.add_argument("--vectors", choices=("geojson", "gpkg"), default=None,
+                         help="also write OUT/vectors/<name>.geojson|gpkg: one feature per crack, its centreline in map coordinates "
+                              "(pixel coordinates for photos), with cracks.csv's columns (needs the geo extra)")
     predict.add_argument("--max-pixels", type=_checked(int, AT_LEAST_ONE), default=MAX_PIXELS,
                          help=f"refuse rasters larger than this many pixels (default {MAX_PIXELS:.0e}); GeoTIFFs and TIFFs over "
                               f"{STREAM_ABOVE / 1e6:.0f} megapixels are predicted by windows, in memory that does not grow with their area")

@@ -86,6 +86,7 @@ class CrackParts:
     box: np.ndarray  # (n + 1, 4) top, left, bottom, right (exclusive); top = H where no counted pixel
     fragments: np.ndarray
     anchors: dict[int, tuple[int, int]]
+    skeleton: np.ndarray  # (H, W) bool, of the joined cracks
 
     def measure(self, number: int) -> CrackMeasure:
         """Label ``number`` as a CrackMeasure (id = number)."""
@@ -130,7 +131,7 @@ def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(
     owners = ndimage.maximum(labels, pieces, np.arange(1, count + 1)).astype(int) if count else np.zeros(0, int)
     fragments = np.bincount(owners[rows[first_rows]], minlength=total + 1)
     return CrackParts(labels.astype(np.int32), length, gap, np.bincount(mine[mask], minlength=total + 1), max_width, box,
-                      fragments, _anchors(skeleton, labels, total))
+                      fragments, _anchors(skeleton, labels, total), skeleton)
 
 
 def _join_pieces(mask, pieces, distance, join_gap):

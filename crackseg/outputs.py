@@ -20,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
+from skimage.morphology import skeletonize
 
 from crackseg.files import write_atomic
 from crackseg.measure import CrackMeasure, WidthClasses, find_cracks
+from crackseg.vectors import FORMATS, centrelines, skeleton_links, write_vectors
 
 _TINT = np.array([255.0, 30.0, 30.0], np.float32)
 
@@ -38,6 +40,7 @@ class OutputSpec:
     join_gap_px: float = 0.0
     min_length_px: float = 0.0
     width_classes: WidthClasses | None = None
+    vectors: str | None = None  # geojson or gpkg: crack centrelines per image
 
 
 def outputs_of(out: Path, name: str, spec: OutputSpec) -> list[Path]:
@@ -47,7 +50,13 @@ def outputs_of(out: Path, name: str, spec: OutputSpec) -> list[Path]:
         paths.append(out / "probs" / f"{name}.png")
     if spec.overlay:
         paths.append(out / "overlays" / f"{name}.jpg")
+    if spec.vectors:
+        paths.append(vector_path(out, name, spec.vectors))
     return paths
+
+
+def vector_path(out: Path, name: str, fmt: str) -> Path:
+    return out / "vectors" / f"{name}{FORMATS[fmt][1]}"
 
 
 def write_image_outputs(
@@ -62,7 +71,11 @@ def write_image_outputs(
     labels, cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px) if spec.measure else (None, [])
     if spec.overlay:
         write_atomic(out / "overlays" / f"{name}.jpg", overlay_jpeg(image, mask if labels is None else labels > 0, cracks))
-    return table_rows(path, mask_path, mask_counts(mask), cracks, spec, "ok")
+    row, crack_rows = table_rows(path, mask_path, mask_counts(mask), cracks, spec, "ok")
+    if spec.vectors:
+        lines = centrelines(skeleton_links(skeletonize(labels > 0), labels))
+        write_vectors(vector_path(out, name, spec.vectors), spec.vectors, crack_rows, lines, None)
+    return row, crack_rows
 
 
 def summarize_existing(path: Path, mask_path: Path, spec: OutputSpec) -> tuple[dict, list[dict]]:

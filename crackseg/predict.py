@@ -25,10 +25,12 @@ from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_cs
 from crackseg.images import IMAGE_SUFFIXES, load_image
 from crackseg.inference import Predictor
 from crackseg.measure import WidthClasses
-from crackseg.outputs import OutputSpec, outputs_of, summarize_existing, table_rows, write_image_outputs, write_summary
+from crackseg.outputs import OutputSpec, outputs_of, summarize_existing, table_rows, vector_path, write_image_outputs, write_summary
 from crackseg.rasters import RasterSource
 from crackseg.report import write_report
 from crackseg.streamed import is_streamed, predict_raster, raster_outputs, summarize_raster
+from crackseg.vectors import FORMATS as VECTOR_FORMATS
+from crackseg.vectors import centrelines, write_vectors
 
 
 @dataclass
@@ -56,6 +58,7 @@ class PredictOptions:
     min_length: str = MIN_LENGTH  # cracks shorter than this are left out of tables and overlays
     width_classes: str | None = None  # bre251, aci224 or edges in mm; needs px_size
     report: bool = False  # also write OUT/report.html
+    vectors: str | None = None  # geojson or gpkg: OUT/vectors/<name>.<ext>, one centreline per crack
     max_pixels: int = MAX_PIXELS  # larger rasters are refused
     overviews: bool = False  # GeoTIFF outputs get overviews, for GIS software
 
@@ -82,8 +85,12 @@ class PredictOptions:
                 classes = WidthClasses.parse(self.width_classes)
             except ValueError as error:
                 raise InputError(f"--width-classes {error}") from None
+        if self.vectors is not None and self.vectors not in VECTOR_FORMATS:
+            raise InputError(f"--vectors must be one of {', '.join(VECTOR_FORMATS)}, got {self.vectors!r}")
+        if self.vectors and not self.measure:
+            raise InputError("--vectors draws the measured cracks; leave out --no-measure")
         return OutputSpec(self.save_prob, self.overlay, self.measure, self.px_size,
-                          self._pixels(self.join_gap, "--join-gap"), self._pixels(self.min_length, "--min-length"), classes)
+                          self._pixels(self.join_gap, "--join-gap"), self._pixels(self.min_length, "--min-length"), classes, self.vectors)
 
     def _pixels(self, text: str, flag: str) -> float:
         try:
@@ -180,7 +187,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     streamed = {key for key, (path, _) in enumerate(listed) if is_streamed(path)}
     for key in streamed:  # sizes and pixel types are checked before any work
         RasterSource(listed[key][0], options.max_pixels).close()
-    outputs = [raster_outputs(out, name, spec.save_prob) if key in streamed else outputs_of(out, name, spec)
+    outputs = [raster_outputs(out, name, spec) if key in streamed else outputs_of(out, name, spec)
                for key, (_, name) in enumerate(listed)]
     distributed.decided_on_main(env, _prepare_out, out, outputs, options)
     mask_paths = [paths[0] for paths in outputs]
@@ -203,7 +210,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     todo = []
     for key in mine:
         if options.skip_existing and all(path.exists() for path in outputs[key]) and key in streamed:
-            rows[key], cracks = _raster_rows(listed[key][0], mask_paths[key], spec, "skipped: exists")
+            rows[key], cracks = _raster_rows(listed[key][0], out, listed[key][1], mask_paths[key], spec, "skipped: exists")
             crack_rows += cracks
         elif options.skip_existing and all(path.exists() for path in outputs[key]):
             rows[key], cracks = summarize_existing(listed[key][0], mask_paths[key], spec)
@@ -241,7 +248,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     for key in (key for key in mine if key in streamed and key not in rows):
         try:
             predict_raster(listed[key][0], outputs[key], predictor, threshold, spec.save_prob, options.max_pixels, options.overviews)
-            rows[key], cracks = _raster_rows(listed[key][0], mask_paths[key], spec, "ok")
+            rows[key], cracks = _raster_rows(listed[key][0], out, listed[key][1], mask_paths[key], spec, "ok")
         except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
             errors.append({"path": str(listed[key][0]), "error": str(error)})
             tqdm.write(f"crackseg: error: {listed[key][0]}: {error}", file=sys.stderr)
@@ -269,9 +276,9 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     return 0
 
 
-def _raster_rows(path: Path, mask_path: Path, spec: OutputSpec, status: str) -> tuple[dict, list[dict]]:
+def _raster_rows(path: Path, out: Path, name: str, mask_path: Path, spec: OutputSpec, status: str) -> tuple[dict, list[dict]]:
     """The table rows of a raster predicted by windows; its pixel size comes from the georeferencing unless given."""
-    counts, cracks = summarize_raster(mask_path, spec.measure, spec.join_gap_px, spec.min_length_px)
+    counts, cracks, links = summarize_raster(mask_path, spec.measure, spec.join_gap_px, spec.min_length_px)
     note, transform = counts.pop("px_size_note"), counts.pop("transform")
     if note and spec.px_size is None:
         tqdm.write(f"crackseg: warning: {note}", file=sys.stderr)
@@ -280,8 +287,10 @@ def _raster_rows(path: Path, mask_path: Path, spec: OutputSpec, status: str) -> 
     row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, status)
     if transform is not None:
         for item in crack_rows:  # the bounding box in map coordinates too
-            xs, ys = zip(*(transform * (col, row) for row in (item["top"], item["bottom"]) for col in (item["left"], item["right"])))
+            xs, ys = zip(*(transform @ (col, row) for row in (item["top"], item["bottom"]) for col in (item["left"], item["right"])))
             item |= {"x_min": min(xs), "y_min": min(ys), "x_max": max(xs), "y_max": max(ys)}
+    if spec.vectors:
+        write_vectors(vector_path(out, name, spec.vectors), spec.vectors, crack_rows, centrelines(links, transform), counts["crs"] or None)
     return row, crack_rows
 
 

@@ -1,9 +1,9 @@
 """Large rasters by windows: TIFF / GeoTIFF inputs of any size in, georeferenced GeoTIFF outputs.
 
-Reading goes through rasterio (GDAL) a band of rows at a time, so a gigapixel orthomosaic
-is never whole in memory. What predict needs from a raster:
+Reading goes through rasterio (GDAL) a window at a time, so a gigapixel orthomosaic is
+never whole in memory. What predict needs from a raster:
 
-- **pixels** as (3, rows, W) uint8 RGB: grey rasters are repeated to three bands, a fourth
+- **pixels** as (3, rows, cols) uint8 RGB: grey rasters are repeated to three bands, a fourth
   band (alpha) is not fed to the model, and 16-bit data is scaled from its bit depth (the
   smallest of 8 to 16 bits that holds the raster's largest value, from GDAL's approximate
   statistics) to 8 bits;
@@ -41,7 +41,7 @@ def rasterio():
 
 
 class RasterSource:
-    """An open raster read by bands of rows; use as a context manager."""
+    """An open raster read by windows; use as a context manager."""
 
     def __init__(self, path: Path, max_pixels: int = MAX_PIXELS):
         rio = rasterio()

@@ -21,8 +21,9 @@ from crackseg.config import MAX_PIXELS, STREAM_ABOVE
 from crackseg.errors import InputError
 from crackseg.inference import Predictor
 from crackseg.measure import CrackMeasure, crack_measure, crack_parts
-from crackseg.outputs import probability_levels
+from crackseg.outputs import OutputSpec, probability_levels, vector_path
 from crackseg.rasters import RasterSink, RasterSource, gdal_settings, rasterio
+from crackseg.vectors import skeleton_links
 
 
 HALO = 64  # px above and below each measured band: cracks narrower than this are measured as on the whole mask
@@ -47,11 +48,13 @@ def is_streamed(path: Path) -> bool:
         return False  # not a TIFF GDAL reads: the photo path reports what is wrong with it
 
 
-def raster_outputs(out: Path, name: str, save_prob: int | None) -> list[Path]:
-    """The files a streamed raster gets: its mask first, then the probability map if asked."""
+def raster_outputs(out: Path, name: str, spec: OutputSpec) -> list[Path]:
+    """The files a streamed raster gets: its mask first, then the probability map and vectors if asked."""
     paths = [out / "masks" / f"{name}.tif"]
-    if save_prob:
+    if spec.save_prob:
         paths.append(out / "probs" / f"{name}.tif")
+    if spec.vectors:
+        paths.append(vector_path(out, name, spec.vectors))
     return paths
 
 
@@ -79,9 +82,10 @@ def predict_raster(path: Path, outputs: list[Path], predictor: Predictor, thresh
 
 
 def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_length: float = 0.0,
-                     band_pixels: int = 4_000_000) -> tuple[dict, list[CrackMeasure]]:
+                     band_pixels: int = 4_000_000) -> tuple[dict, list[CrackMeasure], np.ndarray]:
     """A mask GeoTIFF's counts (predictions.csv's columns, the pixel size and geotransform) and, when
-    ``measure``, its cracks: longest first, ids from 1. Read a band of rows at a time.
+    ``measure``, its cracks (longest first, ids from 1) and their skeleton links (rows of
+    :func:`crackseg.vectors.skeleton_links`, last column the crack id). Read a band of rows at a time.
 
     Each band is measured with HALO rows (plus the join gap) above and below it
     (:func:`crackseg.measure.crack_parts` counts only the band's own rows), and cracks that
@@ -102,6 +106,7 @@ def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_
         parent: list[int] = []
         sums: list[np.ndarray] = []  # per band and label: length, gap, area, max width, fragments
         boxes: list[np.ndarray] = []
+        links: list[np.ndarray] = []  # skeleton links in raster rows, last column the node
         previous = None  # (labels of the rows shared with the next window, the first node of their window)
         for top in range(0, height, band):
             bottom = min(top + band, height)
@@ -117,6 +122,8 @@ def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_
             parent.extend(range(first, first + len(parts.area) - 1))
             sums.append(np.stack([parts.length, parts.gap, parts.area, parts.max_width, parts.fragments], axis=1)[1:])
             boxes.append(parts.box[1:] + np.array([start, 0, start, 0]))
+            links.append(skeleton_links(parts.skeleton, parts.labels, slice(top - start, bottom - start))
+                         + np.array([start, 0, start, 0, first - 1]))
             if previous is not None:
                 shared, above = previous
                 below = parts.labels[: len(shared)]
@@ -127,12 +134,17 @@ def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_
     counts = {"width": width, "height": height, "crack_fraction": round(crack_pixels / max(valid_pixels, 1), 6),
               "area_px": crack_pixels, "valid_px": valid_pixels, "crs": crs, "px_size_mm": px_size,
               "px_size_note": note, "transform": transform}
-    return counts, _merged_cracks(parent, sums, boxes, min_length)
+    cracks, crack_of_node = _merged_cracks(parent, sums, boxes, min_length)
+    all_links = np.concatenate(links) if links else np.zeros((0, 5), np.int64)
+    all_links[:, 4] = crack_of_node[all_links[:, 4]] if len(all_links) else 0
+    return counts, cracks, all_links[all_links[:, 4] > 0]
 
 
-def _merged_cracks(parent: list[int], sums: list[np.ndarray], boxes: list[np.ndarray], min_length: float) -> list[CrackMeasure]:
+def _merged_cracks(parent: list[int], sums: list[np.ndarray], boxes: list[np.ndarray],
+                   min_length: float) -> tuple[list[CrackMeasure], np.ndarray]:
+    """The cracks of the merged nodes, longest first, and each node's crack id (0: dropped)."""
     if not parent:
-        return []
+        return [], np.zeros(0, int)
     sums_all, boxes_all = np.concatenate(sums), np.concatenate(boxes)
     roots = np.array([_root(parent, node) for node in range(len(parent))])
     found = []
@@ -145,9 +157,12 @@ def _merged_cracks(parent: list[int], sums: list[np.ndarray], boxes: list[np.nda
         box = (int(counted[:, 0].min()), int(counted[:, 1].min()), int(counted[:, 2].max()), int(counted[:, 3].max()))
         crack = crack_measure(0, float(length), float(gap), int(area), float(sums_all[members, 3].max()), box, int(fragments))
         if crack.length_px >= min_length:
-            found.append(crack)
-    found.sort(key=lambda crack: (-crack.length_px, crack.bbox))
-    return [dataclasses.replace(crack, id=number) for number, crack in enumerate(found, 1)]
+            found.append((crack, root))
+    found.sort(key=lambda item: (-item[0].length_px, item[0].bbox))
+    crack_of_root = np.zeros(len(parent), int)
+    for number, (_, root) in enumerate(found, 1):
+        crack_of_root[root] = number
+    return [dataclasses.replace(crack, id=number) for number, (crack, _) in enumerate(found, 1)], crack_of_root[roots]
 
 
 def _root(parent: list[int], node: int) -> int:

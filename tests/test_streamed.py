@@ -15,11 +15,11 @@ from crackseg.models import CrackSegModel
 from crackseg.rasters import RasterSource
 
 rasterio = pytest.importorskip("rasterio")
-from rasterio.transform import from_origin  # noqa: E402
+from affine import Affine  # noqa: E402
 
 from conftest import dark_pixel_model  # noqa: E402
 
-TRANSFORM = from_origin(500000.0, 5000000.0, 0.002, 0.002)  # 2 mm pixels in UTM 33N
+TRANSFORM = Affine(0.002, 0.0, 500000.0, 0.0, -0.002, 5000000.0)  # 2 mm pixels in UTM 33N, north up
 
 
 def _write(path, bands: np.ndarray, crs="EPSG:32633", transform=TRANSFORM, **extra) -> None:
@@ -142,7 +142,7 @@ def test_limits_and_georeferencing_without_a_scale_are_one_line(tmp_path, dark_c
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "big.tif" in error and "--max-pixels" in error
     (tmp_path / "geo").mkdir()
-    _write(tmp_path / "geo" / "lonlat.tif", _pavement(300, 400), crs="EPSG:4326", transform=from_origin(15.0, 48.0, 1e-7, 1e-7))
+    _write(tmp_path / "geo" / "lonlat.tif", _pavement(300, 400), crs="EPSG:4326", transform=Affine(1e-7, 0.0, 15.0, 0.0, -1e-7, 48.0))
     assert _predict("--checkpoint", dark_checkpoint, tmp_path / "geo", "--out", tmp_path / "out2", "--no-measure") == 0
     assert "not projected" in capsys.readouterr().err
 
@@ -163,10 +163,40 @@ def test_cracks_across_bands_are_measured_as_on_the_whole_mask(tmp_path):
     _write(tmp_path / "mask.tif", (mask * np.uint8(255))[None])
     expected = find_cracks(mask, join_gap=10, min_length=10)[1]
     for band_rows in (64, 100, 700):  # 64 and 100 rows: every crack crosses several bands, the gap one too
-        counts, cracks = summarize_raster(tmp_path / "mask.tif", True, join_gap=10, min_length=10, band_pixels=band_rows * 500)
+        counts, cracks, _ = summarize_raster(tmp_path / "mask.tif", True, join_gap=10, min_length=10, band_pixels=band_rows * 500)
         assert counts["area_px"] == mask.sum() and counts["px_size_mm"] == pytest.approx(2.0)
         assert len(cracks) == len(expected) == 3, band_rows
         for got, want in zip(cracks, expected):
             assert (got.id, got.area_px, got.bbox, got.fragments) == (want.id, want.area_px, want.bbox, want.fragments), band_rows
             assert got.length_px == pytest.approx(want.length_px, rel=1e-9)
             assert (got.max_width_px, got.mean_width_px) == pytest.approx((want.max_width_px, want.mean_width_px), rel=1e-9)
+
+
+def test_vectors_have_one_centreline_per_crack_in_map_or_pixel_coordinates(tmp_path, dark_checkpoint):
+    pyogrio = pytest.importorskip("pyogrio")
+    shapely = pytest.importorskip("shapely")
+    (tmp_path / "in").mkdir()
+    _write(tmp_path / "in" / "ortho.tif", _pavement(700, 900))
+    photo = np.full((120, 200, 3), 200, np.uint8)
+    photo[40:43, 20:180] = 20  # one crack, 3 px wide, its centre on row 41
+    photo[90:93, 20:60] = 20
+    from PIL import Image
+
+    Image.fromarray(photo).save(tmp_path / "in" / "photo.png")
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--vectors", "gpkg") == 0
+    cracks = list(csv.DictReader(open(tmp_path / "out" / "cracks.csv")))
+    for name in ("ortho", "photo"):
+        mine = [row for row in cracks if row["path"].endswith(name + (".tif" if name == "ortho" else ".png"))]
+        info, _, geometries, fields = pyogrio.raw.read(tmp_path / "out" / "vectors" / f"{name}.gpkg")
+        lines = shapely.from_wkb(geometries)
+        assert len(lines) == len(mine) >= 1 and list(fields[list(info["fields"]).index("crack")]) == [int(row["crack"]) for row in mine]
+        if name == "ortho":  # UTM metres: 2 mm pixels from (500000, 5000000) down and right
+            assert info["crs"] == "EPSG:32633"
+            for line, row in zip(lines, mine):
+                x0, y0, x1, y1 = line.bounds
+                assert 500000 <= x0 <= x1 <= 500000 + 900 * 0.002 and 5000000 - 700 * 0.002 <= y0 <= y1 <= 5000000
+                # a polyline through pixel centres runs longer than the length estimator on slanted cracks (stairs)
+                assert line.length * 1000 == pytest.approx(float(row["length_mm"]), rel=0.1)
+        else:  # pixels: the first crack's centreline runs along row 41 (pixel centres at 41.5), within a pixel at its ends
+            x0, y0, x1, y1 = lines[0].bounds
+            assert 40.5 <= y0 <= y1 <= 42.5 and x1 - x0 == pytest.approx(float(mine[0]["length_px"]), rel=0.05)

@@ -1,0 +1,95 @@
+"""Crack centrelines for GIS and CAD: one (multi)line feature per crack, as GeoJSON or GeoPackage.
+
+A crack's centreline is its skeleton: links between 8-connected skeleton pixels (a diagonal
+only where no orthogonal path joins the pair, as the length estimator counts them), merged
+into lines by shapely. Coordinates are pixel centres, (col + 0.5, row + 0.5), mapped by the
+raster's geotransform when it is georeferenced, else left in pixels (x right, y down). The
+attributes are those of the crack's row in cracks.csv. Files are written by pyogrio (GDAL).
+
+Needs the geo extra: ``pip install 'crackseg[geo]'``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from crackseg.errors import InputError
+
+FORMATS = {"geojson": ("GeoJSON", ".geojson"), "gpkg": ("GPKG", ".gpkg")}
+
+
+def _require(module: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise InputError(f"--vectors needs {module}; pip install 'crackseg[geo]'") from None
+
+
+def skeleton_links(skeleton: np.ndarray, labels: np.ndarray, counted: slice = slice(None)) -> np.ndarray:
+    """(N, 5) int64 rows (row0, col0, row1, col1, label) for the links whose first pixel lies in the ``counted`` rows."""
+    s = skeleton
+    rows = np.zeros(s.shape[0], bool)
+    rows[counted] = True
+    found = []
+    for (dr, dc), present in [
+        ((0, 1), s[:, :-1] & s[:, 1:]),
+        ((1, 0), s[:-1, :] & s[1:, :]),
+        ((1, 1), s[:-1, :-1] & s[1:, 1:] & ~s[:-1, 1:] & ~s[1:, :-1]),
+        ((1, -1), s[:-1, 1:] & s[1:, :-1] & ~s[:-1, :-1] & ~s[1:, 1:]),
+    ]:
+        r, c = np.nonzero(present)
+        c = c + (1 if dc < 0 else 0)  # the SW link's first pixel is the upper right one
+        keep = rows[r]
+        r, c = r[keep], c[keep]
+        found.append(np.stack([r, c, r + dr, c + dc, labels[r, c]], axis=1))
+    links = np.concatenate(found).astype(np.int64)
+    return links[links[:, 4] > 0]
+
+
+def centrelines(links: np.ndarray, transform=None) -> dict[int, object]:
+    """{crack id: shapely (Multi)LineString} from links whose last column is the crack id."""
+    shapely = _require("shapely")
+    lines = {}
+    order = np.argsort(links[:, 4], kind="stable")
+    links = links[order]
+    ids, starts = np.unique(links[:, 4], return_index=True)
+    for crack, start, stop in zip(ids, starts, [*starts[1:], len(links)]):
+        part = links[start:stop].astype(np.float64)
+        segments = np.stack([part[:, [1, 0]] + 0.5, part[:, [3, 2]] + 0.5], axis=1)  # (x, y) = (col, row) centres
+        if transform is not None:
+            a, b, c, d, e, f = transform[:6]
+            x, y = segments[..., 0].copy(), segments[..., 1].copy()
+            segments[..., 0], segments[..., 1] = a * x + b * y + c, d * x + e * y + f
+        lines[int(crack)] = shapely.line_merge(shapely.multilinestrings(segments))
+    return lines
+
+
+def write_vectors(path: Path, fmt: str, rows: list[dict], lines: dict[int, object], crs: str | None) -> None:
+    """One feature per row of ``rows`` (cracks.csv rows of one image) with its centreline; replaces ``path`` whole."""
+    pyogrio, shapely = _require("pyogrio"), _require("shapely")
+    driver, _ = FORMATS[fmt]
+    columns = [key for key in rows[0] if key not in ("path",)] + ["source"] if rows else ["crack", "source"]
+    fields, data = [], []
+    for column in columns:
+        values = [row["path"] if column == "source" else row.get(column) for row in rows]
+        fields.append(column)
+        data.append(np.array(values, dtype=object if column in ("source",) or any(isinstance(v, str) for v in values) else np.float64))
+    geometry = shapely.to_wkb([shapely.force_2d(lines[row["crack"]]) if row["crack"] in lines else shapely.from_wkt("MULTILINESTRING EMPTY")
+                               for row in rows]) if rows else np.array([], dtype=object)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(handle)
+    os.unlink(temp)  # GDAL creates the file itself
+    try:
+        pyogrio.raw.write(temp, geometry=np.asarray(geometry, dtype=object), field_data=data, fields=fields, driver=driver,
+                          geometry_type="MultiLineString", crs=crs, promote_to_multi=True, layer="cracks")
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
