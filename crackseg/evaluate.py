@@ -39,10 +39,10 @@ DEFINITIONS = {
     "miou": "mean of iou_crack and iou_background",
     "per_image_mean": "F1 (with tolerance) and strict crack IoU computed per image at the operating threshold, then "
     "averaged; an image with no true and no predicted crack pixels scores 1",
-    "ods": "optimal dataset scale: the single threshold (of 99, 0.01 apart) with the best dataset-level F1",
-    "ois": "optimal image scale: each image's best F1 over the 99 thresholds, averaged over images (the convention "
+    "ods": "optimal dataset scale: the single threshold (of 499, evenly spaced in logit: 0.01 apart near 0.5, finer towards 0 and 1) with the best dataset-level F1",
+    "ois": "optimal image scale: each image's best F1 over the 499 thresholds, averaged over images (the convention "
     "of the DeepCrack / CrackForest evaluation code)",
-    "ap": "average precision: area under the dataset-level precision-recall curve over the 99 thresholds",
+    "ap": "average precision: area under the dataset-level precision-recall curve over the 499 thresholds",
 }
 
 

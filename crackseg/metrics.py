@@ -1,8 +1,11 @@
 """Crack segmentation metrics from counts that add up across images, batches and processes.
 
-Probabilities are histogrammed once into ``BINS`` bins; cumulating from the top gives the
-counts at every threshold ``k / BINS`` at once (a pixel is predicted crack when
-p >= threshold), so a threshold sweep costs one pass. Three histograms per image:
+Probabilities are histogrammed once into ``BINS`` bins between the ``THRESHOLDS``;
+cumulating from the top gives the counts at every threshold at once (a pixel is predicted
+crack when p >= threshold), so a threshold sweep costs one pass. The thresholds are evenly
+spaced in logit, from sigmoid(-10) to sigmoid(10): 0.01 apart around 0.5 and ever finer
+towards 0 and 1, where a weighted loss pushes the best threshold (the best of a grid 0.01
+apart used to land on its last point, 0.99). Three histograms per image:
 
 - ``near``: probabilities of pixels within ``tolerance`` px of a true crack pixel
   (predicted there, they count as correct);
@@ -25,20 +28,37 @@ import numpy as np
 import torch
 from scipy import ndimage
 
-BINS = 100
+BINS = 500
+LOGIT_RANGE = 10.0
+# THRESHOLDS[k], k = 0 .. BINS: 0, then sigmoid of BINS - 1 logits evenly spaced over
+# [-LOGIT_RANGE, LOGIT_RANGE] (0.5 among them), then 1. Float32 values, as probabilities are.
+THRESHOLDS = torch.cat([
+    torch.zeros(1), torch.sigmoid(torch.linspace(-LOGIT_RANGE, LOGIT_RANGE, BINS - 1, dtype=torch.float64)).float(), torch.ones(1)
+])
 NEAR, FAR, REACH = 0, 1, 2
+
+
+def bin_of(probs: torch.Tensor) -> torch.Tensor:
+    """Each probability's bin k: how many of the inner thresholds THRESHOLDS[1 .. BINS - 1] it reaches."""
+    inner = THRESHOLDS[1:BINS].to(probs.device)
+    return torch.bucketize(probs.float().contiguous(), inner, right=True)
+
+
+def threshold_index(threshold: float) -> int:
+    """The index of the grid threshold nearest ``threshold``."""
+    return int(torch.argmin((THRESHOLDS.double() - float(threshold)).abs()))
 
 
 def threshold_histograms(
     probs: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor | None = None, tolerance: float = 0.0
 ) -> torch.Tensor:
-    """(3, BINS) int64 histograms ``near``, ``far``, ``reach`` of one image or a batch.
+    """(3, BINS) int64 histograms ``near``, ``far``, ``reach`` of one image or a batch (bin k: THRESHOLDS[k] <= p < THRESHOLDS[k + 1]).
 
     ``probs`` in [0, 1] and ``truth`` (bool or 0/1) of any matching shape; ``valid`` marks
     the pixels that count (padding excluded). A positive ``tolerance`` takes one image (H, W).
     """
     truth = truth.bool()
-    bins = (probs.float() * BINS).long().clamp_(0, BINS - 1)
+    bins = bin_of(probs)
     keep = torch.ones_like(truth) if valid is None else valid.bool()
     if tolerance > 0:
         near, reach_bins = _tolerance_maps(probs, truth, tolerance)
@@ -61,13 +81,12 @@ def _tolerance_maps(probs: torch.Tensor, truth: torch.Tensor, tolerance: float) 
     yy, xx = np.mgrid[-radius : radius + 1, -radius : radius + 1]
     disk = yy**2 + xx**2 <= tolerance**2
     highest = ndimage.maximum_filter(probs.float().cpu().numpy(), footprint=disk, mode="constant", cval=0.0)
-    reach_bins = np.clip((highest * BINS).astype(np.int64), 0, BINS - 1)
-    return torch.from_numpy(near).to(truth.device), torch.from_numpy(reach_bins).to(truth.device)
+    return torch.from_numpy(near).to(truth.device), bin_of(torch.from_numpy(highest)).to(truth.device)
 
 
 @dataclass(frozen=True)
 class Counts:
-    """Counts at every threshold k / BINS, k = 0 .. BINS (each a (BINS + 1,) int64 tensor)."""
+    """Counts at every threshold THRESHOLDS[k], k = 0 .. BINS (each a (BINS + 1,) int64 tensor)."""
 
     correct: torch.Tensor  # predicted crack pixels that are correct
     false_positive: torch.Tensor
@@ -109,10 +128,11 @@ def scores_from_counts(correct: int, false_positive: int, found: int, truth: int
 
 
 def sweep(histograms: torch.Tensor) -> list[Scores]:
-    """Scores at every threshold k / BINS for k = 1 .. BINS - 1."""
+    """Scores at every inner threshold THRESHOLDS[k], k = 1 .. BINS - 1."""
     c = counts_by_threshold(histograms)
     columns = [t.tolist() for t in (c.correct, c.false_positive, c.found, c.truth)]
-    return [scores_from_counts(*(col[k] for col in columns), threshold=k / BINS) for k in range(1, BINS)]
+    thresholds = THRESHOLDS.tolist()
+    return [scores_from_counts(*(col[k] for col in columns), threshold=thresholds[k]) for k in range(1, BINS)]
 
 
 def best_f1(histograms: torch.Tensor) -> Scores:
@@ -121,14 +141,15 @@ def best_f1(histograms: torch.Tensor) -> Scores:
 
 
 def scores_at(histograms: torch.Tensor, threshold: float) -> Scores:
-    k = min(BINS, max(0, round(threshold * BINS)))
+    """Scores at the grid threshold nearest ``threshold`` (the one reported)."""
+    k = threshold_index(threshold)
     c = counts_by_threshold(histograms)
-    return scores_from_counts(int(c.correct[k]), int(c.false_positive[k]), int(c.found[k]), int(c.truth[k]), k / BINS)
+    return scores_from_counts(int(c.correct[k]), int(c.false_positive[k]), int(c.found[k]), int(c.truth[k]), THRESHOLDS[k].item())
 
 
 def background_iou(histograms: torch.Tensor, threshold: float) -> float:
     """IoU of the background class at tolerance 0: TN / (TN + FP + FN)."""
-    k = min(BINS, max(0, round(threshold * BINS)))
+    k = threshold_index(threshold)
     c = counts_by_threshold(histograms)
     union = int(c.true_negative[k] + c.false_positive[k] + c.truth[k] - c.found[k])
     return int(c.true_negative[k]) / union if union else 1.0
@@ -136,7 +157,7 @@ def background_iou(histograms: torch.Tensor, threshold: float) -> float:
 
 def average_precision(histograms: torch.Tensor) -> float:
     """Area under the precision-recall curve, summed over the recall steps as thresholds fall."""
-    curve = [scores_at(histograms, k / BINS) for k in range(BINS + 1)]
+    curve = [scores_at(histograms, threshold) for threshold in THRESHOLDS.tolist()]
     return float(sum((curve[k].recall - curve[k + 1].recall) * curve[k].precision for k in range(BINS)))
 
 

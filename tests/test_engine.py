@@ -10,6 +10,7 @@ from crackseg import distributed
 from crackseg.engine import StepContext, Validation, build_optimizer, build_scheduler, train_one_epoch, validate
 from crackseg.errors import RunError
 from crackseg.losses import CrackLoss
+from crackseg.metrics import BINS, bin_of
 from crackseg.models import CrackSegModel, build_model
 
 CPU = distributed.Environment(0, 0, 1, torch.device("cpu"))
@@ -105,9 +106,10 @@ def test_the_jitter_runs_on_training_batches_only():
 
 
 def test_validation_helper_reports_best_threshold():
-    histograms = torch.zeros(3, 100, dtype=torch.long)
-    histograms[0, 80] = histograms[2, 80] = 10  # crack pixels at p = 0.8
-    histograms[1, 20] = 90  # background at p = 0.2
+    crack, background = bin_of(torch.tensor([0.8, 0.2]))
+    histograms = torch.zeros(3, BINS, dtype=torch.long)
+    histograms[0, crack] = histograms[2, crack] = 10  # crack pixels at p = 0.8
+    histograms[1, background] = 90  # background at p = 0.2
     metrics = Validation(0.1, histograms).metrics()
     assert metrics["f1"] == 1.0 and 0.2 < metrics["threshold"] <= 0.8
 

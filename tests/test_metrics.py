@@ -8,6 +8,7 @@ import torch
 
 from crackseg.metrics import (
     BINS,
+    THRESHOLDS,
     average_precision,
     background_iou,
     best_f1,
@@ -85,7 +86,7 @@ def test_fast_counts_match_plain_loops_on_random_maps(tolerance):
         prob = np.clip(truth * 0.4 + rng.random((14, 17)) * 0.6, 0, 0.999)
         counts = counts_by_threshold(_hist(prob, truth, tolerance))
         for k in (5, 23, 50, 71, 90):
-            expected = _brute_force(prob, truth, k / BINS, tolerance)
+            expected = _brute_force(prob, truth, THRESHOLDS[k].item(), tolerance)
             fast = (int(counts.correct[k]), int(counts.false_positive[k]), int(counts.found[k]), int(counts.truth[k]))
             assert fast == expected, (k, tolerance)
 
@@ -154,13 +155,31 @@ def test_tolerance_never_lowers_f1_and_ods_bounds_every_fixed_threshold():
         assert f1 >= previous - 1e-12
         previous = f1
         ods = best_f1(total)
-        assert all(ods.f1 >= scores_at(total, k / BINS).f1 for k in range(1, BINS))
+        assert all(ods.f1 >= scores_at(total, THRESHOLDS[k].item()).f1 for k in range(1, BINS))
         # OIS is a mean of per-image bests: never below the per-image mean at any shared threshold.
         ois = optimal_image_scale(per_image)
-        assert all(ois >= np.mean([scores_at(h, k / BINS).f1 for h in per_image]) - 1e-12 for k in range(1, BINS, 7))
+        assert all(ois >= np.mean([scores_at(h, THRESHOLDS[k].item()).f1 for h in per_image]) - 1e-12 for k in range(1, BINS, 7))
 
 
 def test_ois_is_at_least_ods_when_images_behave_alike():
     for seed in range(3):
         per_image = [_hist(p, t, 2) for p, t in _realistic_maps(seed, misplaced=False)]
         assert optimal_image_scale(per_image) >= best_f1(sum(per_image)).f1
+
+
+def test_a_best_threshold_beyond_the_old_grid_is_found_and_stored_at_full_resolution():
+    """Crack pixels at 0.9975-0.999, background up to 0.996: a grid 0.01 apart stopped at 0.99,
+    where some background still counts as crack; the logit grid separates them exactly."""
+    rng = np.random.default_rng(0)
+    truth = np.zeros((64, 64), bool)
+    truth[30:34] = True
+    prob = np.where(truth, rng.uniform(0.9975, 0.999, truth.shape), rng.uniform(0.0, 0.996, truth.shape)).astype(np.float32)
+    assert (prob[~truth] >= 0.99).sum() > 10
+    best = best_f1(_hist(prob, truth))
+    assert best.f1 == 1.0 and prob[~truth].max() < best.threshold <= prob[truth].min()
+    assert scores_at(_hist(prob, truth), best.threshold).f1 == 1.0  # a stored threshold scores as it was found
+    assert ((prob >= best.threshold) == truth).all()  # and predict, comparing in float32, draws the same mask
+    mirror = (1 - prob).astype(np.float32)  # the best threshold below 0.01
+    low = best_f1(_hist(mirror, ~truth))
+    assert low.f1 == 1.0 and mirror[truth].max() < low.threshold <= mirror[~truth].min() < 0.01
+    assert THRESHOLDS[1] < 1e-4 and THRESHOLDS[BINS - 1] > 1 - 1e-4 and (np.diff(THRESHOLDS.numpy()) > 0).all()
