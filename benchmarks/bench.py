@@ -394,7 +394,7 @@ def bench_runtimes(args: argparse.Namespace) -> list[dict]:
         decoded = [load_image(path)[None] for path in files]
         height, width = decoded[0].shape[-2:]
         runtimes = {
-            "torch eager": (tmp / "model.pt", dict(backend="torch", channels_last=False)),
+            "torch eager": (tmp / "model.pt", dict(backend="torch")),
             "torch channels_last": (tmp / "model.pt", dict(backend="torch", channels_last=True)),
             "onnxruntime": (tmp / "model.onnx", dict(backend="onnxruntime")),
             "openvino": (tmp / "model.xml", dict(backend="openvino")),

@@ -344,8 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="decoding processes and writer threads (0: all in the main process; default: 0 on CPU, where the model's threads use every core, else CPU cores / processes - 1, at most 8)")
     predict.add_argument("--device", default="auto", help="auto (CUDA when present), cuda or cpu")
     predict.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision; auto = bf16 on GPUs that support it")
-    predict.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                         help="NHWC memory layout for --backend torch; default: on for the CPU, where it was faster (docs/benchmarks.md), off on GPUs")
+    predict.add_argument("--channels-last", action="store_true",
+                         help="NHWC memory layout for --backend torch (on tensor cores; on the CPU it was slower end to end, docs/benchmarks.md)")
     predict.set_defaults(handler=_cmd_predict)
 
     export = commands.add_parser(

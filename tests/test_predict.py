@@ -114,8 +114,7 @@ def test_default_workers_leave_cpu_cores_to_the_model_and_share_them_on_gpu_mach
     assert default_workers(torch.device("cuda", 3)) == 3  # 16 cores / 4 processes, less the process's own
 
 
-def test_torch_on_the_cpu_runs_channels_last_unless_told_not_to(tmp_path, checkpoint, monkeypatch):
-    """The CPU default is the layout docs/benchmarks.md measured faster; its probabilities match the other's."""
+def test_channels_last_gives_the_probabilities_of_the_default_layout(tmp_path, checkpoint, monkeypatch):
     import crackseg.predict as predict_module
 
     layouts = []
@@ -123,10 +122,10 @@ def test_torch_on_the_cpu_runs_channels_last_unless_told_not_to(tmp_path, checkp
     monkeypatch.setattr(predict_module, "Predictor", lambda model, *args: layouts.append(
         next(model.parameters()).is_contiguous(memory_format=torch.channels_last)) or real(model, *args))
     _photos(tmp_path / "in", [(48, 72)])
-    for out, flags in (("default", []), ("plain", ["--no-channels-last"])):
+    for out, flags in (("default", []), ("nhwc", ["--channels-last"])):
         assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / out, "--save-prob", "16", *flags) == 0
-    assert layouts == [True, False]
-    probs = [np.asarray(Image.open(tmp_path / out / "probs" / "img0.png"), dtype=np.float64) / 65535 for out in ("default", "plain")]
+    assert layouts == [False, True]
+    probs = [np.asarray(Image.open(tmp_path / out / "probs" / "img0.png"), dtype=np.float64) / 65535 for out in ("default", "nhwc")]
     assert np.abs(probs[0] - probs[1]).max() < 1e-4
 
 
