@@ -151,7 +151,7 @@ def build_report(results: list[tuple[str, torch.Tensor, torch.Tensor]], toleranc
     return {
         "images": len(results),
         "tolerance_px": tolerance,
-        "threshold": threshold,
+        "threshold": operating.threshold,  # the grid threshold scored, the nearest to the one asked for
         "dataset": {
             "precision": operating.precision, "recall": operating.recall, "f1": operating.f1,
             "iou_crack": crack_iou, "iou_background": back_iou, "miou": (crack_iou + back_iou) / 2,
@@ -170,11 +170,11 @@ def build_report(results: list[tuple[str, torch.Tensor, torch.Tensor]], toleranc
 def format_table(report: dict) -> str:
     d, ods, ois = report["dataset"], report["ods"], report["ois"]
     lines = [
-        f"{report['images']} images, tolerance {report['tolerance_px']:g} px, operating threshold {report['threshold']:.2f}",
+        f"{report['images']} images, tolerance {report['tolerance_px']:g} px, operating threshold {report['threshold']:.4g}",
         f"  dataset   precision {d['precision']:.4f}  recall {d['recall']:.4f}  F1 {d['f1']:.4f}",
         f"            IoU crack {d['iou_crack']:.4f}  IoU background {d['iou_background']:.4f}  mIoU {d['miou']:.4f}  (strict pixels)",
         f"  per image mean F1 {report['per_image_mean']['f1']:.4f}  mean IoU {report['per_image_mean']['iou']:.4f}",
-        f"  ODS F1 {ods['f1']:.4f} @ {ods['threshold']:.2f}   OIS F1 {ois['f1']:.4f}   AP {report['ap']:.4f}",
+        f"  ODS F1 {ods['f1']:.4f} @ {ods['threshold']:.4g}   OIS F1 {ois['f1']:.4f}   AP {report['ap']:.4f}",
         "  worst: " + ", ".join(report["worst_images"][:5]),
     ]
     return "\n".join(lines)

@@ -77,7 +77,7 @@ def remove_orphan_temps(folder: Path) -> int:
     Call it only while no other writer uses the folder.
     """
     removed = 0
-    for temp in Path(folder).glob(".*.tmp"):
+    for temp in [*Path(folder).glob(".*.tmp"), *Path(folder).glob(".*.tmp.*")]:  # .tmp.gpkg: GDAL picks drivers by suffix
         temp.unlink(missing_ok=True)
         removed += 1
     return removed

@@ -109,10 +109,10 @@ def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(
     mask = np.asarray(mask, bool)
     pieces, count = ndimage.label(mask, _EIGHT)
     distance = ndimage.distance_transform_edt(mask) if count else np.zeros(mask.shape)
-    joined, bridges = _join_pieces(mask, pieces, distance, join_gap) if join_gap > 0 and count else (mask, [])
-    labels, total = ndimage.label(joined, _EIGHT) if bridges else (pieces, count)
     rows = np.zeros(mask.shape[0], bool)
     rows[counted] = True
+    joined, bridges = _join_pieces(mask, pieces, distance, join_gap) if join_gap > 0 and count else (mask, [])
+    labels, total = ndimage.label(joined, _EIGHT) if bridges else (pieces, count)
     mine = np.where(rows[:, None], labels, 0)  # labels of the counted rows only: other pixels add to the background
     skeleton = skeletonize(joined) if count else np.zeros(mask.shape, bool)
     length = np.concatenate([[0.0], _chain_length_by_label(skeleton, mine, total)])

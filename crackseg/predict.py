@@ -7,6 +7,7 @@ the model. Every file is written under a temporary name and renamed into place.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import sys
 from collections import OrderedDict
@@ -26,11 +27,11 @@ from crackseg.images import IMAGE_SUFFIXES, load_image
 from crackseg.inference import Predictor
 from crackseg.measure import WidthClasses
 from crackseg.outputs import OutputSpec, outputs_of, summarize_existing, table_rows, vector_path, write_image_outputs, write_summary
-from crackseg.rasters import RasterSource
+from crackseg.rasters import RasterSource, gdal_settings
 from crackseg.report import write_report
 from crackseg.streamed import is_streamed, predict_raster, raster_outputs, summarize_raster
 from crackseg.vectors import FORMATS as VECTOR_FORMATS
-from crackseg.vectors import centrelines, write_vectors
+from crackseg.vectors import centrelines, require_geo, write_vectors
 
 
 @dataclass
@@ -89,6 +90,8 @@ class PredictOptions:
             raise InputError(f"--vectors must be one of {', '.join(VECTOR_FORMATS)}, got {self.vectors!r}")
         if self.vectors and not self.measure:
             raise InputError("--vectors draws the measured cracks; leave out --no-measure")
+        if self.vectors:
+            require_geo()
         return OutputSpec(self.save_prob, self.overlay, self.measure, self.px_size,
                           self._pixels(self.join_gap, "--join-gap"), self._pixels(self.min_length, "--min-length"), classes, self.vectors)
 
@@ -185,8 +188,9 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     listed = collect_inputs(inputs, options.recursive, out)
     spec = options.output_spec()
     streamed = {key for key, (path, _) in enumerate(listed) if is_streamed(path)}
-    for key in streamed:  # sizes and pixel types are checked before any work
-        RasterSource(listed[key][0], options.max_pixels).close()
+    with gdal_settings() if streamed else contextlib.nullcontext():
+        for key in streamed:  # sizes and pixel types are checked before any work
+            RasterSource(listed[key][0], options.max_pixels).close()
     outputs = [raster_outputs(out, name, spec) if key in streamed else outputs_of(out, name, spec)
                for key, (_, name) in enumerate(listed)]
     distributed.decided_on_main(env, _prepare_out, out, outputs, options)

@@ -184,6 +184,7 @@ class RasterSink:
 
 
 def gdal_settings():
-    """GDAL as predict uses it: mask bands inside the GeoTIFF, and a block cache of fixed size
-    (GDAL's default, 5% of RAM, would let memory grow with the raster up to that)."""
-    return rasterio().Env(GDAL_TIFF_INTERNAL_MASK=True, GDAL_CACHEMAX=256)
+    """GDAL as predict uses it: mask bands inside the GeoTIFF, a block cache of fixed size (GDAL's
+    default, 5% of RAM, would let memory grow with the raster up to that), and no .aux.xml files
+    written beside the inputs (statistics stay in memory)."""
+    return rasterio().Env(GDAL_TIFF_INTERNAL_MASK=True, GDAL_CACHEMAX=256, GDAL_PAM_ENABLED="NO")

@@ -77,6 +77,8 @@ def _pictures(predictions: Path, name: str, photo_path: Path, mask_path: Path, s
                 for path in names.values())
     if fresh:
         return names
+    if mask_path.suffix.lower() == ".tif":
+        return {}  # a raster predicted by windows: too large to picture whole; the table still lists it
     try:
         image = load_image(photo_path)
     except DECODE_ERRORS:

@@ -39,7 +39,7 @@ from crackseg.data import load_split, save_split
 from crackseg.engine import Validation
 from crackseg.errors import InputError, RunError
 from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_atomic
-from crackseg.metrics import BINS, counts_by_threshold
+from crackseg.metrics import counts_by_threshold, threshold_index
 
 log = logging.getLogger("crackseg.train")
 
@@ -209,7 +209,7 @@ class RunFolder:
         if validation is not None:
             metrics = validation.metrics()
             line += (
-                f"  val loss {metrics['loss']:.4f}  F1 {metrics['f1']:.4f} @ {metrics['threshold']:.2f}  IoU {metrics['iou']:.4f}"
+                f"  val loss {metrics['loss']:.4f}  F1 {metrics['f1']:.4f} @ {metrics['threshold']:.4g}  IoU {metrics['iou']:.4f}"
                 f"  P {metrics['precision']:.3f}  R {metrics['recall']:.3f}"
             )
             for name, value in metrics.items():
@@ -226,11 +226,13 @@ class RunFolder:
 
 
 def _add_pr_curve(writer, histograms: torch.Tensor, epoch: int) -> None:
+    """TensorBoard's PR curve takes thresholds evenly spaced in [0, 1]: the grid points nearest 0.01 .. 0.99."""
     counts = counts_by_threshold(histograms)
-    tp, fp, tn = (t[1:BINS].double() for t in (counts.correct, counts.false_positive, counts.true_negative))
-    fn = (counts.truth - counts.found)[1:BINS].double()
+    index = torch.tensor([threshold_index(k / 100) for k in range(1, 100)])
+    tp, fp, tn = (t[index].double() for t in (counts.correct, counts.false_positive, counts.true_negative))
+    fn = (counts.truth - counts.found)[index].double()
     precision, recall = tp / (tp + fp).clamp(min=1), tp / (tp + fn).clamp(min=1)
-    writer.add_pr_curve_raw("val/pr_curve", tp, fp, tn, fn, precision, recall, epoch, num_thresholds=BINS - 1)
+    writer.add_pr_curve_raw("val/pr_curve", tp, fp, tn, fn, precision, recall, epoch, num_thresholds=len(index))
 
 
 def _overlay(images: torch.Tensor, predicted: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:

@@ -65,10 +65,11 @@ def predict_raster(path: Path, outputs: list[Path], predictor: Predictor, thresh
     Nothing is left under the outputs' names unless the whole raster was predicted.
     """
     with gdal_settings(), RasterSource(path, max_pixels) as source:
-        sinks = [RasterSink(outputs[0], source, "uint8")]
-        if save_prob:
-            sinks.append(RasterSink(outputs[1], source, "uint8" if save_prob == 8 else "uint16"))
+        sinks = []
         try:
+            sinks.append(RasterSink(outputs[0], source, "uint8"))
+            if save_prob:
+                sinks.append(RasterSink(outputs[1], source, "uint8" if save_prob == 8 else "uint16"))
             for top, left, prob, valid in predictor.blocks(source.read, source.height, source.width):
                 sinks[0].write_block(top, left, ((prob >= threshold).numpy() & valid).astype(np.uint8) * 255, valid)
                 if save_prob:
@@ -91,7 +92,10 @@ def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_
     (:func:`crackseg.measure.crack_parts` counts only the band's own rows), and cracks that
     the shared rows show to be the same are merged by union-find, so a crack crossing bands
     is one crack with its whole length. The figures equal the whole mask's where cracks are
-    narrower than the halo.
+    narrower than the halo, with two known exceptions: ``fragments`` counts a piece twice
+    where its top lies in two places of one band (a V opening upwards), and a skeleton end
+    in a halo, whose direction the band's edge distorts, can bridge a gap that the whole
+    mask leaves open, merging two cracks into one.
     """
     rio = rasterio()
     halo = HALO + math.ceil(join_gap)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,12 @@ import numpy as np
 from crackseg.errors import InputError
 
 FORMATS = {"geojson": ("GeoJSON", ".geojson"), "gpkg": ("GPKG", ".gpkg")}
+
+
+def require_geo() -> None:
+    """A one-line error before any work when the libraries that write vectors are missing."""
+    _require("shapely")
+    _require("pyogrio")
 
 
 def _require(module: str):
@@ -83,12 +90,14 @@ def write_vectors(path: Path, fmt: str, rows: list[dict], lines: dict[int, objec
                                for row in rows]) if rows else np.array([], dtype=object)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)  # files.remove_orphan_temps
     os.close(handle)
     os.unlink(temp)  # GDAL creates the file itself
     try:
-        pyogrio.raw.write(temp, geometry=np.asarray(geometry, dtype=object), field_data=data, fields=fields, driver=driver,
-                          geometry_type="MultiLineString", crs=crs, promote_to_multi=True, layer="cracks")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "'crs' was not provided")  # photos: pixel coordinates have no CRS
+            pyogrio.raw.write(temp, geometry=np.asarray(geometry, dtype=object), field_data=data, fields=fields, driver=driver,
+                              geometry_type="MultiLineString", crs=crs, promote_to_multi=True, layer="cracks")
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)

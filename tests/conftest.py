@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -29,19 +30,25 @@ def cfd_root() -> Path:
     return CFD_ROOT
 
 
+_ISOLATED: list = []  # the one spawned worker, started by the first isolated test
+
+
 def isolated(test):
-    """Run a test in a fresh interpreter (spawned, so nothing of this process is inherited).
+    """Run a test in another interpreter (spawned, so nothing of this process is inherited).
 
     For tests that run ONNX Runtime: after it ran in the test process, that process died of a
     segmentation fault in later, unrelated tests (always after the same mix of earlier tests,
     never in a short run or in a command-line run, which is one process per command). The
-    test's fixture values must pickle; assertion errors come back as they are.
+    test's fixture values must pickle; assertion errors come back as they are. One worker
+    serves every isolated test (its imports are paid once); a worker that dies fails the test
+    (BrokenProcessPool) rather than hanging it.
     """
 
     @functools.wraps(test)
     def run(*args, **kwargs):
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            return pool.apply(_call_unwrapped, (test.__module__, test.__name__, args, kwargs))
+        if not _ISOLATED or _ISOLATED[0]._broken:
+            _ISOLATED[:] = [ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))]
+        return _ISOLATED[0].submit(_call_unwrapped, test.__module__, test.__name__, args, kwargs).result()
 
     return run
 

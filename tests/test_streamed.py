@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import sys
 
 import numpy as np
 import pytest
@@ -200,3 +201,11 @@ def test_vectors_have_one_centreline_per_crack_in_map_or_pixel_coordinates(tmp_p
         else:  # pixels: the first crack's centreline runs along row 41 (pixel centres at 41.5), within a pixel at its ends
             x0, y0, x1, y1 = lines[0].bounds
             assert 40.5 <= y0 <= y1 <= 42.5 and x1 - x0 == pytest.approx(float(mine[0]["length_px"]), rel=0.05)
+
+
+def test_vectors_without_the_geo_libraries_stop_before_any_work(tmp_path, dark_checkpoint, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pyogrio", None)  # makes `import pyogrio` fail
+    (tmp_path / "in").mkdir()
+    _write(tmp_path / "in" / "ortho.tif", _pavement(100, 100))
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--vectors", "geojson") == 2
+    assert "pip install 'crackseg[geo]'" in capsys.readouterr().err and not (tmp_path / "out" / "masks").exists()
