@@ -114,14 +114,14 @@ def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_
         previous = None  # (labels of the rows shared with the next window, the first node of their window)
         for top in range(0, height, band):
             bottom = min(top + band, height)
-            own = rio.windows.Window(0, top, width, bottom - top)
-            crack_pixels += int((raster.read(1, window=own) > 127).sum())
-            valid_pixels += int((raster.dataset_mask(window=own) > 0).sum())
+            start, stop = (max(0, top - halo), min(height, bottom + halo)) if measure else (top, bottom)
+            mask = raster.read(1, window=rio.windows.Window(0, start, width, stop - start)) > 127
+            own = slice(top - start, bottom - start)
+            crack_pixels += int(mask[own].sum())
+            valid_pixels += int((raster.dataset_mask(window=rio.windows.Window(0, top, width, bottom - top)) > 0).sum())
             if not measure:
                 continue
-            start, stop = max(0, top - halo), min(height, bottom + halo)
-            parts = crack_parts(raster.read(1, window=rio.windows.Window(0, start, width, stop - start)) > 127,
-                                join_gap, slice(top - start, bottom - start))
+            parts = crack_parts(mask, join_gap, own)
             first = len(parent)
             parent.extend(range(first, first + len(parts.area) - 1))
             sums.append(np.stack([parts.length, parts.gap, parts.area, parts.max_width, parts.fragments], axis=1)[1:])
