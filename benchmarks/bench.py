@@ -18,8 +18,8 @@ rasters predicts synthetic GeoTIFFs of 100 megapixels and 1 gigapixel by windows
 megapixels/s) beside a photo decoded whole.
 cracks counts true cracks found as exactly one crack (synthetic data with per-crack truth),
 before and after joining pieces; an accuracy figure, recorded in docs/results.md.
-runtimes compares CPU prediction by torch eager, torch channels_last, ONNX Runtime and
-OpenVINO (model alone, and crackseg predict --no-measure from files), and the naive loop.
+runtimes compares CPU prediction by torch (eager, channels_last, bf16), ONNX Runtime and
+OpenVINO (f32, bf16) (model alone, and crackseg predict --no-measure from files), and the naive loop.
 
 strategies runs real `crackseg train` jobs (one process, DataParallel, DDP for every process
 count the machine allows, DDP + bf16 / fp16 AMP, + channels_last, + compile, + activation
@@ -359,11 +359,12 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
 
 
 def bench_runtimes(args: argparse.Namespace) -> list[dict]:
-    """CPU prediction by runtime: torch eager, torch channels_last, ONNX Runtime, OpenVINO, and the naive loop.
+    """CPU prediction by runtime: torch eager, channels_last and bf16, ONNX Runtime, OpenVINO in f32 and bf16, and the naive loop.
 
     Each runtime is timed twice: its model alone on decoded images in memory (one image per
     call, probabilities thresholded), and ``crackseg predict --no-measure`` from the image
-    files to PNG masks. All paths alternate within each round.
+    files to PNG masks. All paths alternate within each round. Masks are compared with
+    torch eager's on every image, since bf16 changes the probabilities.
     """
     from PIL import Image
 
@@ -394,24 +395,31 @@ def bench_runtimes(args: argparse.Namespace) -> list[dict]:
         decoded = [load_image(path)[None] for path in files]
         height, width = decoded[0].shape[-2:]
         runtimes = {
-            "torch eager": (tmp / "model.pt", dict(backend="torch")),
-            "torch channels_last": (tmp / "model.pt", dict(backend="torch", channels_last=True)),
-            "onnxruntime": (tmp / "model.onnx", dict(backend="onnxruntime")),
-            "openvino": (tmp / "model.xml", dict(backend="openvino")),
+            "torch eager": (tmp / "model.pt", dict(backend="torch", amp="off")),
+            "torch channels_last": (tmp / "model.pt", dict(backend="torch", amp="off", channels_last=True)),
+            "torch bf16": (tmp / "model.pt", dict(backend="torch", amp="bf16")),
+            "onnxruntime": (tmp / "model.onnx", dict(backend="onnxruntime", amp="off")),
+            "openvino": (tmp / "model.xml", dict(backend="openvino", amp="off")),
+            "openvino bf16": (tmp / "model.xml", dict(backend="openvino", amp="bf16")),
         }
-        paths = {}
+        paths, masks = {}, {}
         for name, (model_file, options) in runtimes.items():
-            runner = load_inference_model(model_file, options["backend"])
+            runner = load_inference_model(model_file, options["backend"], amp=options["amp"])
             if options.get("channels_last"):
                 runner.to(memory_format=torch.channels_last)
 
             @torch.inference_mode()
-            def model_only(index: int, runner=runner, channels_last=options.get("channels_last", False)) -> None:
+            def model_only(index: int, runner=runner, options=options) -> list[np.ndarray]:
+                found = []
                 for image in decoded:
-                    image = image.contiguous(memory_format=torch.channels_last) if channels_last else image
-                    output = runner(image)
-                    prob = output if getattr(runner, "returns_probabilities", False) else torch.sigmoid(output)
-                    (prob >= 0.5).numpy()
+                    image = image.contiguous(memory_format=torch.channels_last) if options.get("channels_last") else image
+                    with torch.autocast("cpu", torch.bfloat16, enabled=options["backend"] == "torch" and options["amp"] == "bf16"):
+                        output = runner(image)
+                    prob = output if getattr(runner, "returns_probabilities", False) else torch.sigmoid(output.float())
+                    found.append((prob >= model.threshold).numpy())
+                return found
+
+            masks[name] = model_only(-1)
 
             def end_to_end(index: int, model_file=model_file, options=options, name=name) -> None:
                 predict_folder(model_file, [str(tmp / "in")], PredictOptions(
@@ -439,6 +447,7 @@ def bench_runtimes(args: argparse.Namespace) -> list[dict]:
         rows.append({"mode": "runtimes", "runtime": name, **common, "model_only_images_per_s": round(model_rate, 2),
                      "images_per_s": round(end_rate, 2), "efficiency": round(end_rate / model_rate, 3),
                      "vs_torch_eager_end_to_end": round(end_rate / eager_end, 2),
+                     "mask_agreement_vs_torch_eager": round(float(np.mean([np.mean(a == b) for a, b in zip(masks[name], masks["torch eager"])])), 5),
                      "window_rates_end": [round(r, 2) for r in rates[(name, "end")][1]]})
     rows.append({"mode": "runtimes", "runtime": "naive loop (torch eager, resize to 448)", **common,
                  "images_per_s": round(rates["naive"][0], 2), "vs_torch_eager_end_to_end": round(rates["naive"][0] / eager_end, 2)})

@@ -343,7 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--workers", type=_checked(int, NON_NEGATIVE), default=None,
                          help="decoding processes and writer threads (0: all in the main process; default: 0 on CPU, where the model's threads use every core, else CPU cores / processes - 1, at most 8)")
     predict.add_argument("--device", default="auto", help="auto (CUDA when present), cuda or cpu")
-    predict.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision; auto = bf16 on GPUs that support it")
+    predict.add_argument("--amp", choices=AMP_CHOICES, default="auto",
+                         help="mixed precision; auto = bf16 on GPUs that support it; bf16 also speeds up --backend openvino "
+                              "on CPUs with bfloat16 (docs/benchmarks.md)")
     predict.add_argument("--channels-last", action="store_true",
                          help="NHWC memory layout for --backend torch (on tensor cores; on the CPU it was slower end to end, docs/benchmarks.md)")
     predict.set_defaults(handler=_cmd_predict)
@@ -412,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--tile", type=_checked(int, AT_LEAST_ONE), default=TILE, help="tile side in px for --checkpoint; larger images run as overlapping tiles")
     evaluate.add_argument("--overlap", type=_checked(int, NON_NEGATIVE), default=TILE_OVERLAP, help="overlap between neighbouring tiles in px for --checkpoint (less than --tile)")
     evaluate.add_argument("--batch-size", type=_checked(int, AT_LEAST_ONE), default=None, help="tiles per forward pass for --checkpoint (default 8 on a GPU, 1 on CPU)")
-    evaluate.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision for --checkpoint; auto = bf16 on GPUs that support it")
+    evaluate.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision for --checkpoint; auto = bf16 on GPUs that support it; bf16 also for OpenVINO models")
     evaluate.set_defaults(handler=_cmd_evaluate)
     return parser
 

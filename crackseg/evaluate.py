@@ -115,7 +115,7 @@ def evaluate_checkpoint(
     unknown = [stem for stem in stems if stem not in samples]
     if unknown:
         raise InputError(f"--split lists {len(unknown)} stems not in {root} (e.g. {unknown[0]})")
-    model = load_inference_model(checkpoint, "auto", chosen)
+    model = load_inference_model(checkpoint, "auto", chosen, amp)
     threshold = model.threshold if threshold is None else threshold
     predictor = Predictor(model, chosen, tile=tile, overlap=overlap, batch_size=batch_size, amp_dtype=amp_dtype)
     images = ((index, _read(load_image, samples[stem].image)) for index, stem in enumerate(stems))

@@ -153,11 +153,13 @@ class RuntimeModel:
         return self
 
 
-def load_inference_model(path: Path, backend: str = "auto", device: torch.device | str = "cpu"):
+def load_inference_model(path: Path, backend: str = "auto", device: torch.device | str = "cpu", amp: str = "off"):
     """A model for prediction from any crackseg model file: ``.pt`` / safetensors folder (torch),
     ``.onnx`` (ONNX Runtime, or OpenVINO) or ``.xml`` (OpenVINO).
 
-    ``auto`` picks the backend from the file. Exported models run on the CPU.
+    ``auto`` picks the backend from the file. Exported models run on the CPU, in float32
+    unless ``amp`` is ``bf16`` (OpenVINO only). A torch model's ``amp`` is the caller's
+    autocast, so it is not applied here.
     """
     path = Path(path)
     kind = path.suffix.lower()
@@ -170,13 +172,20 @@ def load_inference_model(path: Path, backend: str = "auto", device: torch.device
         raise InputError(f"--backend {backend} runs on the CPU; leave out --device or pass --device cpu")
     if not path.is_file():
         raise InputError(f"{path}: no such model file")
+    check_runtime_amp(backend, amp)
     if backend == "onnxruntime":
         if kind != ".onnx":
             raise InputError(f"{path}: ONNX Runtime needs an .onnx file; make one with crackseg export {path} --format onnx --out model.onnx")
         return _onnxruntime_model(path)
     if kind not in (".onnx", ".xml"):
         raise InputError(f"{path}: OpenVINO needs an .xml or .onnx file; make one with crackseg export {path} --format openvino --out model.xml")
-    return _openvino_model(path)
+    return _openvino_model(path, "bf16" if amp == "bf16" else "f32")
+
+
+def check_runtime_amp(backend: str, amp: str) -> None:
+    """Refuse an ``--amp`` that ``backend`` cannot honour: runtimes compute in float32, OpenVINO also in bf16."""
+    if backend != "torch" and amp not in ("auto", "off") and not (backend == "openvino" and amp == "bf16"):
+        raise InputError(f"--amp {amp} with --backend {backend}: exported models run in float32, or in bf16 with --backend openvino")
 
 
 def resolve_backend(path: Path, backend: str = "auto") -> str:
@@ -199,9 +208,11 @@ def _onnxruntime_model(path: Path) -> RuntimeModel:
     return RuntimeModel(lambda pixels: session.run([_OUTPUT], {_INPUT: pixels})[0], info, "onnxruntime", path)
 
 
-def _openvino_model(path: Path) -> RuntimeModel:
+def _openvino_model(path: Path, precision: str) -> RuntimeModel:
     ov = _require("openvino", "openvino")
     core = ov.Core()
+    if precision == "bf16" and "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        raise InputError("--amp bf16: this CPU has no bfloat16 support; leave out --amp")
     try:
         model = core.read_model(str(path))
     except Exception as error:  # OpenVINO raises RuntimeError subclasses of its own
@@ -213,8 +224,8 @@ def _openvino_model(path: Path) -> RuntimeModel:
         stored = model.get_rt_info(["crackseg"]).astype(dict) if model.has_rt_info(["crackseg"]) else {}
         info = {key: value.astype(str) for key, value in stored.items()}
     _check_crackseg(info, path)
-    # OpenVINO computes in bf16 by default on CPUs that support it; f32 keeps predictions equal to torch's.
-    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    # OpenVINO picks bf16 by itself on some CPUs; f32 unless asked keeps predictions equal to torch's.
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision})
     output = compiled.output(0)
     # Copies in and out: a shared input leaves OpenVINO holding the caller's memory after the
     # call, and that crashed the process later (in an unrelated part) once it was freed.

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from crackseg import distributed
 from crackseg.config import AT_LEAST_ONE, FRACTION, JOIN_GAP, MAX_PIXELS, MIN_LENGTH, NON_NEGATIVE, POSITIVE, TILE, TILE_OVERLAP, parse_length
 from crackseg.errors import InputError
-from crackseg.export import load_inference_model, resolve_backend
+from crackseg.export import check_runtime_amp, load_inference_model, resolve_backend
 from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_csv
 from crackseg.images import IMAGE_SUFFIXES, load_image
 from crackseg.inference import Predictor
@@ -165,8 +165,9 @@ def predict_folder(checkpoint: Path, inputs: list[str], options: PredictOptions)
     Under torchrun each process takes every WORLD_SIZE-th input; rank 0 writes the CSVs.
     """
     backend = resolve_backend(Path(checkpoint), options.backend)
-    if backend != "torch" and (options.amp not in ("auto", "off") or options.channels_last):
-        raise InputError(f"--amp and --channels-last apply to --backend torch; {backend} runs the exported model in float32")
+    if backend != "torch" and options.channels_last:
+        raise InputError(f"--channels-last applies to --backend torch; {backend} chooses its own layout")
+    check_runtime_amp(backend, options.amp)
     env = distributed.setup("cpu" if backend != "torch" and options.device == "auto" else options.device)
     try:
         return _predict(checkpoint, inputs, options, env)
@@ -195,7 +196,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
                for key, (_, name) in enumerate(listed)]
     distributed.decided_on_main(env, _prepare_out, out, outputs, options)
     mask_paths = [paths[0] for paths in outputs]
-    model = load_inference_model(checkpoint, options.backend, env.device)
+    model = load_inference_model(checkpoint, options.backend, env.device, options.amp)
     channels_last = isinstance(model, torch.nn.Module) and options.channels_last
     if channels_last:
         model.to(memory_format=torch.channels_last)

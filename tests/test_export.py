@@ -143,6 +143,32 @@ def test_real_photos_give_the_same_masks_in_every_runtime(small, cfd_root):
             assert ((got >= 0.37) == (expected >= 0.37)).mean() >= 0.999
 
 
+@isolated
+def test_openvino_runs_in_bf16_on_request_and_the_other_runtimes_refuse_it(tmp_path, small, cfd_root):
+    import contextlib
+    import io
+
+    import openvino
+
+    from crackseg.images import load_image
+
+    if "BF16" not in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        pytest.skip("this CPU has no bfloat16")
+    image = load_image(sorted((cfd_root / "images").iterdir())[0])[None]
+    f32 = load_inference_model(small / "m.xml")(image).numpy()
+    bf16 = load_inference_model(small / "m.xml", amp="bf16")(image).numpy()
+    assert 0 < np.abs(bf16 - f32).max() < 0.1  # bf16 really ran, and stays close
+    assert ((bf16 >= 0.37) == (f32 >= 0.37)).mean() >= 0.99
+    (tmp_path / "in").mkdir()
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(tmp_path / "in" / "a.png")
+    assert main(["predict", str(tmp_path / "in"), "--model", str(small / "m.xml"), "--amp", "bf16", "--out", str(tmp_path / "ok")]) == 0
+    for model, amp in [(small / "m.onnx", "bf16"), (small / "m.xml", "fp16")]:
+        with pytest.raises(SystemExit) as exit, contextlib.redirect_stderr(io.StringIO()) as stderr:
+            main(["predict", str(tmp_path / "in"), "--model", str(model), "--amp", amp, "--out", str(tmp_path / "refused")])
+        assert exit.value.code == 2 and stderr.getvalue().count("\n") == 1 and "float32" in stderr.getvalue()
+        assert not (tmp_path / "refused").exists()
+
+
 @pytest.mark.parametrize("content", [b"", b"not a model at all", b"\x08\x01\x12\x04junk"])
 @isolated
 def test_broken_files_are_one_line_errors_for_export_and_predict(tmp_path, small, content):
