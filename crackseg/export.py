@@ -114,7 +114,7 @@ def _onnx_bytes(model: CrackSegModel) -> bytes:
 
 
 def _write_openvino(onnx_bytes: bytes, model: CrackSegModel, out: Path) -> None:
-    """IR in float32 (``compress_to_fp16=False``): lower precision was not measured for accuracy."""
+    """IR stored in float32 (``compress_to_fp16=False``): the precision it computes in is chosen when loading (``--amp``)."""
     ov = _require("openvino", "openvino")
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as temp:
         source = Path(temp) / "model.onnx"
