@@ -12,6 +12,7 @@ so all three score an image the same way.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -36,12 +37,24 @@ class _Job:
 
 
 def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
-    """Tile origins along one axis: stride ``tile - overlap``, the last tile flush with the end."""
+    """Tile origins along one axis: the fewest tiles that overlap by at least ``overlap``, spread
+    evenly from 0 to flush with the end. Even spacing keeps every overlap close to ``overlap``
+    (a fixed stride leaves the last two tiles sharing up to a whole tile), which is what a
+    raster predicted by windows holds across its width."""
     if length <= tile:
         return [0]
-    stride = tile - overlap
-    starts = list(range(0, length - tile, stride))
-    return starts + [length - tile]
+    count = math.ceil((length - tile) / (tile - overlap)) + 1
+    return [index * (length - tile) // (count - 1) for index in range(count)]
+
+
+def part_rows(height: int, tile: int, overlap: int, part: tuple[int, int]) -> tuple[int, int]:
+    """The rows [start, stop) that ``part`` (index, count) of :meth:`Predictor.blocks` yields: a share of
+    whole tile rows, each tile row owning the rows from its top to the next one's."""
+    tops = tile_starts(height, tile, overlap)
+    index, count = part
+    first, last = len(tops) * index // count, len(tops) * (index + 1) // count
+    bounds = tops + [height]
+    return bounds[first], bounds[last]
 
 
 def blend_weights(height: int, width: int, overlap: int) -> torch.Tensor:
@@ -97,7 +110,7 @@ class Predictor:
             yield from self._run(pending.pop(shape), jobs)
 
     @torch.inference_mode()
-    def blocks(self, read, height: int, width: int):
+    def blocks(self, read, height: int, width: int, part: tuple[int, int] = (0, 1)):
         """Probabilities of one image too large to hold, a finished block at a time.
 
         ``read(top, left, rows, cols)`` gives ((3, rows, cols) uint8, (rows, cols) bool valid
@@ -105,21 +118,28 @@ class Predictor:
         the tiles' row-major order, each as soon as no later tile covers it. The tiles, their
         blending and its order are those of :meth:`probabilities`, so the values are the same
         bits. Held meanwhile: one tile's maps, and for the whole width only the rows a tile
-        row shares with the rows above and below (the overlap; more before the last tile row,
-        which lies flush with the bottom). ``floats_held`` records the peak count of floats.
-        Tiles with no valid pixel are not run: their probability is 0.
+        row shares with the rows above and below (the overlap). ``floats_held`` records the
+        peak count of floats. Tiles with no valid pixel are not run: their probability is 0.
+
+        ``part`` (index, count) yields only the rows of :func:`part_rows`, for processes that
+        share one image; the tile rows above them that reach into them are run too, unyielded,
+        so each part has the same bits as the whole.
         """
         if self.resize is not None:
             raise InputError("--resize cannot be used with rasters predicted by windows; leave it out")
         tops, lefts = tile_starts(height, self.tile, self.overlap), tile_starts(width, self.tile, self.overlap)
         tile_height, tile_width = min(self.tile, height), min(self.tile, width)
+        start, stop = part_rows(height, self.tile, self.overlap, part)
         # One tile: its probabilities as they are (0 + x * 1 == x, x / 1 == x), as probabilities() returns them.
         single = len(tops) == 1 and len(lefts) == 1
         window = torch.ones((tile_height, tile_width)) if single else self._window(tile_height, tile_width)
         carry = torch.zeros((2, 0, width))  # weighted sums and weights of the rows shared with the tile row above
         self.floats_held = 0
         for row, top in enumerate(tops):
+            if top + tile_height <= start or top >= stop:
+                continue
             done = (tops[row + 1] if row + 1 < len(tops) else height) - top
+            own = top >= start  # a tile row above the part only adds to the part's first rows
             shared = carry.shape[1]
             below = torch.zeros((2, tile_height - done, width))
             band = torch.zeros((2, tile_height, tile_width))
@@ -138,9 +158,10 @@ class Predictor:
                     index = first + k
                     end = lefts[index + 1] if index + 1 < len(lefts) else width
                     cols = end - left
-                    total, weights = band[0, :done, :cols], band[1, :done, :cols]
-                    covered = weights > 0
-                    yield top, left, torch.where(covered, total / torch.where(covered, weights, 1.0), 0.0), reads[k][1][:done, :cols]
+                    if own:
+                        total, weights = band[0, :done, :cols], band[1, :done, :cols]
+                        covered = weights > 0
+                        yield top, left, torch.where(covered, total / torch.where(covered, weights, 1.0), 0.0), reads[k][1][:done, :cols]
                     below[:, :, left:end] = band[:, done:, :cols]
                     if end < width:  # slide the band right by cols: the new columns start from the rows shared above
                         band = torch.cat([band[:, :, cols:], torch.zeros((2, tile_height, cols))], dim=2)

@@ -29,7 +29,7 @@ from crackseg.measure import WidthClasses
 from crackseg.outputs import OutputSpec, outputs_of, summarize_existing, table_rows, vector_path, write_image_outputs, write_summary
 from crackseg.rasters import RasterSource, gdal_settings
 from crackseg.report import write_report
-from crackseg.streamed import is_streamed, predict_raster, raster_outputs, summarize_raster
+from crackseg.streamed import discard_parts, is_streamed, merge_parts, predict_raster, raster_outputs, summarize_raster
 from crackseg.vectors import FORMATS as VECTOR_FORMATS
 from crackseg.vectors import centrelines, require_geo, write_vectors
 
@@ -208,19 +208,16 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     if env.is_main:
         for warning in warnings:
             print(f"crackseg: warning: {warning}", file=sys.stderr)
-    mine = list(range(env.rank, len(listed), env.world_size))
+    mine = [key for key in range(len(listed)) if key not in streamed][env.rank :: env.world_size]
     rows: dict[int, dict] = {}
     crack_rows: list[dict] = []
     errors: list[dict] = []
     todo = []
     for key in mine:
-        if options.skip_existing and all(path.exists() for path in outputs[key]) and key in streamed:
-            rows[key], cracks = _raster_rows(listed[key][0], out, listed[key][1], mask_paths[key], spec, "skipped: exists")
-            crack_rows += cracks
-        elif options.skip_existing and all(path.exists() for path in outputs[key]):
+        if options.skip_existing and all(path.exists() for path in outputs[key]):
             rows[key], cracks = summarize_existing(listed[key][0], mask_paths[key], spec)
             crack_rows += cracks
-        elif key not in streamed:
+        else:
             todo.append((key, listed[key][0]))
     workers = default_workers(env.device) if options.workers is None else options.workers
     loader = torch.utils.data.DataLoader(
@@ -250,13 +247,23 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
             except OSError as error:
                 errors.append({"path": str(listed[key][0]), "error": f"cannot write outputs: {error}"})
 
-    for key in (key for key in mine if key in streamed and key not in rows):
+    for key in sorted(streamed):  # every process predicts a part of each raster; rank 0 joins and measures them
+        path, name = listed[key]
+        status = "skipped: exists" if options.skip_existing and all(file.exists() for file in outputs[key]) else "ok"
+        if status == "ok":
+            failures = [failure for failure in distributed.gather_objects(_predict_raster_part(path, outputs[key], predictor, threshold, options, env), env) if failure]
+            if env.is_main and not failures and env.distributed:
+                failures = _merge_raster_parts(path, outputs[key], predictor, options, env.world_size)
+        if not env.is_main:
+            continue
         try:
-            predict_raster(listed[key][0], outputs[key], predictor, threshold, spec.save_prob, options.max_pixels, options.overviews)
-            rows[key], cracks = _raster_rows(listed[key][0], out, listed[key][1], mask_paths[key], spec, "ok")
+            if status == "ok" and failures:
+                raise InputError(failures[0])
+            rows[key], cracks = _raster_rows(path, out, name, mask_paths[key], spec, status)
         except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
-            errors.append({"path": str(listed[key][0]), "error": str(error)})
-            tqdm.write(f"crackseg: error: {listed[key][0]}: {error}", file=sys.stderr)
+            discard_parts(outputs[key], env.world_size)
+            errors.append({"path": str(path), "error": str(error)})
+            tqdm.write(f"crackseg: error: {path}: {error}", file=sys.stderr)
             continue
         crack_rows += cracks
 
@@ -279,6 +286,25 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
             print(f"report written to {write_report(out)}")
         return 1 if all_errors else 0
     return 0
+
+
+def _predict_raster_part(path: Path, outputs: list[Path], predictor: Predictor, threshold: float,
+                         options: PredictOptions, env: distributed.Environment) -> str | None:
+    """This process's part of a raster; what went wrong, or None."""
+    try:
+        predict_raster(path, outputs, predictor, threshold, options.save_prob, options.max_pixels, options.overviews,
+                       (env.rank, env.world_size), progress=env.is_main)
+    except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
+        return str(error)
+    return None
+
+
+def _merge_raster_parts(path: Path, outputs: list[Path], predictor: Predictor, options: PredictOptions, count: int) -> list[str]:
+    try:
+        merge_parts(path, outputs[: 2 if options.save_prob else 1], predictor.tile, predictor.overlap, count, options.overviews)
+    except (InputError, OSError) as error:
+        return [f"joining the processes' parts: {error}"]
+    return []
 
 
 def _raster_rows(path: Path, out: Path, name: str, mask_path: Path, spec: OutputSpec, status: str) -> tuple[dict, list[dict]]:

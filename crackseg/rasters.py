@@ -111,23 +111,25 @@ class RasterSource:
 
 
 class RasterSink:
-    """A tiled, compressed GeoTIFF written by bands of rows, under a temporary name until :meth:`commit`.
+    """A tiled, compressed GeoTIFF written by bands of rows, under a temporary name until :meth:`commit`:
+    the whole of ``source``'s extent, or its ``rows`` (start, stop).
 
     BigTIFF when the file may pass 4 GB; the CRS and geotransform of ``source``; invalid
     pixels in a mask band, internal when opened under :func:`gdal_settings`, so GIS
     software shows them as nodata.
     """
 
-    def __init__(self, path: Path, source: RasterSource, dtype: str):
+    def __init__(self, path: Path, source: RasterSource, dtype: str, rows: tuple[int, int] | None = None):
         rio = rasterio()
+        start, stop = rows or (0, source.height)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handle, temp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
         os.close(handle)
         self.temp = Path(temp)
         profile = dict(
-            driver="GTiff", width=source.width, height=source.height, count=1, dtype=dtype,
-            crs=source.crs, transform=source.transform, tiled=True, blockxsize=BLOCK, blockysize=BLOCK,
+            driver="GTiff", width=source.width, height=stop - start, count=1, dtype=dtype, crs=source.crs,
+            transform=source.transform @ rio.Affine.translation(0, start), tiled=True, blockxsize=BLOCK, blockysize=BLOCK,
             compress="deflate", predictor=2, bigtiff="IF_SAFER",
         )
         self._dataset = rio.open(self.temp, "w", **profile)

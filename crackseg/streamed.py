@@ -16,13 +16,14 @@ import math
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from crackseg.config import MAX_PIXELS, STREAM_ABOVE
 from crackseg.errors import InputError
-from crackseg.inference import Predictor
+from crackseg.inference import Predictor, part_rows
 from crackseg.measure import CrackMeasure, crack_measure, crack_parts
 from crackseg.outputs import OutputSpec, probability_levels, vector_path
-from crackseg.rasters import RasterSink, RasterSource, gdal_settings, rasterio
+from crackseg.rasters import BLOCK, RasterSink, RasterSource, gdal_settings, rasterio
 from crackseg.vectors import skeleton_links
 
 
@@ -59,27 +60,76 @@ def raster_outputs(out: Path, name: str, spec: OutputSpec) -> list[Path]:
 
 
 def predict_raster(path: Path, outputs: list[Path], predictor: Predictor, threshold: float, save_prob: int | None,
-                   max_pixels: int = MAX_PIXELS, overviews: bool = False) -> None:
+                   max_pixels: int = MAX_PIXELS, overviews: bool = False, part: tuple[int, int] = (0, 1),
+                   progress: bool = True) -> None:
     """Write the mask (uint8 0/255) and, with ``save_prob``, the probabilities of one raster.
 
-    Nothing is left under the outputs' names unless the whole raster was predicted.
+    ``part`` (index, count) of processes sharing the raster writes only its rows, to
+    :func:`part_paths`; :func:`merge_parts` then makes the outputs. Nothing is left under
+    the outputs' names unless the whole raster was predicted.
     """
+    index, count = part
+    targets = outputs[: 2 if save_prob else 1]
     with gdal_settings(), RasterSource(path, max_pixels) as source:
+        start, stop = part_rows(source.height, predictor.tile, predictor.overlap, part)
+        if start == stop:
+            return
         sinks = []
         try:
-            sinks.append(RasterSink(outputs[0], source, "uint8"))
-            if save_prob:
-                sinks.append(RasterSink(outputs[1], source, "uint8" if save_prob == 8 else "uint16"))
-            for top, left, prob, valid in predictor.blocks(source.read, source.height, source.width):
-                sinks[0].write_block(top, left, ((prob >= threshold).numpy() & valid).astype(np.uint8) * 255, valid)
+            for target, dtype in zip(targets if count == 1 else part_paths(targets, index), ["uint8", "uint8" if save_prob == 8 else "uint16"]):
+                sinks.append(RasterSink(target, source, dtype, (start, stop)))
+            bar = tqdm(total=round((stop - start) * source.width / 1e6, 1), desc=f"predict {Path(path).name}", unit="MP", disable=None if progress else True)
+            for top, left, prob, valid in predictor.blocks(source.read, source.height, source.width, part):
+                sinks[0].write_block(top - start, left, ((prob >= threshold).numpy() & valid).astype(np.uint8) * 255, valid)
                 if save_prob:
-                    sinks[1].write_block(top, left, np.where(valid, probability_levels(prob, save_prob), 0), valid)
+                    sinks[1].write_block(top - start, left, np.where(valid, probability_levels(prob, save_prob), 0), valid)
+                bar.update(round(prob.numel() / 1e6, 3))
+            bar.close()
             for sink in sinks:
-                sink.commit(overviews)
+                sink.commit(overviews and count == 1)
         except BaseException:
             for sink in sinks:
                 sink.abort()
             raise
+
+
+def part_paths(outputs: list[Path], index: int) -> list[Path]:
+    """Where process ``index`` writes its part of each raster output: hidden, and named as the
+    temporary files that the next run removes if this one is cut short."""
+    return [path.with_name(f".{path.name}.part{index}.tmp{path.suffix}") for path in outputs]
+
+
+def merge_parts(path: Path, outputs: list[Path], tile: int, overlap: int, count: int, overviews: bool = False) -> None:
+    """Make the raster outputs of ``path`` from the parts that ``count`` processes wrote, top to
+    bottom, and remove the parts. Reads and writes a band of rows at a time."""
+    rio = rasterio()
+    with gdal_settings(), RasterSource(path) as source:
+        spans = [part_rows(source.height, tile, overlap, (index, count)) for index in range(count)]
+        written = [index for index, (start, stop) in enumerate(spans) if start < stop]
+        for output in outputs:
+            parts = [part_paths([output], index)[0] for index in written]
+            with rio.open(parts[0]) as first:
+                dtype = first.dtypes[0]
+            sink = RasterSink(output, source, dtype)
+            try:
+                for file in parts:
+                    with rio.open(file) as raster:
+                        for top in range(0, raster.height, BLOCK):
+                            window = rio.windows.Window(0, top, raster.width, min(BLOCK, raster.height - top))
+                            sink.write_block(top, 0, raster.read(1, window=window), raster.dataset_mask(window=window) > 0)
+                sink.commit(overviews)
+            except BaseException:
+                sink.abort()
+                raise
+            for file in parts:
+                file.unlink()
+
+
+def discard_parts(outputs: list[Path], count: int) -> None:
+    """Remove what processes wrote of a raster that failed."""
+    for index in range(count):
+        for file in part_paths(outputs, index):
+            file.unlink(missing_ok=True)
 
 
 def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_length: float = 0.0,

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from crackseg.cli import main
-from crackseg.inference import Predictor, tile_starts
+from crackseg.inference import Predictor, part_rows, tile_starts
 from crackseg.models import CrackSegModel
 from crackseg.rasters import RasterSource
 
@@ -78,10 +78,50 @@ def test_streamed_probabilities_are_the_in_memory_bits_and_hold_only_the_overlap
             streamed[top : top + prob.shape[0], left : left + prob.shape[1]] = prob
     ((_, whole),) = list(Predictor(model, torch.device("cpu"), tile=256, overlap=32).probabilities([(0, torch.from_numpy(pixels))]))
     assert torch.equal(streamed, whole)  # every pixel written once, and the same bits
-    # Weighted sums and weights of one tile, and of the rows a tile row shares with the rows above (32, the
-    # overlap) and below: 32 too, but 80 before the last tile row, which lies flush with the bottom (1744 = 2000 - 256).
-    assert tile_starts(2000, 256, 32)[-2:] == [1568, 1744]
-    assert predictor.floats_held == 2 * ((32 + 80) * 3000 + 256 * 256)
+    # Weighted sums and weights of one tile, and of the rows a tile row shares with the rows above and
+    # below: 38 each, the overlap of tiles spread evenly (9 tile rows, 218 apart, the last flush with the bottom).
+    assert tile_starts(2000, 256, 32) == list(range(0, 1745, 218))
+    assert predictor.floats_held == 2 * ((38 + 38) * 3000 + 256 * 256)
+
+
+@pytest.mark.parametrize("overlap", [32, 160])  # 160: each row of pixels lies in up to three tile rows
+def test_parts_of_a_raster_are_the_bits_of_the_whole(tmp_path, overlap):
+    pixels = _pavement(1100, 700)
+    _write(tmp_path / "ortho.tif", pixels)
+    predictor = Predictor(_context_model(), torch.device("cpu"), tile=256, overlap=overlap)
+    with RasterSource(tmp_path / "ortho.tif") as source:
+        whole = {(top, left): prob for top, left, prob, _ in predictor.blocks(source.read, source.height, source.width)}
+        for count in (2, 3, 40):  # 40: more processes than tile rows, most of them with nothing to do
+            parts = [list(predictor.blocks(source.read, source.height, source.width, (index, count))) for index in range(count)]
+            assert [(top, left) for part in parts for top, left, _, _ in part] == list(whole)
+            assert all(torch.equal(prob, whole[(top, left)]) for part in parts for top, left, prob, _ in part)
+            spans = [part_rows(1100, 256, overlap, (index, count)) for index in range(count)]
+            assert spans[0][0] == 0 and spans[-1][1] == 1100 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_processes_sharing_a_raster_write_what_one_process_writes(tmp_path, dark_checkpoint):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "in").mkdir()
+    _write(tmp_path / "in" / "ortho.tif", _pavement(1300, 900))
+    common = ["--model", str(dark_checkpoint), str(tmp_path / "in"), "--save-prob", "16", "--vectors", "geojson", "--overviews"]
+    assert _predict(*common, "--out", tmp_path / "one") == 0
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")} | {"PYTHON": sys.executable}
+    launch = Path(__file__).resolve().parents[1] / "launch.sh"
+    result = subprocess.run(["bash", str(launch), "--nproc", "2", "predict", *common, "--out", str(tmp_path / "two"), "--device", "cpu",
+                             "--workers", "0", "--tile", "256", "--overlap", "32"],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for kind in ("masks", "probs"):
+        with rasterio.open(tmp_path / "one" / kind / "ortho.tif") as one, rasterio.open(tmp_path / "two" / kind / "ortho.tif") as two:
+            assert np.array_equal(one.read(), two.read()) and np.array_equal(one.dataset_mask(), two.dataset_mask())
+            assert (one.crs, one.transform, one.overviews(1)) == (two.crs, two.transform, two.overviews(1)) and two.overviews(1)
+    for table in ("predictions.csv", "cracks.csv"):
+        assert (tmp_path / "one" / table).read_text().replace("/one/", "/") == (tmp_path / "two" / table).read_text().replace("/two/", "/")
+    assert (tmp_path / "one" / "vectors" / "ortho.geojson").read_text() == (tmp_path / "two" / "vectors" / "ortho.geojson").read_text()
+    assert sorted(p.name for p in (tmp_path / "two").rglob("*") if p.name.startswith(".")) == []
 
 
 def test_geotiff_outputs_keep_the_georeferencing_and_the_photo_path_keeps_png(tmp_path, dark_checkpoint):
