@@ -528,7 +528,8 @@ def bench_rasters(args: argparse.Namespace) -> list[dict]:
     (reading, blending, writing) rather than of a large model. Each run is a fresh
     ``crackseg predict --no-measure`` process, timed from after its imports (model loading
     included); its peak RSS is the kernel's VmHWM. The photo path predicts a 36-megapixel JPEG
-    photo of the same texture, model and tile, decoded whole.
+    photo of the same texture, model and tile, decoded whole, right before each raster run:
+    the median over --windows rounds (2 by default) of each.
     """
     import subprocess
 
@@ -557,11 +558,8 @@ def bench_rasters(args: argparse.Namespace) -> list[dict]:
             return json.loads(result.stdout.strip().splitlines()[-1])
 
         photo_side = 600 if args.quick else 6000
+        inputs = {f"JPEG photo {photo_side}x{photo_side}, decoded whole": (tmp / "photo.jpg", photo_side**2 / 1e6)}
         Image.fromarray(np.tile(texture, (photo_side // 512 + 1, 1, 1))[:photo_side, :photo_side]).save(tmp / "photo.jpg", quality=90)
-        photo = predict(tmp / "photo.jpg", tmp / "photo-out")
-        rows.append({"mode": "rasters", "input": f"JPEG photo {photo_side}x{photo_side}, decoded whole", "megapixels": photo_side**2 / 1e6,
-                     "seconds": round(photo["seconds"], 1), "megapixels_per_s": round(photo_side**2 / 1e6 / photo["seconds"], 2),
-                     "peak_rss_mb": photo["peak_rss_mb"]})
         for height, width in sides:
             path = tmp / f"ortho-{width}x{height}.tif"
             profile = dict(driver="GTiff", width=width, height=height, count=3, dtype="uint8", crs="EPSG:32633",
@@ -572,13 +570,21 @@ def bench_rasters(args: argparse.Namespace) -> list[dict]:
                     rows_here = min(512, height - top)
                     band = np.tile(texture, (1, width // texture.shape[1] + 1, 1))[:rows_here, :width]
                     raster.write(np.ascontiguousarray(band.transpose(2, 0, 1)), window=rasterio.windows.Window(0, top, width, rows_here))
-            result = predict(path, tmp / f"out-{width}")
-            megapixels = width * height / 1e6
-            rows.append({"mode": "rasters", "input": f"GeoTIFF {width}x{height}, JPEG tiles, read by windows", "megapixels": megapixels,
-                         "seconds": round(result["seconds"], 1), "megapixels_per_s": round(megapixels / result["seconds"], 2),
-                         "peak_rss_mb": result["peak_rss_mb"]})
-            path.unlink()
-            shutil.rmtree(tmp / f"out-{width}")
+            inputs[f"GeoTIFF {width}x{height}, JPEG tiles, read by windows"] = (path, width * height / 1e6)
+        photo_name = next(iter(inputs))
+        runs: dict[str, list[dict]] = {name: [] for name in inputs}
+        for _ in range(_windows(args, 2)):  # each raster right after a photo run, so drift hits both alike
+            for name, (path, _) in list(inputs.items())[1:]:
+                runs[photo_name].append(predict(inputs[photo_name][0], tmp / "out"))
+                shutil.rmtree(tmp / "out")
+                runs[name].append(predict(path, tmp / "out"))
+                shutil.rmtree(tmp / "out")
+        photo_rate = statistics.median(inputs[photo_name][1] / run["seconds"] for run in runs[photo_name])
+        for name, (_, megapixels) in inputs.items():
+            rates = [megapixels / run["seconds"] for run in runs[name]]
+            rows.append({"mode": "rasters", "input": name, "megapixels": megapixels, "runs": len(rates),
+                         "megapixels_per_s": round(statistics.median(rates), 2), "vs_photo": round(statistics.median(rates) / photo_rate, 2),
+                         "window_rates": [round(rate, 2) for rate in rates], "peak_rss_mb": max(run["peak_rss_mb"] for run in runs[name])})
     return rows
 
 

@@ -200,7 +200,10 @@ def resolve_backend(path: Path, backend: str = "auto") -> str:
 def _onnxruntime_model(path: Path) -> RuntimeModel:
     ort = _require("onnxruntime", "onnx")
     try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        # Idle threads spinning for the next call took the cores from reading, blending and writing.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime raises its own exception types for unreadable files
         raise InputError(f"{path}: not a readable ONNX model ({type(error).__name__}: {str(error).splitlines()[0][:200]})") from None
     info = session.get_modelmeta().custom_metadata_map

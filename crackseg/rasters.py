@@ -22,6 +22,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ from crackseg.config import MAX_PIXELS
 from crackseg.errors import InputError
 
 BLOCK = 512  # px: the side of an output GeoTIFF's tiles
+READ_AHEAD = 4096  # px: columns read from a raster at once (a run of 1024 rows holds 16 MB)
 
 
 def rasterio():
@@ -38,6 +40,20 @@ def rasterio():
         return importlib.import_module("rasterio")
     except ImportError:
         raise InputError("reading and writing GeoTIFFs needs rasterio; pip install 'crackseg[geo]'") from None
+
+
+class _Run(NamedTuple):
+    """Columns read at once by :meth:`RasterSource.read`: (3, rows, n) uint8 pixels from column ``left``, and their valid mask."""
+
+    top: int
+    rows: int
+    left: int
+    pixels: np.ndarray
+    valid: np.ndarray
+
+    @property
+    def right(self) -> int:
+        return self.left + self.valid.shape[1]
 
 
 class RasterSource:
@@ -64,6 +80,7 @@ class RasterSource:
         self._scale = self._to_8_bits()
         self.crs = dataset.crs
         self.transform = dataset.transform
+        self._run = None  # the columns last read, see read()
 
     def __enter__(self) -> RasterSource:
         return self
@@ -93,13 +110,34 @@ class RasterSource:
         return abs(a) * unit_m * 1000.0, None
 
     def read(self, top: int, left: int, rows: int, cols: int) -> tuple[torch.Tensor, np.ndarray]:
-        """A window: ((3, rows, cols) uint8 RGB, (rows, cols) bool valid pixels)."""
-        window = rasterio().windows.Window(left, top, cols, rows)
-        bands = self._dataset.read(self._indexes, window=window)[self._order]
+        """A window: ((3, rows, cols) uint8 RGB, (rows, cols) bool valid pixels).
+
+        Windows come from a run of READ_AHEAD columns read at once from a block boundary, and
+        the next run keeps the columns two runs share: overlapping tiles read left to right
+        then decode each GeoTIFF block of their rows once, in few calls.
+        """
+        run = self._run
+        if run is None or (run.top, run.rows) != (top, rows) or not run.left <= left <= left + cols <= run.right:
+            self._run = run = self._read_run(top, rows, left, cols)
+        start = left - run.left
+        return torch.from_numpy(run.pixels[:, :, start : start + cols]), run.valid[:, start : start + cols]
+
+    def _read_run(self, top: int, rows: int, left: int, cols: int) -> _Run:
+        block = self._dataset.block_shapes[0][1]
+        first = left // block * block
+        end = min(self.width, max(first + READ_AHEAD, -(-(left + cols) // block) * block))
+        old = self._run
+        kept = old is not None and (old.top, old.rows) == (top, rows) and old.left <= first < old.right
+        start = old.right if kept else first
+        window = rasterio().windows.Window(start, top, end - start, rows)
+        pixels = self._dataset.read(self._indexes, window=window)[self._order]
         if self._scale != 1:
-            bands = np.minimum(bands.astype(np.float32) * self._scale + 0.5, 255).astype(np.uint8)
+            pixels = np.minimum(pixels.astype(np.float32) * self._scale + 0.5, 255).astype(np.uint8)
         valid = self._dataset.dataset_mask(window=window) > 0
-        return torch.from_numpy(np.ascontiguousarray(bands, dtype=np.uint8)), valid
+        if kept:
+            pixels = np.concatenate([old.pixels[:, :, first - old.left :], pixels], axis=2)
+            valid = np.concatenate([old.valid[:, first - old.left :], valid], axis=1)
+        return _Run(top, rows, first, np.ascontiguousarray(pixels, dtype=np.uint8), valid)
 
     def _to_8_bits(self) -> float:
         """The factor from the raster's values to 0..255: its bit depth, from GDAL's approximate statistics."""
@@ -135,34 +173,37 @@ class RasterSink:
         self._dataset = rio.open(self.temp, "w", **profile)
         self._width = source.width
         self._written = 0  # rows in the file
-        self._pending: list[np.ndarray] = []  # finished rows not yet a whole row of tiles: values, valid
-        self._band = None  # the band of rows being filled, block by block
+        # Finished rows not yet a whole row of GeoTIFF tiles, then the band being filled block by block.
+        self._values = np.zeros((0, source.width), dtype)
+        self._valid = np.zeros((0, source.width), bool)
+        self._held = 0  # finished rows
 
     def write_block(self, top: int, left: int, values: np.ndarray, valid: np.ndarray) -> None:
         """One block of a band of rows, in row-major order; whole rows of GeoTIFF tiles go to the file.
 
-        Writing only complete tiles keeps each compressed tile written once.
+        Writing only complete tiles keeps each compressed tile written once. The rows wait in
+        one buffer of fewer than BLOCK rows plus a band, so nothing of the width is copied twice.
         """
         rows, cols = values.shape
-        if left == 0:
-            self._band = (np.zeros((rows, self._width), values.dtype), np.zeros((rows, self._width), bool))
-        self._band[0][:, left : left + cols] = values
-        self._band[1][:, left : left + cols] = valid
+        if self._held + rows > len(self._values):
+            self._values, self._valid = (np.concatenate([held[: self._held], np.zeros((BLOCK - 1 + rows - self._held, self._width), held.dtype)])
+                                         for held in (self._values, self._valid))
+        self._values[self._held : self._held + rows, left : left + cols] = values
+        self._valid[self._held : self._held + rows, left : left + cols] = valid
         if left + cols == self._width:
-            self._pending = [np.concatenate([held, new]) for held, new in zip(self._pending, self._band)] if self._pending else list(self._band)
-            self._band = None
+            self._held += rows
             self._flush(whole_tiles=True)
 
     def _flush(self, whole_tiles: bool) -> None:
-        if not self._pending:
-            return
-        rows = len(self._pending[0]) // BLOCK * BLOCK if whole_tiles else len(self._pending[0])
+        rows = self._held // BLOCK * BLOCK if whole_tiles else self._held
         if rows:
             window = rasterio().windows.Window(0, self._written, self._width, rows)
-            self._dataset.write(self._pending[0][None, :rows], window=window)
-            self._dataset.write_mask(self._pending[1][:rows].astype(np.uint8) * 255, window=window)
+            self._dataset.write(self._values[None, :rows], window=window)
+            self._dataset.write_mask(self._valid[:rows], window=window)
             self._written += rows
-            self._pending = [part[rows:] for part in self._pending]
+            self._held -= rows
+            self._values[: self._held] = self._values[rows : rows + self._held]
+            self._valid[: self._held] = self._valid[rows : rows + self._held]
 
     def commit(self, overviews: bool = False) -> Path:
         """Finish the file (with overviews if asked) and move it into place."""
@@ -187,6 +228,8 @@ class RasterSink:
 
 def gdal_settings():
     """GDAL as predict uses it: mask bands inside the GeoTIFF, a block cache of fixed size (GDAL's
-    default, 5% of RAM, would let memory grow with the raster up to that), and no .aux.xml files
-    written beside the inputs (statistics stay in memory)."""
-    return rasterio().Env(GDAL_TIFF_INTERNAL_MASK=True, GDAL_CACHEMAX=256, GDAL_PAM_ENABLED="NO")
+    default, 5% of RAM, would let memory grow with the raster up to that), no .aux.xml files
+    written beside the inputs (statistics stay in memory), and tiles decoded by as many threads
+    as torch computes with: reading and the model take turns, so the cores would idle otherwise."""
+    return rasterio().Env(GDAL_TIFF_INTERNAL_MASK=True, GDAL_CACHEMAX=64, GDAL_PAM_ENABLED="NO",
+                          GDAL_NUM_THREADS=str(torch.get_num_threads()))

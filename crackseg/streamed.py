@@ -147,6 +147,12 @@ def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_
     in a halo, whose direction the band's edge distorts, can bridge a gap that the whole
     mask leaves open, merging two cracks into one.
     """
+    with gdal_settings():  # GDAL's own block cache (5% of RAM) would fill with the mask's tiles
+        return _summarize(mask_path, measure, join_gap, min_length, band_pixels)
+
+
+def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: float,
+               band_pixels: int) -> tuple[dict, list[CrackMeasure], np.ndarray]:
     rio = rasterio()
     halo = HALO + math.ceil(join_gap)
     with RasterSource(mask_path) as source:
