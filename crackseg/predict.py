@@ -250,16 +250,19 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     for key in sorted(streamed):  # every process predicts a part of each raster; rank 0 joins and measures them
         path, name = listed[key]
         status = "skipped: exists" if options.skip_existing and all(file.exists() for file in outputs[key]) else "ok"
+        pixels = None  # (crack, valid) counted while predicting
         if status == "ok":
-            failures = [failure for failure in distributed.gather_objects(_predict_raster_part(path, outputs[key], predictor, threshold, options, env), env) if failure]
+            parts = distributed.gather_objects(_predict_raster_part(path, outputs[key], predictor, threshold, options, env), env)
+            failures = [failure for failure, _ in parts if failure]
             if env.is_main and not failures and env.distributed:
                 failures = _merge_raster_parts(path, outputs[key], predictor, options, env.world_size)
+            pixels = None if failures else tuple(map(sum, zip(*(counts for _, counts in parts))))
         if not env.is_main:
             continue
         try:
             if status == "ok" and failures:
                 raise InputError(failures[0])
-            rows[key], cracks = _raster_rows(path, out, name, mask_paths[key], spec, status)
+            rows[key], cracks = _raster_rows(path, out, name, mask_paths[key], spec, status, pixels)
         except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
             discard_parts(outputs[key], env.world_size)
             errors.append({"path": str(path), "error": str(error)})
@@ -289,14 +292,13 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
 
 
 def _predict_raster_part(path: Path, outputs: list[Path], predictor: Predictor, threshold: float,
-                         options: PredictOptions, env: distributed.Environment) -> str | None:
-    """This process's part of a raster; what went wrong, or None."""
+                         options: PredictOptions, env: distributed.Environment) -> tuple[str | None, tuple[int, int]]:
+    """This process's part of a raster: (what went wrong or None, its (crack, valid) pixel counts)."""
     try:
-        predict_raster(path, outputs, predictor, threshold, options.save_prob, options.max_pixels, options.overviews,
-                       (env.rank, env.world_size), progress=env.is_main)
+        return None, predict_raster(path, outputs, predictor, threshold, options.save_prob, options.max_pixels, options.overviews,
+                                    (env.rank, env.world_size), progress=env.is_main)
     except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
-        return str(error)
-    return None
+        return str(error), (0, 0)
 
 
 def _merge_raster_parts(path: Path, outputs: list[Path], predictor: Predictor, options: PredictOptions, count: int) -> list[str]:
@@ -307,9 +309,10 @@ def _merge_raster_parts(path: Path, outputs: list[Path], predictor: Predictor, o
     return []
 
 
-def _raster_rows(path: Path, out: Path, name: str, mask_path: Path, spec: OutputSpec, status: str) -> tuple[dict, list[dict]]:
+def _raster_rows(path: Path, out: Path, name: str, mask_path: Path, spec: OutputSpec, status: str,
+                 pixels: tuple[int, int] | None = None) -> tuple[dict, list[dict]]:
     """The table rows of a raster predicted by windows; its pixel size comes from the georeferencing unless given."""
-    counts, cracks, links = summarize_raster(mask_path, spec.measure, spec.join_gap_px, spec.min_length_px)
+    counts, cracks, links = summarize_raster(mask_path, spec.measure, spec.join_gap_px, spec.min_length_px, pixels=pixels)
     note, transform = counts.pop("px_size_note"), counts.pop("transform")
     if note and spec.px_size is None:
         tqdm.write(f"crackseg: warning: {note}", file=sys.stderr)

@@ -61,8 +61,9 @@ def raster_outputs(out: Path, name: str, spec: OutputSpec) -> list[Path]:
 
 def predict_raster(path: Path, outputs: list[Path], predictor: Predictor, threshold: float, save_prob: int | None,
                    max_pixels: int = MAX_PIXELS, overviews: bool = False, part: tuple[int, int] = (0, 1),
-                   progress: bool = True) -> None:
-    """Write the mask (uint8 0/255) and, with ``save_prob``, the probabilities of one raster.
+                   progress: bool = True) -> tuple[int, int]:
+    """Write the mask (uint8 0/255) and, with ``save_prob``, the probabilities of one raster; returns
+    its (crack, valid) pixel counts.
 
     ``part`` (index, count) of processes sharing the raster writes only its rows, to
     :func:`part_paths`; :func:`merge_parts` then makes the outputs. Nothing is left under
@@ -73,14 +74,18 @@ def predict_raster(path: Path, outputs: list[Path], predictor: Predictor, thresh
     with gdal_settings(), RasterSource(path, max_pixels) as source:
         start, stop = part_rows(source.height, predictor.tile, predictor.overlap, part)
         if start == stop:
-            return
+            return 0, 0
+        crack_pixels = valid_pixels = 0
         sinks = []
         try:
             for target, dtype in zip(targets if count == 1 else part_paths(targets, index), ["uint8", "uint8" if save_prob == 8 else "uint16"]):
                 sinks.append(RasterSink(target, source, dtype, (start, stop)))
             bar = tqdm(total=round((stop - start) * source.width / 1e6, 1), desc=f"predict {Path(path).name}", unit="MP", disable=None if progress else True)
             for top, left, prob, valid in predictor.blocks(source.read, source.height, source.width, part):
-                sinks[0].write_block(top - start, left, ((prob >= threshold).numpy() & valid).astype(np.uint8) * 255, valid)
+                cracks = (prob >= threshold).numpy() & valid
+                crack_pixels += int(np.count_nonzero(cracks))
+                valid_pixels += int(np.count_nonzero(valid))
+                sinks[0].write_block(top - start, left, cracks.astype(np.uint8) * 255, valid)
                 if save_prob:
                     sinks[1].write_block(top - start, left, np.where(valid, probability_levels(prob, save_prob), 0), valid)
                 bar.update(round(prob.numel() / 1e6, 3))
@@ -91,6 +96,7 @@ def predict_raster(path: Path, outputs: list[Path], predictor: Predictor, thresh
             for sink in sinks:
                 sink.abort()
             raise
+    return crack_pixels, valid_pixels
 
 
 def part_paths(outputs: list[Path], index: int) -> list[Path]:
@@ -133,10 +139,11 @@ def discard_parts(outputs: list[Path], count: int) -> None:
 
 
 def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_length: float = 0.0,
-                     band_pixels: int = 4_000_000) -> tuple[dict, list[CrackMeasure], np.ndarray]:
+                     band_pixels: int = 4_000_000, pixels: tuple[int, int] | None = None) -> tuple[dict, list[CrackMeasure], np.ndarray]:
     """A mask GeoTIFF's counts (predictions.csv's columns, the pixel size and geotransform) and, when
     ``measure``, its cracks (longest first, ids from 1) and their skeleton links (rows of
-    :func:`crackseg.vectors.skeleton_links`, last column the crack id). Read a band of rows at a time.
+    :func:`crackseg.vectors.skeleton_links`, last column the crack id). Read a band of rows at a
+    time; not at all without ``measure`` when ``pixels`` (crack, valid), counted while predicting, is given.
 
     Each band is measured with HALO rows (plus the join gap) above and below it
     (:func:`crackseg.measure.crack_parts` counts only the band's own rows), and cracks that
@@ -148,11 +155,11 @@ def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_
     mask leaves open, merging two cracks into one.
     """
     with gdal_settings():  # GDAL's own block cache (5% of RAM) would fill with the mask's tiles
-        return _summarize(mask_path, measure, join_gap, min_length, band_pixels)
+        return _summarize(mask_path, measure, join_gap, min_length, band_pixels, pixels)
 
 
 def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: float,
-               band_pixels: int) -> tuple[dict, list[CrackMeasure], np.ndarray]:
+               band_pixels: int, pixels: tuple[int, int] | None) -> tuple[dict, list[CrackMeasure], np.ndarray]:
     rio = rasterio()
     halo = HALO + math.ceil(join_gap)
     with RasterSource(mask_path) as source:
@@ -168,7 +175,7 @@ def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: floa
         boxes: list[np.ndarray] = []
         links: list[np.ndarray] = []  # skeleton links in raster rows, last column the node
         previous = None  # (labels of the rows shared with the next window, the first node of their window)
-        for top in range(0, height, band):
+        for top in range(0, height if measure or pixels is None else 0, band):
             bottom = min(top + band, height)
             start, stop = (max(0, top - halo), min(height, bottom + halo)) if measure else (top, bottom)
             mask = raster.read(1, window=rio.windows.Window(0, start, width, stop - start)) > 127
@@ -191,6 +198,7 @@ def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: floa
                 for a, b in np.unique(np.stack([shared[both], below[both]], axis=1), axis=0):
                     _union(parent, above + int(a) - 1, first + int(b) - 1)
             previous = (parts.labels[max(0, bottom - halo) - start :], first)
+    crack_pixels, valid_pixels = (crack_pixels, valid_pixels) if pixels is None else pixels
     counts = {"width": width, "height": height, "crack_fraction": round(crack_pixels / max(valid_pixels, 1), 6),
               "area_px": crack_pixels, "valid_px": valid_pixels, "crs": crs, "px_size_mm": px_size,
               "px_size_note": note, "transform": transform}

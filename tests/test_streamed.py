@@ -99,6 +99,25 @@ def test_parts_of_a_raster_are_the_bits_of_the_whole(tmp_path, overlap):
             assert spans[0][0] == 0 and spans[-1][1] == 1100 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
 
 
+def test_joined_parts_and_their_pixel_counts_equal_the_whole(tmp_path):
+    from crackseg.streamed import merge_parts, predict_raster
+
+    pixels = _pavement(1100, 700)
+    pixels[:, 900:, :] = 0
+    _write(tmp_path / "ortho.tif", pixels, nodata=0)
+    predictor = Predictor(_context_model(), torch.device("cpu"), tile=256, overlap=32)
+    whole = [tmp_path / "whole" / "mask.tif", tmp_path / "whole" / "prob.tif"]
+    counts = predict_raster(tmp_path / "ortho.tif", whole, predictor, 0.5, 16, progress=False)
+    joined = [tmp_path / "joined" / "mask.tif", tmp_path / "joined" / "prob.tif"]
+    parts = [predict_raster(tmp_path / "ortho.tif", joined, predictor, 0.5, 16, part=(index, 3), progress=False) for index in range(3)]
+    merge_parts(tmp_path / "ortho.tif", joined, 256, 32, 3)
+    mask, valid, _ = _mask(whole[0])
+    assert counts == tuple(map(sum, zip(*parts))) == (int((mask > 0).sum()), int((valid > 0).sum())) and 0 < counts[0] < counts[1] < 1100 * 700
+    for a, b in zip(whole, joined):
+        assert np.array_equal(_mask(a)[0], _mask(b)[0]) and np.array_equal(_mask(a)[1], _mask(b)[1])
+    assert sorted(p.name for p in (tmp_path / "joined").iterdir()) == ["mask.tif", "prob.tif"]
+
+
 def test_processes_sharing_a_raster_write_what_one_process_writes(tmp_path, dark_checkpoint):
     import os
     import subprocess
