@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
             "smoothly blended tiles; nothing is resized unless --resize is given. Unreadable inputs\n"
             "are listed in OUT/errors.csv and the exit status is 1; the rest are still written.\n\n"
             "  crackseg predict --checkpoint checkpoints/demo/best.pt data/photos --out predictions\n"
-            "  ./launch.sh predict --checkpoint ... photos/ --out ...   (inputs shared across GPUs)"
+            "  ./launch.sh predict --checkpoint ... photos/ --out ...   (photos, and each raster's tiles, shared across GPUs)"
         ),
         formatter_class=_HelpFormatter,
     )

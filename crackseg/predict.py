@@ -162,7 +162,8 @@ class _Images(torch.utils.data.Dataset):
 def predict_folder(checkpoint: Path, inputs: list[str], options: PredictOptions) -> int:
     """Predict every input into ``options.out``; returns 0, or 1 when some input failed.
 
-    Under torchrun each process takes every WORLD_SIZE-th input; rank 0 writes the CSVs.
+    Under torchrun each process takes every WORLD_SIZE-th photo and a share of every raster's
+    tile rows; rank 0 joins the rasters' parts, measures them and writes the CSVs.
     """
     backend = resolve_backend(Path(checkpoint), options.backend)
     if backend != "torch" and options.channels_last:

@@ -80,16 +80,16 @@ def predict_raster(path: Path, outputs: list[Path], predictor: Predictor, thresh
         try:
             for target, dtype in zip(targets if count == 1 else part_paths(targets, index), ["uint8", "uint8" if save_prob == 8 else "uint16"]):
                 sinks.append(RasterSink(target, source, dtype, (start, stop)))
-            bar = tqdm(total=round((stop - start) * source.width / 1e6, 1), desc=f"predict {Path(path).name}", unit="MP", disable=None if progress else True)
-            for top, left, prob, valid in predictor.blocks(source.read, source.height, source.width, part):
-                cracks = (prob >= threshold).numpy() & valid
-                crack_pixels += int(np.count_nonzero(cracks))
-                valid_pixels += int(np.count_nonzero(valid))
-                sinks[0].write_block(top - start, left, cracks.astype(np.uint8) * 255, valid)
-                if save_prob:
-                    sinks[1].write_block(top - start, left, np.where(valid, probability_levels(prob, save_prob), 0), valid)
-                bar.update(round(prob.numel() / 1e6, 3))
-            bar.close()
+            megapixels = round((stop - start) * source.width / 1e6, 1)
+            with tqdm(total=megapixels, desc=f"predict {Path(path).name}", unit="MP", disable=None if progress else True) as bar:
+                for top, left, prob, valid in predictor.blocks(source.read, source.height, source.width, part):
+                    cracks = (prob >= threshold).numpy() & valid
+                    crack_pixels += int(np.count_nonzero(cracks))
+                    valid_pixels += int(np.count_nonzero(valid))
+                    sinks[0].write_block(top - start, left, cracks.astype(np.uint8) * 255, valid)
+                    if save_prob:
+                        sinks[1].write_block(top - start, left, np.where(valid, probability_levels(prob, save_prob), 0), valid)
+                    bar.update(round(prob.numel() / 1e6, 3))
             for sink in sinks:
                 sink.commit(overviews and count == 1)
         except BaseException:
