@@ -558,8 +558,10 @@ def bench_rasters(args: argparse.Namespace) -> list[dict]:
             return json.loads(result.stdout.strip().splitlines()[-1])
 
         photo_side = 600 if args.quick else 6000
-        inputs = {f"JPEG photo {photo_side}x{photo_side}, decoded whole": (tmp / "photo.jpg", photo_side**2 / 1e6)}
-        Image.fromarray(np.tile(texture, (photo_side // 512 + 1, 1, 1))[:photo_side, :photo_side]).save(tmp / "photo.jpg", quality=90)
+        repeats = (photo_side // texture.shape[0] + 1, photo_side // texture.shape[1] + 1, 1)
+        Image.fromarray(np.tile(texture, repeats)[:photo_side, :photo_side]).save(tmp / "photo.jpg", quality=90)
+        with Image.open(tmp / "photo.jpg") as photo:  # megapixels as decoded, so a wrong size cannot inflate the rate
+            inputs = {f"JPEG photo {photo.width}x{photo.height}, decoded whole": (tmp / "photo.jpg", photo.width * photo.height / 1e6)}
         for height, width in sides:
             path = tmp / f"ortho-{width}x{height}.tif"
             profile = dict(driver="GTiff", width=width, height=height, count=3, dtype="uint8", crs="EPSG:32633",
@@ -570,7 +572,8 @@ def bench_rasters(args: argparse.Namespace) -> list[dict]:
                     rows_here = min(512, height - top)
                     band = np.tile(texture, (1, width // texture.shape[1] + 1, 1))[:rows_here, :width]
                     raster.write(np.ascontiguousarray(band.transpose(2, 0, 1)), window=rasterio.windows.Window(0, top, width, rows_here))
-            inputs[f"GeoTIFF {width}x{height}, JPEG tiles, read by windows"] = (path, width * height / 1e6)
+            with rasterio.open(path) as raster:
+                inputs[f"GeoTIFF {raster.width}x{raster.height}, JPEG tiles, read by windows"] = (path, raster.width * raster.height / 1e6)
         photo_name = next(iter(inputs))
         runs: dict[str, list[dict]] = {name: [] for name in inputs}
         for _ in range(_windows(args, 2)):  # each raster right after a photo run, so drift hits both alike
