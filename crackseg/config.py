@@ -78,9 +78,9 @@ def option(default, help: str, group: str, choices: tuple | None = None, valid: 
 
 
 def _pos_weight(text: str) -> str:
-    """``auto``, ``none`` or a positive number, kept as text."""
-    if text not in ("auto", "none"):
-        _number(text, POSITIVE, "auto, none or a number")
+    """``auto``, ``sqrt``, ``none`` or a positive number, kept as text."""
+    if text not in ("auto", "sqrt", "none"):
+        _number(text, POSITIVE, "auto, sqrt, none or a number")
     return text
 
 
@@ -160,11 +160,12 @@ class TrainConfig:
     loss: str = option("bce", "pixel-weighted BCE, optionally plus soft Dice", "optimization", choices=("bce", "bce+dice"))
     pos_weight: str = option(
         "auto",
-        "crack pixel weight: auto (background / crack pixels in the training masks), none, or a positive number",
+        "crack pixel weight: auto (background / crack pixels in the training masks), sqrt (its square root: "
+        "probabilities less pushed up), none, or a positive number",
         "optimization",
         flag_type=_pos_weight,
     )
-    pos_weight_scale: float = option(1.0, "factor applied to the auto crack pixel weight", "optimization", valid=POSITIVE)
+    pos_weight_scale: float = option(1.0, "factor applied to the auto or sqrt crack pixel weight", "optimization", valid=POSITIVE)
     seed: int = option(0, "seed of the split, initialization, order and augmentation", "optimization", valid=NON_NEGATIVE)
     # speed and memory
     device: str = option("auto", "auto (CUDA when present, one GPU per process by LOCAL_RANK), cuda or cpu", "speed and memory")

@@ -287,13 +287,13 @@ def load_split(path: Path) -> dict[str, list[str]]:
     return {name: list(split.get(name, [])) for name in SPLITS}
 
 
-def crack_pixel_weight(masks: list[MaskInfo], scale: float = 1.0) -> float:
-    """``pos_weight`` for BCE: background pixels / crack pixels over ``masks``, times ``scale``."""
+def crack_pixel_weight(masks: list[MaskInfo]) -> float:
+    """``pos_weight`` for BCE: background pixels / crack pixels over ``masks``."""
     crack = sum(info.crack_pixels for info in masks)
     total = sum(info.height * info.width for info in masks)
     if crack == 0:
         raise InputError("the training masks hold no crack pixels: nothing to learn (check the mask files)")
-    return scale * (total - crack) / crack
+    return (total - crack) / crack
 
 
 class CrackDataset(torch.utils.data.Dataset):

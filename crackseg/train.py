@@ -230,8 +230,9 @@ def _prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunF
 
 
 def _resolve(config: TrainConfig, env: distributed.Environment, train_masks: list) -> Resolved:
-    if config.pos_weight == "auto":
-        pos_weight = crack_pixel_weight(train_masks, config.pos_weight_scale)
+    if config.pos_weight in ("auto", "sqrt"):
+        ratio = crack_pixel_weight(train_masks)
+        pos_weight = config.pos_weight_scale * (math.sqrt(ratio) if config.pos_weight == "sqrt" else ratio)
     else:
         pos_weight = None if config.pos_weight == "none" else float(config.pos_weight)
     devices = torch.cuda.device_count() if config.strategy == "dp" and env.device.type == "cuda" else 1

@@ -183,7 +183,6 @@ def test_split_files_are_honoured_and_validation_carved_from_train(tmp_path):
 def test_crack_pixel_weight_on_hand_made_masks():
     infos = [data.MaskInfo(10, 10, 10, True), data.MaskInfo(10, 10, 0, True), data.MaskInfo(5, 4, 10, True)]
     assert crack_pixel_weight(infos) == pytest.approx((220 - 20) / 20)
-    assert crack_pixel_weight(infos, scale=0.5) == pytest.approx(5.0)
     with pytest.raises(InputError, match="no crack pixels"):
         crack_pixel_weight([data.MaskInfo(4, 4, 0, True)])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -68,6 +69,13 @@ def test_run_folder_holds_everything(finished_run):
     assert load_model(finished_run / "best.pt").threshold == best["metrics"]["threshold"]
     log = (finished_run / "train.log").read_text()
     assert "epoch 2/2" in log and "best f1" in log
+
+
+def test_sqrt_crack_pixel_weight_is_the_root_of_the_auto_one_times_the_scale(finished_run, synth_root, tmp_path):
+    auto = read_checkpoint(finished_run / "last.pt")["config"]["resolved"]["pos_weight"]
+    fit(_config(tmp_path / "sqrt", synth_root, epochs=1, pos_weight="sqrt", pos_weight_scale=2.0))
+    resolved = read_checkpoint(tmp_path / "sqrt" / "last.pt")["config"]["resolved"]["pos_weight"]
+    assert auto > 4 and resolved == pytest.approx(2.0 * math.sqrt(auto))
 
 
 def test_tensorboard_events_hold_the_expected_tags(finished_run):
