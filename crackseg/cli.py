@@ -316,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--batch-size", type=_checked(int, AT_LEAST_ONE), default=None,
                          help="tiles per forward pass; tiles of several images share a batch (default 8 on a GPU, 1 on CPU, where batches ran slower)")
     predict.add_argument("--tta", choices=["none", "flip", "d4"], default="none", help="average probabilities over a horizontal flip, or all 8 flips and rotations")
-    predict.add_argument("--save-prob", type=int, choices=[8, 16], default=None, help="also write OUT/probs/<name>.png, the probability map as 8- or 16-bit PNG")
+    predict.add_argument("--save-prob", type=int, choices=[8, 16], default=None, help="also write the probability map as 8- or 16-bit OUT/probs/<name>.png (a GeoTIFF, .tif, for rasters read by windows)")
     predict.add_argument("--overlay", action="store_true", help="also write OUT/overlays/<name>.jpg, the photo with cracks tinted red")
     predict.add_argument("--resize", type=_size, default=None, help="resize every image to N or HxW px first (for models trained on resized data); masks come back at the input size")
     predict.add_argument("--join-gap", type=_length, default=JOIN_GAP,

@@ -23,7 +23,7 @@ from crackseg.config import AT_LEAST_ONE, FRACTION, JOIN_GAP, MAX_PIXELS, MIN_LE
 from crackseg.errors import InputError
 from crackseg.export import check_runtime_amp, load_inference_model, resolve_backend
 from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_csv
-from crackseg.images import IMAGE_SUFFIXES, load_image
+from crackseg.images import IMAGE_SUFFIXES, describe_error, load_image
 from crackseg.inference import Predictor
 from crackseg.measure import WidthClasses
 from crackseg.outputs import OutputSpec, outputs_of, summarize_existing, table_rows, vector_path, write_image_outputs, write_summary
@@ -156,7 +156,7 @@ class _Images(torch.utils.data.Dataset):
         try:
             return key, load_image(path), None
         except Exception as error:  # any undecodable input is reported, the others go on
-            return key, None, f"{type(error).__name__}: {error}"
+            return key, None, describe_error(error)
 
 
 def predict_folder(checkpoint: Path, inputs: list[str], options: PredictOptions) -> int:
@@ -313,12 +313,15 @@ def _merge_raster_parts(path: Path, outputs: list[Path], predictor: Predictor, o
 def _raster_rows(path: Path, out: Path, name: str, mask_path: Path, spec: OutputSpec, status: str,
                  pixels: tuple[int, int] | None = None) -> tuple[dict, list[dict]]:
     """The table rows of a raster predicted by windows; its pixel size comes from the georeferencing unless given."""
-    counts, cracks, links = summarize_raster(mask_path, spec.measure, spec.join_gap_px, spec.min_length_px, pixels=pixels)
+    counts, cracks, links = summarize_raster(mask_path, spec.measure, spec.join_gap_px, spec.min_length_px, pixels=pixels,
+                                             links=bool(spec.vectors))
     note, transform = counts.pop("px_size_note"), counts.pop("transform")
-    if note and spec.px_size is None:
-        tqdm.write(f"crackseg: warning: {note}", file=sys.stderr)
-    if spec.px_size is None and counts["px_size_mm"] is not None:
+    if spec.px_size is not None:
+        counts["px_size_mm"] = spec.px_size  # --px-size overrides the georeferencing
+    elif counts["px_size_mm"] is not None:
         spec = replace(spec, px_size=counts["px_size_mm"])
+    elif note:
+        tqdm.write(f"crackseg: warning: {note}", file=sys.stderr)
     row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, status)
     if transform is not None:
         for item in crack_rows:  # the bounding box in map coordinates too

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 from tqdm import tqdm
 
 from crackseg.config import MAX_PIXELS, STREAM_ABOVE
@@ -28,18 +29,22 @@ from crackseg.vectors import skeleton_links
 
 
 HALO = 64  # px above and below each measured band: cracks narrower than this are measured as on the whole mask
+GEOTIFF_TAGS = {33550, 33922, 34264, 34735}  # ModelPixelScale, ModelTiepoint, ModelTransformation, GeoKeyDirectory
 
 
 def is_streamed(path: Path) -> bool:
     """Whether ``path`` is predicted by windows: a TIFF that is georeferenced or larger than STREAM_ABOVE.
 
-    Other images (and every TIFF when the geo extra is missing) are decoded whole, as photos.
+    Other images are decoded whole, as photos. Without the geo extra, such a TIFF is a
+    one-line error naming it: read whole it would lose its georeferencing, or its size.
     """
     if Path(path).suffix.lower() not in (".tif", ".tiff"):
         return False
     try:
         rio = rasterio()
-    except InputError:  # no geo extra: TIFFs are read whole by Pillow, as before
+    except InputError as error:
+        if _geotiff_or_large(path):
+            raise InputError(f"{path}: a GeoTIFF or a TIFF over {STREAM_ABOVE / 1e6:.0f} megapixels is read by windows; {error}") from None
         return False
     try:
         with rio.open(path) as dataset:
@@ -47,6 +52,15 @@ def is_streamed(path: Path) -> bool:
             return georeferenced or dataset.width * dataset.height > STREAM_ABOVE
     except rio.errors.RasterioIOError:
         return False  # not a TIFF GDAL reads: the photo path reports what is wrong with it
+
+
+def _geotiff_or_large(path: Path) -> bool:
+    """From the TIFF header alone (Pillow, nothing decoded): georeferencing tags, or more pixels than STREAM_ABOVE."""
+    try:
+        with Image.open(path) as image:
+            return bool(GEOTIFF_TAGS & set(getattr(image, "tag_v2", {}))) or image.width * image.height > STREAM_ABOVE
+    except (OSError, ValueError):  # not a TIFF Pillow reads: the photo path reports what is wrong with it
+        return False
 
 
 def raster_outputs(out: Path, name: str, spec: OutputSpec) -> list[Path]:
@@ -139,11 +153,13 @@ def discard_parts(outputs: list[Path], count: int) -> None:
 
 
 def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_length: float = 0.0,
-                     band_pixels: int = 4_000_000, pixels: tuple[int, int] | None = None) -> tuple[dict, list[CrackMeasure], np.ndarray]:
+                     band_pixels: int = 4_000_000, pixels: tuple[int, int] | None = None,
+                     links: bool = False) -> tuple[dict, list[CrackMeasure], np.ndarray]:
     """A mask GeoTIFF's counts (predictions.csv's columns, the pixel size and geotransform) and, when
-    ``measure``, its cracks (longest first, ids from 1) and their skeleton links (rows of
-    :func:`crackseg.vectors.skeleton_links`, last column the crack id). Read a band of rows at a
-    time; not at all without ``measure`` when ``pixels`` (crack, valid), counted while predicting, is given.
+    ``measure``, its cracks (longest first, ids from 1) and, with ``links``, their skeleton links
+    (rows of :func:`crackseg.vectors.skeleton_links`, last column the crack id: held for the
+    whole raster, so only asked for when drawing vectors). Read a band of rows at a time; not
+    at all without ``measure`` when ``pixels`` (crack, valid), counted while predicting, is given.
 
     Each band is measured with HALO rows (plus the join gap) above and below it
     (:func:`crackseg.measure.crack_parts` counts only the band's own rows), and cracks that
@@ -155,11 +171,11 @@ def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_
     mask leaves open, merging two cracks into one.
     """
     with gdal_settings():  # GDAL's own block cache (5% of RAM) would fill with the mask's tiles
-        return _summarize(mask_path, measure, join_gap, min_length, band_pixels, pixels)
+        return _summarize(mask_path, measure, join_gap, min_length, band_pixels, pixels, links)
 
 
 def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: float,
-               band_pixels: int, pixels: tuple[int, int] | None) -> tuple[dict, list[CrackMeasure], np.ndarray]:
+               band_pixels: int, pixels: tuple[int, int] | None, with_links: bool) -> tuple[dict, list[CrackMeasure], np.ndarray]:
     rio = rasterio()
     halo = HALO + math.ceil(join_gap)
     with RasterSource(mask_path) as source:
@@ -189,8 +205,8 @@ def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: floa
             parent.extend(range(first, first + len(parts.area) - 1))
             sums.append(np.stack([parts.length, parts.gap, parts.area, parts.max_width, parts.fragments], axis=1)[1:])
             boxes.append(parts.box[1:] + np.array([start, 0, start, 0]))
-            links.append(skeleton_links(parts.skeleton, parts.labels, slice(top - start, bottom - start))
-                         + np.array([start, 0, start, 0, first - 1]))
+            if with_links:
+                links.append(skeleton_links(parts.skeleton, parts.labels, own) + np.array([start, 0, start, 0, first - 1]))
             if previous is not None:
                 shared, above = previous
                 below = parts.labels[: len(shared)]

@@ -175,7 +175,7 @@ def test_nodata_and_alpha_areas_are_neither_predicted_nor_counted(tmp_path, dark
     mask, valid, _ = _mask(tmp_path / "out" / "masks" / "nodata.tif")
     assert not mask[:, :300].any() and not valid[:, :300].any() and valid[:, 300:].all() and mask[:, 300:].any()
     mask, valid, _ = _mask(tmp_path / "out" / "masks" / "rgba.tif")
-    assert not mask[400:].any() and not valid[400:].any() and mask[:400].any()
+    assert not mask[400:].any() and not valid[400:].any() and np.array_equal(mask[:400] > 0, (_pavement(600, 800)[0] < 100)[:400])
     rows = {row["path"].rsplit("/", 1)[1]: row for row in csv.DictReader(open(tmp_path / "out" / "predictions.csv"))}
     assert int(rows["nodata.tif"]["valid_px"]) == 600 * 500
     assert int(rows["nodata.tif"]["area_px"]) == int((_pavement(600, 800)[0, :, 300:] < 100).sum())
@@ -205,6 +205,51 @@ def test_limits_and_georeferencing_without_a_scale_are_one_line(tmp_path, dark_c
     _write(tmp_path / "geo" / "lonlat.tif", _pavement(300, 400), crs="EPSG:4326", transform=Affine(1e-7, 0.0, 15.0, 0.0, -1e-7, 48.0))
     assert _predict("--checkpoint", dark_checkpoint, tmp_path / "geo", "--out", tmp_path / "out2", "--no-measure") == 0
     assert "not projected" in capsys.readouterr().err
+    (row,) = csv.DictReader(open(tmp_path / "out2" / "predictions.csv"))
+    assert row["px_size_mm"] == "" and "area_mm2" not in row
+
+
+def test_px_size_overrides_the_scale_of_the_georeferencing(tmp_path, dark_checkpoint, capsys):
+    (tmp_path / "in").mkdir()
+    _write(tmp_path / "in" / "utm.tif", _pavement(300, 400))  # 2 mm pixels
+    _write(tmp_path / "in" / "lonlat.tif", _pavement(300, 400), crs="EPSG:4326", transform=Affine(1e-7, 0.0, 15.0, 0.0, -1e-7, 48.0))
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--px-size", "5") == 0
+    assert "warning" not in capsys.readouterr().err
+    rows = list(csv.DictReader(open(tmp_path / "out" / "predictions.csv")))
+    cracks = list(csv.DictReader(open(tmp_path / "out" / "cracks.csv")))
+    assert len(rows) == 2 and len(cracks) >= 2
+    for row in rows:
+        assert float(row["px_size_mm"]) == 5.0 and float(row["area_mm2"]) == pytest.approx(25 * int(row["area_px"]))
+    for crack in cracks:
+        assert float(crack["length_mm"]) == pytest.approx(5 * float(crack["length_px"]), abs=1e-3)
+
+
+def test_rasters_without_the_geo_extra_are_one_line_and_plain_tiffs_read_as_photos(tmp_path, dark_checkpoint, monkeypatch, capsys):
+    from PIL import Image
+
+    (tmp_path / "geo").mkdir()
+    _write(tmp_path / "geo" / "ortho.tif", _pavement(100, 100))
+    (tmp_path / "plain").mkdir()
+    Image.fromarray(_pavement(100, 100).transpose(1, 2, 0)).save(tmp_path / "plain" / "scan.tif")
+    monkeypatch.setitem(sys.modules, "rasterio", None)  # makes `import rasterio` fail
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "geo", "--out", tmp_path / "out") == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "ortho.tif" in error and "pip install 'crackseg[geo]'" in error
+    assert not (tmp_path / "out" / "masks").exists()
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "plain", "--out", tmp_path / "out2", "--no-measure") == 0
+    assert (tmp_path / "out2" / "masks" / "scan.png").exists()
+
+
+def test_a_photo_too_large_to_decode_whole_says_how_to_convert_it(tmp_path, dark_checkpoint, monkeypatch, capsys):
+    from PIL import Image
+
+    (tmp_path / "in").mkdir()
+    Image.fromarray(_pavement(200, 300).transpose(1, 2, 0)).save(tmp_path / "in" / "huge.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 20_000)  # Pillow refuses images over twice this
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--no-measure") == 1
+    (row,) = csv.DictReader(open(tmp_path / "out" / "errors.csv"))
+    assert row["path"].endswith("huge.png") and "tiled GeoTIFF" in row["error"] and "gdal_translate" in row["error"]
+    assert "gdal_translate" in capsys.readouterr().err
 
 
 def test_cracks_across_bands_are_measured_as_on_the_whole_mask(tmp_path):
@@ -232,7 +277,8 @@ def test_cracks_across_bands_are_measured_as_on_the_whole_mask(tmp_path):
             assert (got.max_width_px, got.mean_width_px) == pytest.approx((want.max_width_px, want.mean_width_px), rel=1e-9)
 
 
-def test_vectors_have_one_centreline_per_crack_in_map_or_pixel_coordinates(tmp_path, dark_checkpoint):
+@pytest.mark.parametrize("fmt", ["gpkg", "geojson"])
+def test_vectors_have_one_centreline_per_crack_in_map_or_pixel_coordinates(tmp_path, dark_checkpoint, fmt):
     pyogrio = pytest.importorskip("pyogrio")
     shapely = pytest.importorskip("shapely")
     (tmp_path / "in").mkdir()
@@ -243,20 +289,31 @@ def test_vectors_have_one_centreline_per_crack_in_map_or_pixel_coordinates(tmp_p
     from PIL import Image
 
     Image.fromarray(photo).save(tmp_path / "in" / "photo.png")
-    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--vectors", "gpkg") == 0
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--vectors", fmt) == 0
     cracks = list(csv.DictReader(open(tmp_path / "out" / "cracks.csv")))
     for name in ("ortho", "photo"):
         mine = [row for row in cracks if row["path"].endswith(name + (".tif" if name == "ortho" else ".png"))]
-        info, _, geometries, fields = pyogrio.raw.read(tmp_path / "out" / "vectors" / f"{name}.gpkg")
+        info, _, geometries, fields = pyogrio.raw.read(tmp_path / "out" / "vectors" / f"{name}.{fmt}")
+        attributes = dict(zip(info["fields"], fields))
         lines = shapely.from_wkb(geometries)
-        assert len(lines) == len(mine) >= 1 and list(fields[list(info["fields"]).index("crack")]) == [int(row["crack"]) for row in mine]
+        assert len(lines) == len(mine) >= 1 and [int(v) for v in attributes["crack"]] == [int(row["crack"]) for row in mine]
+        for key in ("length_px", "mean_width_px", "max_width_px"):
+            assert [float(v) for v in attributes[key]] == [float(row[key]) for row in mine], key
+        assert list(attributes["source"]) == [row["path"] for row in mine]
         if name == "ortho":  # UTM metres: 2 mm pixels from (500000, 5000000) down and right
             assert info["crs"] == "EPSG:32633"
+            assert [float(v) for v in attributes["max_width_mm"]] == [float(row["max_width_mm"]) for row in mine]
+            mask = _mask(tmp_path / "out" / "masks" / "ortho.tif")[0]
             for line, row in zip(lines, mine):
                 x0, y0, x1, y1 = line.bounds
                 assert 500000 <= x0 <= x1 <= 500000 + 900 * 0.002 and 5000000 - 700 * 0.002 <= y0 <= y1 <= 5000000
                 # a polyline through pixel centres runs longer than the length estimator on slanted cracks (stairs)
                 assert line.length * 1000 == pytest.approx(float(row["length_mm"]), rel=0.1)
+                # every vertex is the centre of a crack pixel of the mask
+                xy = shapely.get_coordinates(line)
+                cols, rows = (xy[:, 0] - 500000) / 0.002 - 0.5, (5000000 - xy[:, 1]) / 0.002 - 0.5
+                assert np.allclose(cols, cols.round(), atol=1e-6) and np.allclose(rows, rows.round(), atol=1e-6)
+                assert (mask[rows.round().astype(int), cols.round().astype(int)] == 255).all()
         else:  # pixels: the first crack's centreline runs along row 41 (pixel centres at 41.5), within a pixel at its ends
             x0, y0, x1, y1 = lines[0].bounds
             assert 40.5 <= y0 <= y1 <= 42.5 and x1 - x0 == pytest.approx(float(mine[0]["length_px"]), rel=0.05)
