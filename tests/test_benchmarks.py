@@ -31,3 +31,27 @@ def test_benchmark_mode_runs(tmp_path, mode, extra):
     assert report["rows"] and report["environment"]["torch"]
     assert all(row["images_per_s"] > 0 for row in report["rows"] if isinstance(row.get("images_per_s"), float))
     assert "| mode |" in result.stdout
+
+
+def test_recipe_table_gives_mean_and_spread_over_seeds_and_flags_edge_thresholds(tmp_path):
+    import torch
+
+    from crackseg.checkpoint import FORMAT, VERSION
+    from crackseg.metrics import BINS, THRESHOLDS
+
+    edge, inner = float(THRESHOLDS[BINS - 1]), float(THRESHOLDS[BINS // 2 + 100])
+    for seed, (f1, threshold) in enumerate([(0.6, inner), (0.7, edge)]):
+        run = tmp_path / f"cfd-bce-s{seed}"
+        run.mkdir()
+        torch.save({"format": FORMAT, "version": VERSION, "epoch": 5 + seed, "metrics": {"f1": f1, "threshold": threshold}}, run / "best.pt")
+        for tolerance in (0, 2):
+            report = {"dataset": {"f1": f1 + tolerance / 10, "iou_crack": f1 / 2}, "ods": {"f1": f1, "threshold": 0.9}, "ois": {"f1": f1}}
+            (run / "test" / f"tol{tolerance}").mkdir(parents=True)
+            (run / "test" / f"tol{tolerance}" / "report.json").write_text(json.dumps(report))
+    result = subprocess.run([sys.executable, str(BENCH.with_name("recipe.py")), "--runs", str(tmp_path), "table"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("| cfd | bce |")]
+    cells = [cell.strip() for cell in line.split("|")[1:-1]]
+    assert cells[2] == "2" and cells[3] == "0.6500 ± 0.0707" and cells[8] == "0.8500 ± 0.0707"
+    assert cells[9] == f"{inner:.4g}, {edge:.4g} (edge)"

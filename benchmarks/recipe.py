@@ -1,0 +1,141 @@
+"""Training-recipe comparison on real datasets: train a variant with one seed, score it, tabulate.
+
+    python benchmarks/recipe.py run --dataset cfd --variant bce --seed 0
+    python benchmarks/recipe.py cross --train cfd --test crack500 --seed 0
+    python benchmarks/recipe.py table
+
+Every run trains a ResNet18 UNet from scratch with 2 gloo processes on the CPU (the budget of
+docs/results.md: about half an hour here), validates on a seeded 10% of ``train.txt``, and is
+scored once on ``test.txt`` at 0 and 2 px tolerance with its own validation threshold. The
+epochs per dataset give both the same number of optimizer steps (CrackForest: 64 training
+images x 60 epochs; crack500: 256 x 15). Runs go to ``checkpoints/recipe/DATASET-VARIANT-sSEED``;
+``table`` prints, per dataset and variant, the mean and sample standard deviation over seeds
+(Markdown) and every run's figures. Datasets are read from ``../shared/datasets`` (``--root``)
+and never copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATASETS = {"cfd": ("cfd", 60), "crack500": ("crack500-subset", 15)}  # name: (folder, epochs)
+VARIANTS = {
+    "bce": [],  # the defaults: BCE with the crack pixel weight background / crack
+    "bce+dice-sqrt": ["--loss", "bce+dice", "--pos-weight", "sqrt"],
+}
+BUDGET = ["--encoder", "resnet18", "--encoder-weights", "none", "--crop-size", "320", "--batch-size", "4", "--lr", "1e-3",
+          "--workers", "0", "--device", "cpu"]
+TOLERANCES = (0, 2)
+
+
+def _crackseg() -> list[str]:
+    return [sys.executable, "-m", "crackseg"]
+
+
+def _score(checkpoint: Path, data: Path, out: Path) -> None:
+    for tolerance in TOLERANCES:
+        command = [*_crackseg(), "evaluate", "--checkpoint", str(checkpoint), "--data", str(data), "--split", "test",
+                   "--tolerance", str(tolerance), "--device", "cpu", "--out", str(out / f"tol{tolerance}"), "--overwrite"]
+        print(" ".join(command), flush=True)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
+def run(args: argparse.Namespace) -> None:
+    folder, epochs = DATASETS[args.dataset]
+    data = args.root / folder
+    run_dir = args.runs / f"{args.dataset}-{args.variant}-s{args.seed}"
+    command = [str(ROOT / "launch.sh"), "--nproc", "2", "train", "--data", str(data), "--run", str(run_dir), *BUDGET,
+               "--epochs", str(epochs), "--seed", str(args.seed), *VARIANTS[args.variant]]
+    print(" ".join(command), flush=True)
+    start = time.time()
+    subprocess.run(command, check=True, env={**os.environ, "PYTHON": sys.executable})
+    (run_dir / "wall_clock_s.txt").write_text(f"{time.time() - start:.0f}\n")
+    _score(run_dir / "best.pt", data, run_dir / "test")
+
+
+def cross(args: argparse.Namespace) -> None:
+    """Score a model trained on one dataset on the other's test split."""
+    run_dir = args.runs / f"{args.train}-{args.variant}-s{args.seed}"
+    _score(run_dir / "best.pt", args.root / DATASETS[args.test][0], run_dir / f"cross-{args.test}")
+
+
+def _figures(report_dir: Path) -> dict:
+    figures = {}
+    for tolerance in TOLERANCES:
+        report = json.loads((report_dir / f"tol{tolerance}" / "report.json").read_text())
+        data = report["dataset"]
+        figures[f"f1@{tolerance}"] = data["f1"]
+        if tolerance == 0:
+            figures |= {"iou": data["iou_crack"], "ods": report["ods"]["f1"], "ois": report["ois"]["f1"],
+                        "ods_threshold": report["ods"]["threshold"]}
+    return figures
+
+
+def _run_row(run_dir: Path) -> dict:
+    from crackseg.checkpoint import read_checkpoint
+    from crackseg.metrics import BINS, THRESHOLDS, threshold_index
+
+    best = read_checkpoint(run_dir / "best.pt")
+    threshold = best["metrics"]["threshold"]
+    wall = run_dir / "wall_clock_s.txt"
+    row = {"run": run_dir.name, "best_epoch": best["epoch"], "val_f1": best["metrics"]["f1"], "threshold": threshold,
+           "at_edge": threshold_index(threshold) in (1, BINS - 1), "edge": (float(THRESHOLDS[1]), float(THRESHOLDS[BINS - 1])),
+           "wall_clock_min": float(wall.read_text()) / 60 if wall.exists() else None, **_figures(run_dir / "test")}
+    for cross_dir in sorted(run_dir.glob("cross-*")):
+        row[cross_dir.name] = _figures(cross_dir)
+    return row
+
+
+def _spread(values: list[float]) -> str:
+    mean = statistics.mean(values)
+    return f"{mean:.4f} ± {statistics.stdev(values):.4f}" if len(values) > 1 else f"{mean:.4f}"
+
+
+def table(args: argparse.Namespace) -> None:
+    rows = [_run_row(run_dir) for run_dir in sorted(args.runs.iterdir()) if (run_dir / "test" / "tol2" / "report.json").exists()]
+    keys = ["val_f1", "f1@0", "iou", "ods", "ois", "f1@2"]
+    print("| dataset | variant | seeds | " + " | ".join(keys) + " | thresholds | wall clock (min) |")
+    print("|---" * (len(keys) + 5) + "|")
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        dataset, rest = row["run"].split("-", 1)
+        groups.setdefault((dataset, rest.rsplit("-s", 1)[0]), []).append(row)
+    for (dataset, variant), members in sorted(groups.items()):
+        cells = [_spread([m[key] for m in members]) for key in keys]
+        thresholds = ", ".join(f"{m['threshold']:.4g}{' (edge)' if m['at_edge'] else ''}" for m in members)
+        walls = ", ".join(f"{m['wall_clock_min']:.0f}" for m in members if m["wall_clock_min"] is not None)
+        print(f"| {dataset} | {variant} | {len(members)} | " + " | ".join(cells) + f" | {thresholds} | {walls} |")
+    print()
+    for row in rows:
+        print(json.dumps(row))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=ROOT.parent / "shared" / "datasets", help="folder holding the datasets")
+    parser.add_argument("--runs", type=Path, default=ROOT / "checkpoints" / "recipe", help="folder of the run folders")
+    commands = parser.add_subparsers(dest="command", required=True)
+    one = commands.add_parser("run", help="train one variant with one seed, then score it on the test split")
+    one.add_argument("--dataset", choices=DATASETS, required=True)
+    one.add_argument("--variant", choices=VARIANTS, required=True)
+    one.add_argument("--seed", type=int, required=True)
+    other = commands.add_parser("cross", help="score a trained run on the other dataset's test split")
+    other.add_argument("--train", choices=DATASETS, required=True)
+    other.add_argument("--test", choices=DATASETS, required=True)
+    other.add_argument("--variant", choices=VARIANTS, default="bce")
+    other.add_argument("--seed", type=int, default=0)
+    commands.add_parser("table", help="mean and spread over seeds of every finished run")
+    args = parser.parse_args()
+    {"run": run, "cross": cross, "table": table}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
