@@ -113,6 +113,14 @@ def table(args: argparse.Namespace) -> None:
         thresholds = ", ".join(f"{m['threshold']:.4g}{' (edge)' if m['at_edge'] else ''}" for m in members)
         walls = ", ".join(f"{m['wall_clock_min']:.0f}" for m in members if m["wall_clock_min"] is not None)
         print(f"| {dataset} | {variant} | {len(members)} | " + " | ".join(cells) + f" | {thresholds} | {walls} |")
+    crossed = [(row["run"], name[len("cross-"):], row[name]) for row in rows for name in row if name.startswith("cross-")]
+    if crossed:
+        print("\n| trained (run) | scored on | f1@0 | iou | f1@2 | same-dataset f1@0 | same-dataset f1@2 |\n|---|---|---|---|---|---|---|")
+        by_name = {row["run"]: row for row in rows}
+        for run_name, tested, figures in crossed:
+            home = by_name.get(f"{tested}-{run_name.split('-', 1)[1]}")  # the same variant and seed trained on the scored dataset
+            same = f"{home['f1@0']:.4f} | {home['f1@2']:.4f}" if home else "- | -"
+            print(f"| {run_name} | {tested} test | {figures['f1@0']:.4f} | {figures['iou']:.4f} | {figures['f1@2']:.4f} | {same} |")
     print()
     for row in rows:
         print(json.dumps(row))

@@ -39,15 +39,19 @@ def test_recipe_table_gives_mean_and_spread_over_seeds_and_flags_edge_thresholds
     from crackseg.checkpoint import FORMAT, VERSION
     from crackseg.metrics import BINS, THRESHOLDS
 
-    edge, inner = float(THRESHOLDS[BINS - 1]), float(THRESHOLDS[BINS // 2 + 100])
-    for seed, (f1, threshold) in enumerate([(0.6, inner), (0.7, edge)]):
-        run = tmp_path / f"cfd-bce-s{seed}"
-        run.mkdir()
-        torch.save({"format": FORMAT, "version": VERSION, "epoch": 5 + seed, "metrics": {"f1": f1, "threshold": threshold}}, run / "best.pt")
+    def reports(folder: Path, f1: float) -> None:
         for tolerance in (0, 2):
             report = {"dataset": {"f1": f1 + tolerance / 10, "iou_crack": f1 / 2}, "ods": {"f1": f1, "threshold": 0.9}, "ois": {"f1": f1}}
-            (run / "test" / f"tol{tolerance}").mkdir(parents=True)
-            (run / "test" / f"tol{tolerance}" / "report.json").write_text(json.dumps(report))
+            (folder / f"tol{tolerance}").mkdir(parents=True)
+            (folder / f"tol{tolerance}" / "report.json").write_text(json.dumps(report))
+
+    edge, inner = float(THRESHOLDS[BINS - 1]), float(THRESHOLDS[BINS // 2 + 100])
+    for name, (f1, threshold) in {"cfd-bce-s0": (0.6, inner), "cfd-bce-s1": (0.7, edge), "crack500-bce-s0": (0.5, inner)}.items():
+        run = tmp_path / name
+        run.mkdir()
+        torch.save({"format": FORMAT, "version": VERSION, "epoch": 5, "metrics": {"f1": f1, "threshold": threshold}}, run / "best.pt")
+        reports(run / "test", f1)
+    reports(tmp_path / "crack500-bce-s0" / "cross-cfd", 0.4)
     result = subprocess.run([sys.executable, str(BENCH.with_name("recipe.py")), "--runs", str(tmp_path), "table"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -55,3 +59,4 @@ def test_recipe_table_gives_mean_and_spread_over_seeds_and_flags_edge_thresholds
     cells = [cell.strip() for cell in line.split("|")[1:-1]]
     assert cells[2] == "2" and cells[3] == "0.6500 ± 0.0707" and cells[8] == "0.8500 ± 0.0707"
     assert cells[9] == f"{inner:.4g}, {edge:.4g} (edge)"
+    assert "| crack500-bce-s0 | cfd test | 0.4000 | 0.2000 | 0.6000 | 0.6000 | 0.8000 |" in result.stdout
