@@ -157,6 +157,13 @@ class TrainConfig:
     )
     warmup_epochs: float = option(1.0, "linear warm-up length in epochs", "optimization", valid=NON_NEGATIVE)
     clip_grad: float | None = option(None, "clip the gradient norm to this (off by default)", "optimization", valid=POSITIVE)
+    ema: float | None = option(
+        None,
+        "keep an exponential moving average of the weights with this decay per optimizer step (e.g. 0.999); "
+        "validation, best.pt and last.pt's model are the average (off by default)",
+        "optimization",
+        valid=Range(0, 1, low_open=True, high_open=True),
+    )
     loss: str = option("bce", "pixel-weighted BCE, optionally plus soft Dice", "optimization", choices=("bce", "bce+dice"))
     pos_weight: str = option(
         "auto",

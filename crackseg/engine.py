@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
 from crackseg import distributed
@@ -38,6 +39,7 @@ class StepContext:
     clip_grad: float | None = None
     log_every: int = 10
     jitter: PhotometricJitter | None = None  # photometric augmentation of training batches, on the device
+    ema: AveragedModel | None = None  # moving average of the weights, updated after every optimizer step
 
     def to_device(self, images: torch.Tensor) -> torch.Tensor:
         return images.to(self.env.device, non_blocking=True)
@@ -141,6 +143,8 @@ def train_one_epoch(
             nn.utils.clip_grad_norm_(model.parameters(), context.clip_grad)
         scaler.step(optimizer)
         scaler.update()
+        if context.ema is not None:
+            context.ema.update_parameters(model.module if isinstance(model, (DistributedDataParallel, nn.DataParallel)) else model)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         loss_total += step_loss

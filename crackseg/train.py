@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DistributedSampler, SequentialSampler, Subset
 
 import crackseg
@@ -112,7 +113,8 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
             folder.log(f"{folder.path}: all {config.epochs} epochs are done; nothing to train (raise --epochs to continue)")
             return {"run": str(folder.path), "best": payload["best"], "epochs_run": 0}
 
-        model, model_without_ddp = build_training_model(config, env, payload)
+        model, model_without_ddp, ema = build_training_model(config, env, payload)
+        saved = model_without_ddp if ema is None else ema.module  # what is validated and written as the run's model
         train_sampler, train_loader, val_loader = _make_loaders(config, env, prepared)
         steps_per_epoch = len(train_loader) // config.grad_accum
         if steps_per_epoch == 0:
@@ -132,13 +134,14 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
         context = StepContext(
             env=env, loss_fn=CrackLoss(resolved.pos_weight, dice=config.loss == "bce+dice"), amp_dtype=amp_dtype, scaler=scaler,
             grad_accum=config.grad_accum, channels_last=config.channels_last, clip_grad=config.clip_grad,
-            log_every=config.log_every, jitter=PhotometricJitter(),
+            log_every=config.log_every, jitter=PhotometricJitter(), ema=ema,
         )
         folder.open_events(global_step)
         pos_weight = "none" if resolved.pos_weight is None else format(resolved.pos_weight, ".2f")
         folder.log(
             f"{env.world_size} process(es) on {env.device.type}; {len(split['train'])} train / {len(split['val'])} val images; "
             f"global batch {resolved.global_batch}, lr {resolved.lr:.3g}, pos_weight {pos_weight}, amp {resolved.amp}"
+            + (f", weights averaged (EMA {config.ema:g})" if ema is not None else "")
         )
 
         for epoch in range(start_epoch, config.epochs + 1):
@@ -154,11 +157,13 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
 
             validation = None
             distributed.broadcast_buffers(model_without_ddp)
+            if ema is not None:  # each rank averaged its own BatchNorm statistics
+                distributed.broadcast_buffers(ema.module)
             if split["val"] and (epoch % config.val_every == 0 or epoch == config.epochs):
                 validation = validate(
-                    model_without_ddp, val_loader, context, want_samples=env.is_main, batch_size=config.val_batch_size or config.batch_size
+                    saved, val_loader, context, want_samples=env.is_main, batch_size=config.val_batch_size or config.batch_size
                 )
-                model_without_ddp.threshold = validation.metrics()["threshold"]
+                saved.threshold = validation.metrics()["threshold"]
             metrics = validation.metrics() if validation else None
             improved = metrics is not None and _improves(config.monitor, metrics, best["score"])
             if improved:
@@ -173,8 +178,11 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
                 "split": split,
                 "rng": {"scheme": "torch, numpy and random seeded per epoch from (seed, epoch, rank)", "seed": config.seed},
             }
+            if ema is not None:  # the model entry holds the average; resuming needs the weights being trained too
+                state |= {"live_weights": {k: v.detach().cpu() for k, v in model_without_ddp.state_dict().items()},
+                          "ema_updates": int(ema.n_averaged)}
             # Every rank waits for rank 0's save, and stops with it if the save fails.
-            distributed.decided_on_main(env, folder.save_epoch, model_without_ddp, epoch, state, improved, config.keep_last)
+            distributed.decided_on_main(env, folder.save_epoch, saved, epoch, state, improved, config.keep_last)
             folder.report_epoch(epoch, config.epochs, train_loss, images_per_s, peak_gb, validation, best)
         if best["score"] is not None:
             folder.log(f"best {best['metric']} {best['score']:.4f} at epoch {best['epoch']}; run folder: {folder.path}")
@@ -247,14 +255,18 @@ def _workers(config: TrainConfig) -> int:
     return distributed.spare_cores() if config.workers is None else config.workers
 
 
-def build_training_model(config: TrainConfig, env: distributed.Environment, payload: dict | None) -> tuple[nn.Module, nn.Module]:
-    """The model to train (wrapped for DDP / DataParallel when asked) and the plain model inside it.
+def build_training_model(config: TrainConfig, env: distributed.Environment,
+                         payload: dict | None) -> tuple[nn.Module, nn.Module, AveragedModel | None]:
+    """The model to train (wrapped for DDP / DataParallel when asked), the plain model inside it,
+    and with ``--ema`` the moving average of its weights.
 
     Weights come from the resumed checkpoint ``payload``, else ``--init``, else ``--encoder-weights``.
     """
     torch.manual_seed(config.seed)
     if payload is not None:
         model = model_from_payload(payload)
+        if "live_weights" in payload:  # the model entry is the average, see _fit
+            model.load_state_dict(payload["live_weights"])
     elif config.init:
         model = load_model(config.init, arch=config.arch, encoder=config.encoder)
     else:
@@ -267,13 +279,19 @@ def build_training_model(config: TrainConfig, env: distributed.Environment, payl
     if config.sync_bn and env.distributed:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model_without_ddp = model
+    ema = None
+    if config.ema:  # a copy made before compile: the average is an ordinary module, saved as one
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(config.ema), use_buffers=True)
+        if payload is not None and "live_weights" in payload:
+            ema.module.load_state_dict(payload["model"]["state_dict"])
+            ema.n_averaged.fill_(payload["ema_updates"])
     if config.compile:
         model.compile()  # in place: parameter names, and so checkpoints, do not change
     if env.distributed:
         model = DistributedDataParallel(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
     elif config.strategy == "dp":
         model = nn.DataParallel(model)
-    return model, model_without_ddp
+    return model, model_without_ddp, ema
 
 
 def _make_loaders(config: TrainConfig, env: distributed.Environment, prepared: Prepared):

@@ -161,3 +161,35 @@ def test_validation_of_mixed_sizes_does_not_depend_on_batching_and_equals_evalua
     metrics = one.metrics()
     assert report["ods"]["f1"] == pytest.approx(metrics["f1"], abs=1e-12)
     assert report["ods"]["threshold"] == pytest.approx(metrics["threshold"])
+
+
+class _RecordingSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """A constant schedule that records the model's parameters at each of its steps (right after the optimizer's)."""
+
+    def __init__(self, optimizer, model: nn.Module):
+        self.model, self.seen = model, []
+        super().__init__(optimizer, lambda step: 1.0)
+
+    def step(self, *args, **kwargs):
+        self.seen.append([p.detach().clone() for p in self.model.parameters()])
+        super().step(*args, **kwargs)
+
+
+def test_the_weight_average_follows_every_optimizer_step_with_its_decay():
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    torch.manual_seed(0)
+    model = build_model(arch="unet16")  # no BatchNorm: parameters only
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = _RecordingSchedule(optimizer, model)
+    scheduler.seen.clear()  # the schedule's own first step, at its construction
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.6), use_buffers=True)
+    context = StepContext(env=CPU, loss_fn=CrackLoss(20.0), log_every=1, ema=ema, grad_accum=2)
+    train_one_epoch(model, _batches(6), optimizer, scheduler, context)
+    assert len(scheduler.seen) == 3 and int(ema.n_averaged) == 3  # 6 micro-batches, 2 per step
+    expected = scheduler.seen[0]
+    for weights in scheduler.seen[1:]:
+        expected = [0.6 * e + 0.4 * w for e, w in zip(expected, weights)]
+    for averaged, want in zip(ema.module.parameters(), expected):
+        assert torch.allclose(averaged, want, atol=1e-6, rtol=1e-5)
+    assert not all(torch.equal(a, p) for a, p in zip(ema.module.parameters(), model.parameters()))

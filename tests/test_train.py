@@ -139,12 +139,12 @@ def test_two_processes_with_accumulation_bf16_channels_last_and_checkpointing(sy
     result = subprocess.run(
         ["bash", str(ROOT / "launch.sh"), "--nproc", "2", "--max-restarts", "0", "train", "--data", str(synth_root),
          "--run", str(run), "--epochs", "1", *TINY_FLAGS, "--batch-size", "1", "--grad-accum", "2", "--amp", "bf16",
-         "--channels-last", "--activation-checkpointing", "--loss", "bce+dice", "--optimizer", "sgd", "--scheduler", "poly"],
+         "--channels-last", "--activation-checkpointing", "--loss", "bce+dice", "--optimizer", "sgd", "--scheduler", "poly", "--ema", "0.9"],
         capture_output=True, text=True, env=_env_without_torchrun(), timeout=300,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     payload = read_checkpoint(run / "last.pt")
-    assert payload["global_step"] == 2  # 9 images: 4 per process, 2 per step per process
+    assert payload["global_step"] == payload["ema_updates"] == 2  # 9 images: 4 per process, 2 per step per process
     assert payload["config"]["resolved"]["amp"] == "bf16" and payload["config"]["resolved"]["global_batch"] == 4
     assert all(torch.isfinite(value).all() for value in payload["model"]["state_dict"].values() if value.is_floating_point())
 
@@ -172,6 +172,24 @@ def test_resume_after_kill_equals_an_uninterrupted_run(synth_root, tmp_path):
     for key in reference:
         assert torch.equal(resumed[key], reference[key]), key
     assert load_split(broken / "split.json") == load_split(straight / "split.json")
+
+
+def test_weight_average_is_the_saved_model_and_resumes_exactly(synth_root, tmp_path):
+    straight = tmp_path / "straight"
+    fit(_config(straight, synth_root, epochs=3, ema=0.8))
+    last = read_checkpoint(straight / "last.pt")
+    assert last["ema_updates"] == last["global_step"] == 3 * 4
+    live, averaged = last["live_weights"], last["model"]["state_dict"]
+    assert live.keys() == averaged.keys() and not all(torch.equal(live[k], averaged[k]) for k in live)
+    assert load_model(straight / "last.pt").threshold == last["metrics"]["threshold"]  # the average was validated
+
+    resumed = tmp_path / "resumed"  # from epoch 1's file, as a restart after a crash would
+    fit(_config(resumed, synth_root, epochs=3, ema=0.8, resume=str(straight / "epoch_0001.pt")))
+    again = read_checkpoint(resumed / "last.pt")
+    assert again["ema_updates"] == last["ema_updates"] and again["metrics"] == last["metrics"]
+    for key in averaged:
+        assert torch.equal(again["model"]["state_dict"][key], averaged[key]), key
+        assert torch.equal(again["live_weights"][key], live[key]), key
 
 
 def test_truncated_last_checkpoint_falls_back_to_an_intact_epoch(finished_run, tmp_path, capsys):
@@ -237,7 +255,7 @@ def test_fine_tuning_starts_from_a_converted_classic_checkpoint(synth_root, tmp_
         fit(_config(tmp_path / "wrong", synth_root, init=str(tmp_path / "unet16.pt")))
 
     config = _config(tmp_path / "tuned", synth_root, arch="unet16", encoder=None, epochs=1, init=str(tmp_path / "unet16.pt"))
-    first, _ = build_training_model(config, distributed.Environment(0, 0, 1, torch.device("cpu")), None)
+    first, _, _ = build_training_model(config, distributed.Environment(0, 0, 1, torch.device("cpu")), None)
     started_from = {f"net.{k}": v for k, v in classic.state_dict().items()}
     assert all(torch.equal(first.state_dict()[k], started_from[k]) for k in started_from)
     fit(config)
