@@ -30,6 +30,7 @@ DATASETS = {"cfd": ("cfd", 60), "crack500": ("crack500-subset", 15)}  # name: (f
 VARIANTS = {
     "bce": [],  # the defaults: BCE with the crack pixel weight background / crack
     "bce+dice-sqrt": ["--loss", "bce+dice", "--pos-weight", "sqrt"],
+    "bce-ema": ["--ema", "0.99"],  # an average over about 100 of the runs' 480 steps
 }
 BUDGET = ["--encoder", "resnet18", "--encoder-weights", "none", "--crop-size", "320", "--batch-size", "4", "--lr", "1e-3",
           "--workers", "0", "--device", "cpu"]
