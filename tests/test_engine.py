@@ -179,7 +179,7 @@ def test_the_weight_average_follows_every_optimizer_step_with_its_decay():
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
     torch.manual_seed(0)
-    model = build_model(arch="unet16")  # no BatchNorm: parameters only
+    model = CrackSegModel(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 1, 1)), "unet", "tiny", size_divisor=1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = _RecordingSchedule(optimizer, model)
     scheduler.seen.clear()  # the schedule's own first step, at its construction

@@ -176,15 +176,15 @@ def test_resume_after_kill_equals_an_uninterrupted_run(synth_root, tmp_path):
 
 def test_weight_average_is_the_saved_model_and_resumes_exactly(synth_root, tmp_path):
     straight = tmp_path / "straight"
-    fit(_config(straight, synth_root, epochs=3, ema=0.8))
+    fit(_config(straight, synth_root, epochs=2, ema=0.8))
     last = read_checkpoint(straight / "last.pt")
-    assert last["ema_updates"] == last["global_step"] == 3 * 4
+    assert last["ema_updates"] == last["global_step"] == 2 * 4
     live, averaged = last["live_weights"], last["model"]["state_dict"]
     assert live.keys() == averaged.keys() and not all(torch.equal(live[k], averaged[k]) for k in live)
     assert load_model(straight / "last.pt").threshold == last["metrics"]["threshold"]  # the average was validated
 
     resumed = tmp_path / "resumed"  # from epoch 1's file, as a restart after a crash would
-    fit(_config(resumed, synth_root, epochs=3, ema=0.8, resume=str(straight / "epoch_0001.pt")))
+    fit(_config(resumed, synth_root, epochs=2, ema=0.8, resume=str(straight / "epoch_0001.pt")))
     again = read_checkpoint(resumed / "last.pt")
     assert again["ema_updates"] == last["ema_updates"] and again["metrics"] == last["metrics"]
     for key in averaged:
