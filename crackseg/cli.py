@@ -320,14 +320,15 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--overlay", action="store_true", help="also write OUT/overlays/<name>.jpg, the photo with cracks tinted red")
     predict.add_argument("--resize", type=_size, default=None, help="resize every image to N or HxW px first (for models trained on resized data); masks come back at the input size")
     predict.add_argument("--join-gap", type=_length, default=JOIN_GAP,
-                         help="bridge gaps up to this long (px, or mm with --px-size, e.g. 3mm) between pieces of one crack: a skeleton end "
+                         help="bridge gaps up to this long (px, or mm, e.g. 3mm: mm need a pixel size, see --px-size) between pieces of one crack: a skeleton end "
                               "must point at the other piece (within 30 degrees); 0 keeps every piece apart")
     predict.add_argument("--min-length", type=_length, default=MIN_LENGTH,
                          help="leave cracks shorter than this (px or mm) out of cracks.csv, the overlays and the counts; the mask keeps their pixels")
     predict.add_argument("--width-classes", type=_width_classes, default=None,
                          help="class each crack by its max and mean width: bre251 (BRE Digest 251: <=0.1, 1, 5, 15, 25, >25 mm), "
-                              "aci224 (ACI 224R tolerable widths 0.10, 0.15, 0.18, 0.30, 0.41 mm) or your edges in mm, e.g. 0.1,0.2,0.3,1.0; needs --px-size")
-    predict.add_argument("--px-size", type=_checked(float, POSITIVE), default=None, help="pixel size in mm: measurements are also reported in mm")
+                              "aci224 (ACI 224R tolerable widths 0.10, 0.15, 0.18, 0.30, 0.41 mm) or your edges in mm, e.g. 0.1,0.2,0.3,1.0; needs a pixel size, see --px-size")
+    predict.add_argument("--px-size", type=_checked(float, POSITIVE), default=None, help="pixel size in mm: measurements are also reported in mm; a georeferenced raster in a projected CRS "
+                              "carries its own, which this overrides")
     predict.add_argument("--no-measure", dest="measure", action="store_false",
                          help="skip crack length and width measurements (no cracks.csv): the fastest way to masks (measuring costs CPU time per image, see docs/benchmarks.md)")
     predict.add_argument("--report", action="store_true", help="also write OUT/report.html (see crackseg report)")

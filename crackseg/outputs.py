@@ -37,8 +37,8 @@ class OutputSpec:
     overlay: bool = False
     measure: bool = True
     px_size: float | None = None  # mm per pixel
-    join_gap_px: float = 0.0
-    min_length_px: float = 0.0
+    join_gap_px: float | None = 0.0  # None: given in mm, and there is no pixel size to convert it
+    min_length_px: float | None = 0.0
     width_classes: WidthClasses | None = None
     vectors: str | None = None  # geojson or gpkg: crack centrelines per image
 
@@ -131,8 +131,13 @@ def table_rows(path: Path, mask_path: Path, counts: dict, cracks: list[CrackMeas
 
 
 def write_summary(out: Path, rows: list[dict], crack_rows: list[dict], spec: OutputSpec, warnings: list[str]) -> dict:
-    """``summary.json``: what the run found, for people and for ``crackseg report``."""
+    """``summary.json``: what the run found, for people and for ``crackseg report``.
+
+    ``spec`` is the run's: its pixel size is the one every image shares, or None; totals in mm
+    are given when every image had a pixel size, its own or the run's.
+    """
     summary: dict = {"images": len(rows), "px_size_mm": spec.px_size, "warnings": warnings}
+    in_mm = bool(rows) and all("length_mm" in row for row in rows)
     if spec.measure:
         widest = max(crack_rows, key=lambda r: r["max_width_px"], default=None)
         summary |= {
@@ -142,9 +147,9 @@ def write_summary(out: Path, rows: list[dict], crack_rows: list[dict], spec: Out
             "join_gap_px": spec.join_gap_px,
             "min_length_px": spec.min_length_px,
         }
-        if spec.px_size is not None:
+        if in_mm:
             summary["length_mm"] = round(sum(r["length_mm"] for r in crack_rows), 4)
-        if spec.width_classes is not None and spec.px_size is not None:
+        if spec.width_classes is not None and in_mm:
             classes = spec.width_classes
             by_class = dict.fromkeys(classes.labels, 0.0)
             for item in crack_rows:

@@ -12,7 +12,7 @@ import glob
 import sys
 from collections import OrderedDict
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -76,12 +76,23 @@ class PredictOptions:
             raise InputError(f"--overlap ({self.overlap} px) must be smaller than --tile ({self.tile} px)")
         self.output_spec()  # lengths and classes are checked now, not after every image ran
 
-    def output_spec(self) -> OutputSpec:
-        """The per-image outputs, lengths in pixels."""
+    def scale_needed_by(self) -> str | None:
+        """The flag that needs a pixel size in mm (width classes, or a length in mm), if any."""
+        if self.width_classes is not None:
+            return "--width-classes"
+        for flag, text in (("--join-gap", self.join_gap), ("--min-length", self.min_length)):
+            if self._length(text, flag)[1] == "mm":
+                return f"{flag} {text}"
+        return None
+
+    def output_spec(self, image_px_size: float | None = None) -> OutputSpec:
+        """The outputs of an image, lengths in pixels: mm are converted with --px-size, else with the image's own scale.
+
+        Without either, a length in mm stays None: such an image is never measured (see ``_predict``).
+        """
+        px_size = self.px_size if self.px_size is not None else image_px_size
         classes = None
         if self.width_classes is not None:
-            if self.px_size is None:
-                raise InputError("--width-classes needs the pixel size in mm: give --px-size")
             try:
                 classes = WidthClasses.parse(self.width_classes)
             except ValueError as error:
@@ -92,17 +103,21 @@ class PredictOptions:
             raise InputError("--vectors draws the measured cracks; leave out --no-measure")
         if self.vectors:
             require_geo()
-        return OutputSpec(self.save_prob, self.overlay, self.measure, self.px_size,
-                          self._pixels(self.join_gap, "--join-gap"), self._pixels(self.min_length, "--min-length"), classes, self.vectors)
+        return OutputSpec(self.save_prob, self.overlay, self.measure, px_size, self._pixels(self.join_gap, "--join-gap", px_size),
+                          self._pixels(self.min_length, "--min-length", px_size), classes, self.vectors)
 
-    def _pixels(self, text: str, flag: str) -> float:
+    @staticmethod
+    def _length(text: str, flag: str) -> tuple[float, str]:
         try:
-            value, unit = parse_length(text)
+            return parse_length(text)
         except ValueError as error:
             raise InputError(f"{flag} {error}") from None
-        if unit == "mm" and self.px_size is None:
-            raise InputError(f"{flag} {text} is in mm: give --px-size, or the length in px")
-        return value / self.px_size if unit == "mm" else value
+
+    def _pixels(self, text: str, flag: str, px_size: float | None) -> float | None:
+        value, unit = self._length(text, flag)
+        if unit == "px":
+            return value
+        return None if px_size is None else value / px_size
 
 
 def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | None = None) -> list[tuple[Path, str]]:
@@ -188,11 +203,13 @@ def default_workers(device: torch.device) -> int:
 def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: distributed.Environment) -> int:
     out = Path(options.out)
     listed = collect_inputs(inputs, options.recursive, out)
-    spec = options.output_spec()
     streamed = {key for key, (path, _) in enumerate(listed) if is_streamed(path)}
+    scales = {}  # a raster's own pixel size in mm, or None
     with gdal_settings() if streamed else contextlib.nullcontext():
         for key in streamed:  # sizes and pixel types are checked before any work
-            RasterSource(listed[key][0], options.max_pixels).close()
+            with RasterSource(listed[key][0], options.max_pixels) as source:
+                scales[key] = source.px_size_mm()[0]
+    spec, raster_specs = _output_specs(listed, scales, options)
     outputs = [raster_outputs(out, name, spec) if key in streamed else outputs_of(out, name, spec)
                for key, (_, name) in enumerate(listed)]
     distributed.decided_on_main(env, _prepare_out, out, outputs, options)
@@ -205,7 +222,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     amp_dtype = distributed.resolve_amp(options.amp, env.device) if isinstance(model, torch.nn.Module) else None
     predictor = Predictor(model, env.device, options.tile, options.overlap, options.batch_size, options.tta, amp_dtype, channels_last, options.resize)
 
-    warnings = _resolution_warnings(spec)
+    warnings = list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
     if env.is_main:
         for warning in warnings:
             print(f"crackseg: warning: {warning}", file=sys.stderr)
@@ -263,7 +280,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
         try:
             if status == "ok" and failures:
                 raise InputError(failures[0])
-            rows[key], cracks = _raster_rows(path, out, name, mask_paths[key], spec, status, pixels)
+            rows[key], cracks = _raster_rows(path, out, name, mask_paths[key], raster_specs[key], status, pixels)
         except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
             discard_parts(outputs[key], env.world_size)
             errors.append({"path": str(path), "error": str(error)})
@@ -292,6 +309,24 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     return 0
 
 
+def _output_specs(listed: list[tuple[Path, str]], scales: dict[int, float | None],
+                  options: PredictOptions) -> tuple[OutputSpec, dict[int, OutputSpec]]:
+    """The run's spec (photos and the summary) and each raster's, with the raster's own scale unless --px-size is given.
+
+    Width classes and lengths in mm need a scale for every image; the run's scale is --px-size,
+    or the one scale all inputs share when every input is a raster that carries it.
+    """
+    needed_by = options.scale_needed_by()
+    if needed_by and options.px_size is None:
+        for key, (path, _) in enumerate(listed):
+            if scales.get(key) is None:
+                kind = "a photo" if key not in scales else "a raster without a projected, square-pixel georeferencing"
+                raise InputError(f"{needed_by} needs the pixel size in mm: give --px-size ({path} is {kind}, which carries none)")
+    own = set(scales.values())
+    common = own.pop() if len(own) == 1 and len(scales) == len(listed) else None
+    return options.output_spec(common), {key: options.output_spec(scale) for key, scale in scales.items()}
+
+
 def _predict_raster_part(path: Path, outputs: list[Path], predictor: Predictor, threshold: float,
                          options: PredictOptions, env: distributed.Environment) -> tuple[str | None, tuple[int, int]]:
     """This process's part of a raster: (what went wrong or None, its (crack, valid) pixel counts)."""
@@ -316,11 +351,8 @@ def _raster_rows(path: Path, out: Path, name: str, mask_path: Path, spec: Output
     counts, cracks, links = summarize_raster(mask_path, spec.measure, spec.join_gap_px, spec.min_length_px, pixels=pixels,
                                              links=bool(spec.vectors))
     note, transform = counts.pop("px_size_note"), counts.pop("transform")
-    if spec.px_size is not None:
-        counts["px_size_mm"] = spec.px_size  # --px-size overrides the georeferencing
-    elif counts["px_size_mm"] is not None:
-        spec = replace(spec, px_size=counts["px_size_mm"])
-    elif note:
+    counts["px_size_mm"] = spec.px_size  # --px-size overrides the georeferencing
+    if spec.px_size is None and note:
         tqdm.write(f"crackseg: warning: {note}", file=sys.stderr)
     row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, status)
     if transform is not None:
@@ -362,7 +394,9 @@ def _resolution_warnings(spec: OutputSpec) -> list[str]:
 def _summary_line(summary: dict) -> str:
     line = f"{summary['cracks']} cracks, {summary['length_px']:g} px"
     if summary.get("length_mm") is not None:
-        line += f" = {summary['length_mm'] / 1000:.3f} m (pixel size {summary['px_size_mm']:g} mm)"
+        line += f" = {summary['length_mm'] / 1000:.3f} m"
+        if summary["px_size_mm"] is not None:
+            line += f" (pixel size {summary['px_size_mm']:g} mm)"
     classes = summary.get("width_classes")
     if classes:
         line += "; length by max-width class (mm): " + ", ".join(f"{k}: {v:g}" for k, v in classes["length_mm"].items())

@@ -158,7 +158,8 @@ img.thumb{height:48px;border:1px solid #ccc}#detail{margin-top:18px;border-top:2
 "use strict";
 const DATA = /*DATA*/;
 const PAGE_ROWS = /*ROWS*/;
-const S = DATA.summary, mm = S.px_size_mm !== null && S.px_size_mm !== undefined;
+const S = DATA.summary, scale = S.px_size_mm !== null && S.px_size_mm !== undefined;
+const mm = scale || (S.length_mm !== null && S.length_mm !== undefined);  // rasters measured each in its own scale
 let sortKey = "name", sortDown = false, page = 0;
 const el = (tag, attrs, ...children) => { const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
@@ -176,7 +177,8 @@ function summary() {
     card("total length", mm && S.length_mm !== undefined ? num(S.length_mm / 1000, 3) + " m" : num(S.length_px, 0) + " px", "sum-length"),
     card("widest crack", S.widest ? (mm ? num(S.widest.max_width_mm, 2) + " mm" : num(S.widest.max_width_px, 1) + " px") : "none", "sum-widest")));
   if (S.widest) box.append(el("p", {class: "muted"}, `widest: crack ${S.widest.crack} of ${S.widest.path}`));
-  box.append(el("p", {class: "muted"}, mm ? `pixel size ${S.px_size_mm} mm; widths are known to about ±1 px (±${S.px_size_mm} mm)`
+  box.append(el("p", {class: "muted", id: "scale"}, scale ? `pixel size ${S.px_size_mm} mm; widths are known to about ±1 px (±${S.px_size_mm} mm)`
+    : mm ? "each raster in its own pixel size (px_size_mm in predictions.csv); widths are known to about ±1 px"
     : "no pixel size: lengths and widths in pixels"));
   for (const w of S.warnings || []) box.append(el("p", {class: "warn"}, "warning: " + w));
   const wc = S.width_classes;

@@ -78,8 +78,6 @@ def test_summary_totals_the_run_and_warns_about_sub_pixel_classes(tmp_path):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(width_classes="bre251"), "--width-classes needs the pixel size in mm: give --px-size"),
-    (dict(min_length="3mm"), "--min-length 3mm is in mm: give --px-size"),
     (dict(join_gap="ten"), "--join-gap must be a length like 12px or 3mm"),
     (dict(px_size=0.2, width_classes="0.3,0.1"), "--width-classes widths must be positive and increasing"),
 ])
@@ -87,3 +85,6 @@ def test_deliverable_options_are_checked_before_work(tmp_path, options, message)
     with pytest.raises(InputError, match=message):
         PredictOptions(out=tmp_path, **options)
     assert PredictOptions(out=tmp_path, px_size=0.25, min_length="2.5mm").output_spec().min_length_px == 10
+    own_scale = PredictOptions(out=tmp_path, min_length="3mm", width_classes="bre251")  # checked per image, see test_streamed
+    assert own_scale.output_spec().min_length_px is None and own_scale.output_spec(0.5).min_length_px == 6
+    assert own_scale.scale_needed_by() == "--width-classes" and PredictOptions(out=tmp_path).scale_needed_by() is None

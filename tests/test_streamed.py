@@ -19,6 +19,7 @@ rasterio = pytest.importorskip("rasterio")
 from affine import Affine  # noqa: E402
 
 from conftest import dark_pixel_model  # noqa: E402
+from test_report import browser, needs_browser  # noqa: E402
 
 TRANSFORM = Affine(0.002, 0.0, 500000.0, 0.0, -0.002, 5000000.0)  # 2 mm pixels in UTM 33N, north up
 
@@ -222,6 +223,69 @@ def test_px_size_overrides_the_scale_of_the_georeferencing(tmp_path, dark_checkp
         assert float(row["px_size_mm"]) == 5.0 and float(row["area_mm2"]) == pytest.approx(25 * int(row["area_px"]))
     for crack in cracks:
         assert float(crack["length_mm"]) == pytest.approx(5 * float(crack["length_px"]), abs=1e-3)
+
+
+def test_width_classes_and_lengths_in_mm_use_each_rasters_own_scale(tmp_path, dark_checkpoint, capsys):
+    import json
+
+    from PIL import Image
+
+    from crackseg.measure import WidthClasses
+
+    (tmp_path / "in").mkdir()
+    _write(tmp_path / "in" / "fine.tif", _pavement(300, 400))  # 2 mm pixels
+    _write(tmp_path / "in" / "coarse.tif", _pavement(300, 400), transform=Affine(0.004, 0.0, 500000.0, 0.0, -0.004, 5000000.0))
+    flags = ["--width-classes", "5,10", "--min-length", "200mm"]
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", *flags) == 0
+    rows = {row["path"].rsplit("/", 1)[1]: row for row in csv.DictReader(open(tmp_path / "out" / "predictions.csv"))}
+    cracks = list(csv.DictReader(open(tmp_path / "out" / "cracks.csv")))
+    classes = WidthClasses.parse("5,10")
+    for name, scale in (("fine.tif", 2.0), ("coarse.tif", 4.0)):
+        assert float(rows[name]["px_size_mm"]) == scale
+        own = [crack for crack in cracks if crack["path"].endswith(name)]
+        assert own and all(float(crack["length_px"]) * scale >= 200 for crack in own)  # 100 px fine, 50 px coarse
+        for crack in own:
+            assert float(crack["length_mm"]) == pytest.approx(scale * float(crack["length_px"]), abs=1e-3)
+            assert crack["max_width_class"] == classes.classify(float(crack["max_width_mm"]))
+    assert {c["max_width_class"] for c in cracks if "fine" in c["path"]} != {c["max_width_class"] for c in cracks if "coarse" in c["path"]}
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["px_size_mm"] is None and summary["min_length_px"] is None  # two scales: no one figure in px
+    assert summary["length_mm"] == pytest.approx(sum(float(c["length_mm"]) for c in cracks), abs=1e-2)
+    assert sum(summary["width_classes"]["length_mm"].values()) == pytest.approx(summary["length_mm"])
+
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in" / "fine.tif", "--out", tmp_path / "one", *flags) == 0
+    summary = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert summary["px_size_mm"] == 2.0 and summary["min_length_px"] == 100.0 and "pixel size 2 mm" in capsys.readouterr().out
+
+    Image.fromarray(_pavement(300, 400).transpose(1, 2, 0)).save(tmp_path / "in" / "photo.png")
+    _write(tmp_path / "in" / "lonlat.tif", _pavement(300, 400), crs="EPSG:4326", transform=Affine(1e-7, 0.0, 15.0, 0.0, -1e-7, 48.0))
+    for source, name in ((tmp_path / "in" / "photo.png", "a photo"), (tmp_path / "in" / "lonlat.tif", "a raster without")):
+        out = tmp_path / f"refused-{source.stem}"
+        assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in" / "fine.tif", source, "--out", out, *flags) == 2
+        error = capsys.readouterr().err.strip()
+        assert "\n" not in error and "--width-classes needs the pixel size in mm: give --px-size" in error
+        assert f"{source} is {name}" in error and not out.exists()
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in" / "photo.png", "--out", tmp_path / "photo", "--min-length", "2mm") == 2
+    assert "--min-length 2mm needs the pixel size in mm" in capsys.readouterr().err
+
+
+@needs_browser
+def test_the_report_of_rasters_in_two_scales_gives_metres_and_says_whose_scale(tmp_path, dark_checkpoint):
+    from selenium.webdriver.common.by import By
+
+    (tmp_path / "in").mkdir()
+    _write(tmp_path / "in" / "fine.tif", _pavement(300, 400))
+    _write(tmp_path / "in" / "coarse.tif", _pavement(300, 400), transform=Affine(0.004, 0.0, 500000.0, 0.0, -0.004, 5000000.0))
+    assert _predict("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--width-classes", "5,10", "--report") == 0
+    cracks = list(csv.DictReader(open(tmp_path / "out" / "cracks.csv")))
+    driver = browser()
+    try:
+        driver.get((tmp_path / "out" / "report.html").as_uri())
+        text = lambda css: driver.find_element(By.CSS_SELECTOR, css).text  # noqa: E731
+        assert text("#sum-length") == f"{sum(float(c['length_mm']) for c in cracks) / 1000:.3f} m"
+        assert text("#scale").startswith("each raster in its own pixel size") and driver.find_element(By.ID, "classes")
+    finally:
+        driver.quit()
 
 
 def test_rasters_without_the_geo_extra_are_one_line_and_plain_tiffs_read_as_photos(tmp_path, dark_checkpoint, monkeypatch, capsys):
