@@ -10,7 +10,7 @@ scored once on ``test.txt`` at 0 and 2 px tolerance with its own validation thre
 epochs per dataset give both the same number of optimizer steps (CrackForest: 64 training
 images x 60 epochs; crack500: 256 x 15). Runs go to ``checkpoints/recipe/DATASET-VARIANT-sSEED``;
 ``table`` prints, per dataset and variant, the mean and sample standard deviation over seeds
-(Markdown) and every run's figures. Datasets are read from ``../shared/datasets`` (``--root``)
+(Markdown), each variant's gap to the defaults against that spread, and every run's figures. Datasets are read from ``../shared/datasets`` (``--root``)
 and never copied.
 """
 
@@ -100,6 +100,30 @@ def _spread(values: list[float]) -> str:
     return f"{mean:.4f} ± {statistics.stdev(values):.4f}" if len(values) > 1 else f"{mean:.4f}"
 
 
+def _compare(groups: dict[tuple[str, str], list[dict]]) -> None:
+    """Each variant against today's defaults (``bce``) over the seeds both ran.
+
+    A variant wins beyond the spread when its mean F1 exceeds the defaults' by more than the
+    larger of the two standard deviations.
+    """
+    lines = []
+    for (dataset, variant), members in sorted(groups.items()):
+        base = {m["run"].rsplit("-s", 1)[1]: m for m in groups.get((dataset, "bce"), [])}
+        paired = [(m, base[m["run"].rsplit("-s", 1)[1]]) for m in members if m["run"].rsplit("-s", 1)[1] in base]
+        if variant == "bce" or len(paired) < 2:
+            continue
+        cells = []
+        for key in ("f1@0", "f1@2"):
+            ours, theirs = [m[key] for m, _ in paired], [b[key] for _, b in paired]
+            gap = statistics.mean(ours) - statistics.mean(theirs)
+            spread = max(statistics.stdev(ours), statistics.stdev(theirs))
+            cells.append(f"{gap:+.4f} | {spread:.4f} | {'yes' if gap > spread else 'no'}")
+        lines.append(f"| {dataset} | {variant} | {len(paired)} | " + " | ".join(cells) + " |")
+    if lines:
+        print("\n| dataset | variant | seeds | Δ f1@0 vs bce | spread | beyond | Δ f1@2 vs bce | spread | beyond |\n" + "|---" * 9 + "|")
+        print("\n".join(lines))
+
+
 def table(args: argparse.Namespace) -> None:
     rows = [_run_row(run_dir) for run_dir in sorted(args.runs.iterdir()) if (run_dir / "test" / "tol2" / "report.json").exists()]
     keys = ["val_f1", "f1@0", "iou", "ods", "ois", "f1@2"]
@@ -114,6 +138,7 @@ def table(args: argparse.Namespace) -> None:
         thresholds = ", ".join(f"{m['threshold']:.4g}{' (edge)' if m['at_edge'] else ''}" for m in members)
         walls = ", ".join(f"{m['wall_clock_min']:.0f}" for m in members if m["wall_clock_min"] is not None)
         print(f"| {dataset} | {variant} | {len(members)} | " + " | ".join(cells) + f" | {thresholds} | {walls} |")
+    _compare(groups)
     crossed = [(row["run"], name[len("cross-"):], row[name]) for row in rows for name in row if name.startswith("cross-")]
     if crossed:
         print("\n| trained (run) | scored on | f1@0 | iou | f1@2 | same-dataset f1@0 | same-dataset f1@2 |\n|---|---|---|---|---|---|---|")

@@ -46,7 +46,9 @@ def test_recipe_table_gives_mean_and_spread_over_seeds_and_flags_edge_thresholds
             (folder / f"tol{tolerance}" / "report.json").write_text(json.dumps(report))
 
     edge, inner = float(THRESHOLDS[BINS - 1]), float(THRESHOLDS[BINS // 2 + 100])
-    for name, (f1, threshold) in {"cfd-bce-s0": (0.6, inner), "cfd-bce-s1": (0.7, edge), "crack500-bce-s0": (0.5, inner)}.items():
+    runs = {"cfd-bce-s0": (0.6, inner), "cfd-bce-s1": (0.7, edge), "crack500-bce-s0": (0.5, inner),
+            "cfd-bce+dice-sqrt-s0": (0.75, inner), "cfd-bce+dice-sqrt-s1": (0.85, inner), "cfd-bce+dice-sqrt-s2": (0.1, inner)}
+    for name, (f1, threshold) in runs.items():
         run = tmp_path / name
         run.mkdir()
         torch.save({"format": FORMAT, "version": VERSION, "epoch": 5, "metrics": {"f1": f1, "threshold": threshold}}, run / "best.pt")
@@ -60,3 +62,5 @@ def test_recipe_table_gives_mean_and_spread_over_seeds_and_flags_edge_thresholds
     assert cells[2] == "2" and cells[3] == "0.6500 ± 0.0707" and cells[8] == "0.8500 ± 0.0707"
     assert cells[9] == f"{inner:.4g}, {edge:.4g} (edge)"
     assert "| crack500-bce-s0 | cfd test | 0.4000 | 0.2000 | 0.6000 | 0.6000 | 0.8000 |" in result.stdout
+    # seeds 0 and 1 pair with bce's: +0.15 each, beyond a spread of 0.0707 (seed 2 has no partner)
+    assert "| cfd | bce+dice-sqrt | 2 | +0.1500 | 0.0707 | yes | +0.1500 | 0.0707 | yes |" in result.stdout
