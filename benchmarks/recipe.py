@@ -108,8 +108,9 @@ def _compare(groups: dict[tuple[str, str], list[dict]]) -> None:
     """
     lines = []
     for (dataset, variant), members in sorted(groups.items()):
-        base = {m["run"].rsplit("-s", 1)[1]: m for m in groups.get((dataset, "bce"), [])}
-        paired = [(m, base[m["run"].rsplit("-s", 1)[1]]) for m in members if m["run"].rsplit("-s", 1)[1] in base]
+        seed = lambda row: row["run"].rsplit("-s", 1)[1]  # noqa: E731
+        base = {seed(m): m for m in groups.get((dataset, "bce"), [])}
+        paired = [(m, base[seed(m)]) for m in members if seed(m) in base]
         if variant == "bce" or len(paired) < 2:
             continue
         cells = []
