@@ -164,9 +164,12 @@ class TrainConfig:
         "optimization",
         valid=Range(0, 1, low_open=True, high_open=True),
     )
-    loss: str = option("bce", "pixel-weighted BCE, optionally plus soft Dice", "optimization", choices=("bce", "bce+dice"))
+    loss: str = option(
+        "bce+dice", "soft Dice plus pixel-weighted BCE, or the BCE alone (the measured comparison is in docs/results.md)",
+        "optimization", choices=("bce", "bce+dice"),
+    )
     pos_weight: str = option(
-        "auto",
+        "sqrt",
         "crack pixel weight: auto (background / crack pixels in the training masks), sqrt (its square root: "
         "probabilities less pushed up), none, or a positive number",
         "optimization",

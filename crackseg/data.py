@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from collections import Counter
@@ -408,7 +409,8 @@ def inspection_report(found: Scan, split: dict[str, list[str]], val_fraction: fl
     if found.non_binary_masks:
         lines.append(f"warning: {found.non_binary_masks} masks are not pure 0/255 (lossy JPEG?); values above {CRACK_THRESHOLD} count as crack")
     if any(info.crack_pixels for info in train):
-        lines.append(f"crack pixel weight (pos_weight for training): {crack_pixel_weight(train):.2f}")
+        ratio = crack_pixel_weight(train)
+        lines.append(f"crack pixel weight: {math.sqrt(ratio):.2f} (--pos-weight sqrt, the default); {ratio:.2f} (auto)")
     else:
         lines.append("crack pixel weight: none, the training masks hold no crack pixels")
     lines += [f"problem: {problem}" for problem in found.problems]

@@ -47,7 +47,8 @@ def test_recipe_table_gives_mean_and_spread_over_seeds_and_flags_edge_thresholds
 
     edge, inner = float(THRESHOLDS[BINS - 1]), float(THRESHOLDS[BINS // 2 + 100])
     runs = {"cfd-bce-s0": (0.6, inner), "cfd-bce-s1": (0.7, edge), "crack500-bce-s0": (0.5, inner),
-            "cfd-bce+dice-sqrt-s0": (0.75, inner), "cfd-bce+dice-sqrt-s1": (0.85, inner), "cfd-bce+dice-sqrt-s2": (0.1, inner)}
+            "cfd-bce+dice-sqrt-s0": (0.75, inner), "cfd-bce+dice-sqrt-s1": (0.85, inner), "cfd-bce+dice-sqrt-s2": (0.1, inner),
+            "cfd-bce+dice-sqrt-ema-s0": (0.8, inner), "cfd-bce+dice-sqrt-ema-s1": (0.9, inner)}
     for name, (f1, threshold) in runs.items():
         run = tmp_path / name
         run.mkdir()
@@ -63,4 +64,6 @@ def test_recipe_table_gives_mean_and_spread_over_seeds_and_flags_edge_thresholds
     assert cells[9] == f"{inner:.4g}, {edge:.4g} (edge)"
     assert "| crack500-bce-s0 | cfd test | 0.4000 | 0.2000 | 0.6000 | 0.6000 | 0.8000 |" in result.stdout
     # seeds 0 and 1 pair with bce's: +0.15 each, beyond a spread of 0.0707 (seed 2 has no partner)
-    assert "| cfd | bce+dice-sqrt | 2 | +0.1500 | 0.0707 | yes | +0.1500 | 0.0707 | yes |" in result.stdout
+    assert "| cfd | bce+dice-sqrt | bce | 2 | +0.1500 | 0.0707 | yes | +0.1500 | 0.0707 | yes |" in result.stdout
+    # the average of the weights is compared with the variant it is added to: +0.05, within the spread
+    assert "| cfd | bce+dice-sqrt-ema | bce+dice-sqrt | 2 | +0.0500 | 0.0707 | no | +0.0500 | 0.0707 | no |" in result.stdout

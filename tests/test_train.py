@@ -71,11 +71,11 @@ def test_run_folder_holds_everything(finished_run):
     assert "epoch 2/2" in log and "best f1" in log
 
 
-def test_sqrt_crack_pixel_weight_is_the_root_of_the_auto_one_times_the_scale(finished_run, synth_root, tmp_path):
-    auto = read_checkpoint(finished_run / "last.pt")["config"]["resolved"]["pos_weight"]
-    fit(_config(tmp_path / "sqrt", synth_root, epochs=1, pos_weight="sqrt", pos_weight_scale=2.0))
-    resolved = read_checkpoint(tmp_path / "sqrt" / "last.pt")["config"]["resolved"]["pos_weight"]
-    assert auto > 4 and resolved == pytest.approx(2.0 * math.sqrt(auto))
+def test_default_crack_pixel_weight_is_the_root_of_the_auto_one_and_the_scale_multiplies(finished_run, synth_root, tmp_path):
+    default = read_checkpoint(finished_run / "last.pt")["config"]["resolved"]["pos_weight"]
+    fit(_config(tmp_path / "auto", synth_root, epochs=1, pos_weight="auto", pos_weight_scale=2.0))
+    auto = read_checkpoint(tmp_path / "auto" / "last.pt")["config"]["resolved"]["pos_weight"] / 2.0
+    assert auto > 4 and default == pytest.approx(math.sqrt(auto))
 
 
 def test_tensorboard_events_hold_the_expected_tags(finished_run):
