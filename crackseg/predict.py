@@ -205,10 +205,13 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     listed = collect_inputs(inputs, options.recursive, out)
     streamed = {key for key, (path, _) in enumerate(listed) if is_streamed(path)}
     scales = {}  # a raster's own pixel size in mm, or None
+    notes = []  # why a georeferenced raster has none
     with gdal_settings() if streamed else contextlib.nullcontext():
         for key in streamed:  # sizes and pixel types are checked before any work
             with RasterSource(listed[key][0], options.max_pixels) as source:
-                scales[key] = source.px_size_mm()[0]
+                scales[key], note = source.px_size_mm()
+            if note and options.px_size is None:
+                notes.append(note)
     spec, raster_specs = _output_specs(listed, scales, options)
     outputs = [raster_outputs(out, name, spec) if key in streamed else outputs_of(out, name, spec)
                for key, (_, name) in enumerate(listed)]
@@ -222,7 +225,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     amp_dtype = distributed.resolve_amp(options.amp, env.device) if isinstance(model, torch.nn.Module) else None
     predictor = Predictor(model, env.device, options.tile, options.overlap, options.batch_size, options.tta, amp_dtype, channels_last, options.resize)
 
-    warnings = list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
+    warnings = notes + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
     if env.is_main:
         for warning in warnings:
             print(f"crackseg: warning: {warning}", file=sys.stderr)
@@ -347,13 +350,11 @@ def _merge_raster_parts(path: Path, outputs: list[Path], predictor: Predictor, o
 
 def _raster_rows(path: Path, out: Path, name: str, mask_path: Path, spec: OutputSpec, status: str,
                  pixels: tuple[int, int] | None = None) -> tuple[dict, list[dict]]:
-    """The table rows of a raster predicted by windows; its pixel size comes from the georeferencing unless given."""
+    """The table rows of a raster predicted by windows, with the pixel size of its spec."""
     counts, cracks, links = summarize_raster(mask_path, spec.measure, spec.join_gap_px, spec.min_length_px, pixels=pixels,
                                              links=bool(spec.vectors))
-    note, transform = counts.pop("px_size_note"), counts.pop("transform")
-    counts["px_size_mm"] = spec.px_size  # --px-size overrides the georeferencing
-    if spec.px_size is None and note:
-        tqdm.write(f"crackseg: warning: {note}", file=sys.stderr)
+    transform = counts.pop("transform")
+    counts["px_size_mm"] = spec.px_size
     row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, status)
     if transform is not None:
         for item in crack_rows:  # the bounding box in map coordinates too

@@ -155,7 +155,7 @@ def discard_parts(outputs: list[Path], count: int) -> None:
 def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_length: float = 0.0,
                      band_pixels: int = 4_000_000, pixels: tuple[int, int] | None = None,
                      links: bool = False) -> tuple[dict, list[CrackMeasure], np.ndarray]:
-    """A mask GeoTIFF's counts (predictions.csv's columns, the pixel size and geotransform) and, when
+    """A mask GeoTIFF's counts (predictions.csv's columns in px, the CRS and geotransform) and, when
     ``measure``, its cracks (longest first, ids from 1) and, with ``links``, their skeleton links
     (rows of :func:`crackseg.vectors.skeleton_links`, last column the crack id: held for the
     whole raster, so only asked for when drawing vectors). Read a band of rows at a time; not
@@ -179,7 +179,6 @@ def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: floa
     rio = rasterio()
     halo = HALO + math.ceil(join_gap)
     with RasterSource(mask_path) as source:
-        px_size, note = source.px_size_mm()
         transform = source.transform if source.georeferenced else None
         crs = source.crs.to_string() if source.crs else ""
     with rio.open(mask_path) as raster:
@@ -216,8 +215,7 @@ def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: floa
             previous = (parts.labels[max(0, bottom - halo) - start :], first)
     crack_pixels, valid_pixels = (crack_pixels, valid_pixels) if pixels is None else pixels
     counts = {"width": width, "height": height, "crack_fraction": round(crack_pixels / max(valid_pixels, 1), 6),
-              "area_px": crack_pixels, "valid_px": valid_pixels, "crs": crs, "px_size_mm": px_size,
-              "px_size_note": note, "transform": transform}
+              "area_px": crack_pixels, "valid_px": valid_pixels, "crs": crs, "transform": transform}
     cracks, crack_of_node = _merged_cracks(parent, sums, boxes, min_length)
     all_links = np.concatenate(links) if links else np.zeros((0, 5), np.int64)
     all_links[:, 4] = crack_of_node[all_links[:, 4]] if len(all_links) else 0
