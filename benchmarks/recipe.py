@@ -167,7 +167,7 @@ def main() -> None:
     other = commands.add_parser("cross", help="score a trained run on the other dataset's test split")
     other.add_argument("--train", choices=DATASETS, required=True)
     other.add_argument("--test", choices=DATASETS, required=True)
-    other.add_argument("--variant", choices=VARIANTS, default="bce")
+    other.add_argument("--variant", choices=VARIANTS, default="bce+dice-sqrt")
     other.add_argument("--seed", type=int, default=0)
     commands.add_parser("table", help="mean and spread over seeds of every finished run")
     args = parser.parse_args()

@@ -275,9 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train a crack segmentation UNet (one process, or one per GPU via launch.sh)",
         description=(
-            "Train on DATA with pixel-weighted BCE, validating every epoch on a held-out split with\n"
-            "exact metrics over all processes. Checkpoints, config and split go to --run; an\n"
-            "interrupted run continues from RUN/last.pt when started again.\n\n"
+            "Train on DATA with soft Dice plus pixel-weighted BCE (the recipe measured best in\n"
+            "docs/results.md), validating every epoch on a held-out split with exact metrics over\n"
+            "all processes. Checkpoints, config and split go to --run; an interrupted run\n"
+            "continues from RUN/last.pt when started again.\n\n"
             "  crackseg train --data data/demo --run checkpoints/demo --encoder-weights none\n"
             "  CUDA_VISIBLE_DEVICES=0,1 ./launch.sh train --data data/cfd --run checkpoints/cfd\n"
             "  ./launch.sh --nproc 2 train --device cpu ...     (two CPU processes, gloo)"
