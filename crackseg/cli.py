@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a dataset and summarize it",
         description=(
             "Pair images and masks by file stem, decode every file completely, and report: counts per\n"
-            "split, image sizes, crack-pixel fraction, the crack pixel weight training would use, and\n"
+            "split, image sizes, crack-pixel fraction, the crack pixel weights training would use, and\n"
             "every problem (unmatched files, size mismatches, unreadable or truncated files).\n"
             "Exit status 0 when clean, 1 when problems were found."
         ),
@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train a crack segmentation UNet (one process, or one per GPU via launch.sh)",
         description=(
-            "Train on DATA with soft Dice plus pixel-weighted BCE (the recipe measured best in\n"
+            "Train on DATA with soft Dice plus pixel-weighted BCE (it beat weighted BCE alone in\n"
             "docs/results.md), validating every epoch on a held-out split with exact metrics over\n"
             "all processes. Checkpoints, config and split go to --run; an interrupted run\n"
             "continues from RUN/last.pt when started again.\n\n"

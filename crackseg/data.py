@@ -289,7 +289,7 @@ def load_split(path: Path) -> dict[str, list[str]]:
 
 
 def crack_pixel_weight(masks: list[MaskInfo]) -> float:
-    """``pos_weight`` for BCE: background pixels / crack pixels over ``masks``."""
+    """The ``auto`` crack pixel weight: background pixels / crack pixels over ``masks`` (``sqrt`` takes its root)."""
     crack = sum(info.crack_pixels for info in masks)
     total = sum(info.height * info.width for info in masks)
     if crack == 0:

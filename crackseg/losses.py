@@ -1,10 +1,12 @@
-"""Pixel-weighted BCE (crack pixels weighted by ``pos_weight``), with an optional soft Dice term.
+"""Pixel-weighted BCE (crack pixels weighted by ``pos_weight``), plus a soft Dice term when asked
+(training asks by default, ``--loss bce+dice``).
 
-The loss of a batch is ``sum(w * bce) / sum(w)`` over its pixels, where ``w`` is
+The BCE of a batch is ``sum(w * bce) / sum(w)`` over its pixels, where ``w`` is
 ``pos_weight`` on crack pixels and 1 elsewhere. The training loop computes the
 denominator over the whole global batch (all micro-batches, all processes) before the
-backward passes, so gradient accumulation and the process count do not change the loss:
-B images on 2 GPUs give exactly the gradient of 2B images on one.
+backward passes, so gradient accumulation and the process count do not change the BCE:
+B images on 2 GPUs give exactly its gradient of 2B images on one. The Dice term is per
+process and micro-batch.
 """
 
 from __future__ import annotations

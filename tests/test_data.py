@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -293,8 +294,8 @@ def test_inspect_on_crackforest(cfd_root, capsys):
     code, out = _inspect(capsys, cfd_root)
     assert code == 0, out
     assert "pairs: 117 usable: train 64, val 7, test 46" in out
-    weights = out.split("crack pixel weight: ")[1].split()
-    assert 40 < float(weights[5]) < 90 and float(weights[0]) == pytest.approx(math.sqrt(float(weights[5])), abs=0.01)  # 1.6% crack pixels
+    sqrt, auto = map(float, re.search(r"crack pixel weight: ([\d.]+) \(--pos-weight sqrt.*; ([\d.]+) \(auto\)", out).groups())
+    assert 40 < auto < 90 and sqrt == pytest.approx(math.sqrt(auto), abs=0.01)  # about 1.6% crack pixels
 
 
 def test_a_stem_repeated_in_a_split_file_is_refused_naming_it(tmp_path):

@@ -139,7 +139,7 @@ def test_two_processes_with_accumulation_bf16_channels_last_and_checkpointing(sy
     result = subprocess.run(
         ["bash", str(ROOT / "launch.sh"), "--nproc", "2", "--max-restarts", "0", "train", "--data", str(synth_root),
          "--run", str(run), "--epochs", "1", *TINY_FLAGS, "--batch-size", "1", "--grad-accum", "2", "--amp", "bf16",
-         "--channels-last", "--activation-checkpointing", "--loss", "bce+dice", "--optimizer", "sgd", "--scheduler", "poly", "--ema", "0.9"],
+         "--channels-last", "--activation-checkpointing", "--loss", "bce", "--pos-weight", "auto", "--optimizer", "sgd", "--scheduler", "poly", "--ema", "0.9"],
         capture_output=True, text=True, env=_env_without_torchrun(), timeout=300,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
