@@ -1,11 +1,11 @@
 """crackseg: find cracks in photos of concrete, pavement, masonry and walls.
 
-``build_model`` and ``load_model`` are imported on first use, so the command line
-starts without loading PyTorch for commands that do not need it.
+``build_model``, ``load_encoder_weights`` and ``load_model`` are imported on first use, so
+the command line starts without loading PyTorch for commands that do not need it.
 """
 
 __version__ = "0.1.0"
-__all__ = ["build_model", "load_model"]
+__all__ = ["build_model", "load_encoder_weights", "load_model"]
 
 
 def __getattr__(name: str):
@@ -13,6 +13,10 @@ def __getattr__(name: str):
         from crackseg.models import build_model
 
         return build_model
+    if name == "load_encoder_weights":
+        from crackseg.checkpoint import load_encoder_weights
+
+        return load_encoder_weights
     if name == "load_model":
         from crackseg.checkpoint import load_model
 

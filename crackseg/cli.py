@@ -30,9 +30,12 @@ from crackseg.config import (
     TILE,
     TILE_OVERLAP,
     TOLERANCE,
+    TTA_CHOICES,
+    InferenceOptions,
     Range,
     flag,
     option_fields,
+    parse_length,
 )
 from crackseg.errors import InputError, RunError
 
@@ -46,6 +49,13 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
                 or not action.option_strings:
             return text
         return text + " (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """A mistake on the command line is one line, like every other user error; the usage is for --help."""
+
+    def error(self, message: str):
+        self.exit(2, f"crackseg: error: {message} (see {self.prog} --help)\n")
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -176,31 +186,57 @@ def _add_option(group, item: dataclasses.Field, kind: type) -> None:
     )
 
 
-def _cmd_predict(args: argparse.Namespace) -> int:
-    import dataclasses
+def _add_inference_options(parser: argparse.ArgumentParser, title: str) -> None:
+    """The flags of crackseg.config.InferenceOptions, declared once for predict and evaluate."""
+    group = parser.add_argument_group(title)
+    group.add_argument("--tile", type=_checked(int, AT_LEAST_ONE), default=TILE, help="tile side in px; larger images run as overlapping tiles")
+    group.add_argument("--overlap", type=_checked(int, NON_NEGATIVE), default=TILE_OVERLAP,
+                       help="overlap between neighbouring tiles in px, blended smoothly (less than --tile)")
+    group.add_argument("--batch-size", type=_checked(int, AT_LEAST_ONE), default=None,
+                       help="tiles per forward pass; tiles of several images share a batch (default 8 on a GPU, 1 on CPU, where batches ran slower)")
+    group.add_argument("--tta", choices=TTA_CHOICES, default="none", help="average probabilities over a horizontal flip, or all 8 flips and rotations")
+    group.add_argument("--resize", type=_size, default=None,
+                       help="resize every image to N or HxW px first (for models trained on resized data); masks come back at the input size")
+    group.add_argument("--backend", choices=BACKENDS, default="auto",
+                       help="runtime of the forward pass; auto: torch for checkpoints and safetensors folders, "
+                            "onnxruntime for .onnx, openvino for .xml (openvino also runs .onnx)")
+    group.add_argument("--device", default="auto", help="auto (CUDA when present), cuda or cpu; exported models run on the CPU")
+    group.add_argument("--amp", choices=AMP_CHOICES, default="auto",
+                       help="mixed precision; auto = bf16 on GPUs that support it; bf16 also speeds up --backend openvino "
+                            "on CPUs with bfloat16 (docs/benchmarks.md)")
+    group.add_argument("--channels-last", action="store_true",
+                       help="NHWC memory layout for --backend torch (on tensor cores; on the CPU it was slower end to end, docs/benchmarks.md)")
 
+
+def _inference_options(args: argparse.Namespace) -> InferenceOptions:
+    return InferenceOptions(**{item.name: getattr(args, item.name) for item in dataclasses.fields(InferenceOptions)})
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
     from crackseg.predict import PredictOptions, predict_folder
 
-    fields = {field.name for field in dataclasses.fields(PredictOptions)}
-    options = PredictOptions(**{key: value for key, value in vars(args).items() if key in fields})
+    fields = {item.name for item in dataclasses.fields(PredictOptions)} - {"inference"}
+    options = PredictOptions(inference=_inference_options(args), **{key: value for key, value in vars(args).items() if key in fields})
     return predict_folder(args.checkpoint, args.inputs, options)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from crackseg.evaluate import evaluate_checkpoint, evaluate_files, format_table, write_report
+    from crackseg.evaluate import Scoring, evaluate_checkpoint, evaluate_files, format_table, write_report
     from crackseg.files import ensure_writable_folder
 
     if args.out is not None and (args.out / "report.json").exists() and not args.overwrite:
         raise InputError(f"{args.out / 'report.json'} already exists; choose another --out or pass --overwrite")
     if args.out is not None:
         ensure_writable_folder(args.out, "--out")
+    inference = _inference_options(args)
+    scoring = Scoring(args.protocol, args.min_length, args.join_gap)
     if args.checkpoint is not None:
         if args.data is None:
             raise InputError("--checkpoint needs --data ROOT (and --split, default test)")
-        report = evaluate_checkpoint(args.checkpoint, args.data, args.split or "test", args.tolerance, args.threshold, args.device, args.tile, args.overlap, args.batch_size, args.amp)
+        report = evaluate_checkpoint(args.checkpoint, args.data, args.split or "test", args.tolerance, args.threshold, inference, scoring)
     elif args.pred is not None and args.gt is not None:
         split = Path(args.split) if args.split else None
-        report = evaluate_files(args.pred, args.gt, split, args.tolerance, 0.5 if args.threshold is None else args.threshold)
+        report = evaluate_files(args.pred, args.gt, split, args.tolerance, 0.5 if args.threshold is None else args.threshold, scoring)
     else:
         raise InputError("give --pred DIR and --gt DIR, or --checkpoint FILE and --data ROOT")
     print(format_table(report))
@@ -211,7 +247,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="crackseg",
         description="Train UNets that find cracks in photos, predict crack masks, and score them.",
         formatter_class=_HelpFormatter,
@@ -306,20 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--checkpoint", "--model", dest="checkpoint", type=Path, required=True,
                          help="crackseg checkpoint or model file: best.pt, a converted classic file, a safetensors folder, "
                               "or an exported model.onnx / model.xml (see crackseg export)")
-    predict.add_argument("--backend", choices=BACKENDS, default="auto",
-                         help="runtime of the forward pass; auto: torch for checkpoints and safetensors folders, "
-                              "onnxruntime for .onnx, openvino for .xml (openvino also runs .onnx)")
     predict.add_argument("--out", type=Path, required=True, help="output folder")
     predict.add_argument("--recursive", action="store_true", help="also read images in sub-folders (output names keep the sub-folders)")
     predict.add_argument("--threshold", type=_checked(float, FRACTION), default=None, help="crack probability threshold (default: the checkpoint's best validation F1 threshold)")
-    predict.add_argument("--tile", type=_checked(int, AT_LEAST_ONE), default=TILE, help="tile side in px; larger images run as overlapping tiles")
-    predict.add_argument("--overlap", type=_checked(int, NON_NEGATIVE), default=TILE_OVERLAP, help="overlap between neighbouring tiles in px, blended smoothly (less than --tile)")
-    predict.add_argument("--batch-size", type=_checked(int, AT_LEAST_ONE), default=None,
-                         help="tiles per forward pass; tiles of several images share a batch (default 8 on a GPU, 1 on CPU, where batches ran slower)")
-    predict.add_argument("--tta", choices=["none", "flip", "d4"], default="none", help="average probabilities over a horizontal flip, or all 8 flips and rotations")
     predict.add_argument("--save-prob", type=int, choices=[8, 16], default=None, help="also write the probability map as 8- or 16-bit OUT/probs/<name>.png (a GeoTIFF, .tif, for rasters read by windows)")
     predict.add_argument("--overlay", action="store_true", help="also write OUT/overlays/<name>.jpg, the photo with cracks tinted red")
-    predict.add_argument("--resize", type=_size, default=None, help="resize every image to N or HxW px first (for models trained on resized data); masks come back at the input size")
     predict.add_argument("--join-gap", type=_length, default=JOIN_GAP,
                          help="bridge gaps up to this long (px, or mm, e.g. 3mm: mm need a pixel size, see --px-size) between pieces of one crack: a skeleton end "
                               "must point at the other piece (within 30 degrees); 0 keeps every piece apart")
@@ -344,12 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--overwrite", action="store_true", help="replace outputs already in OUT")
     predict.add_argument("--workers", type=_checked(int, NON_NEGATIVE), default=None,
                          help="decoding processes and writer threads (0: all in the main process; default: 0 on CPU, where the model's threads use every core, else CPU cores / processes - 1, at most 8)")
-    predict.add_argument("--device", default="auto", help="auto (CUDA when present), cuda or cpu")
-    predict.add_argument("--amp", choices=AMP_CHOICES, default="auto",
-                         help="mixed precision; auto = bf16 on GPUs that support it; bf16 also speeds up --backend openvino "
-                              "on CPUs with bfloat16 (docs/benchmarks.md)")
-    predict.add_argument("--channels-last", action="store_true",
-                         help="NHWC memory layout for --backend torch (on tensor cores; on the CPU it was slower end to end, docs/benchmarks.md)")
+    _add_inference_options(predict, "inference")
     predict.set_defaults(handler=_cmd_predict)
 
     export = commands.add_parser(
@@ -395,8 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Score saved predictions (binary masks or 8/16-bit probability maps named like the ground\n"
             "truth) or a checkpoint run on a dataset split. Reports dataset-level precision, recall,\n"
-            "F1, crack and background IoU and mIoU, per-image means, ODS, OIS and AP; with --out,\n"
-            "report.json, report.md, per_image.csv (worst first), pr_curve.csv and pr_curve.png.\n\n"
+            "F1, crack and background IoU and mIoU, per-image means, ODS, OIS and AP, or a paper's own\n"
+            "figures with --protocol; photos whose ground truth has no crack also apart (how many get a\n"
+            "predicted crack). With --out, report.json, report.md, per_image.csv (worst first), and\n"
+            "pr_curve.csv and pr_curve.png where the protocol has a precision-recall curve.\n\n"
             "  crackseg evaluate --pred predictions/probs --gt data/cfd/masks --split data/cfd/test.txt --tolerance 2\n"
             "  crackseg evaluate --checkpoint checkpoints/cfd/best.pt --data data/cfd --split test --out reports/cfd"
         ),
@@ -410,13 +434,18 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", default=None, help="file of stems to score; with --checkpoint also a split name (test, val, train: ROOT/NAME.txt) or all (default test)")
     evaluate.add_argument("--tolerance", type=_checked(float, TOLERANCE), default=0.0, help=f"pixel tolerance for precision / recall / F1, {TOLERANCE.describe()} (0 = exact pixels; papers often use 2)")
     evaluate.add_argument("--threshold", type=_checked(float, FRACTION), default=None, help="operating threshold on probabilities (default 0.5 for files, the checkpoint's for --checkpoint)")
+    evaluate.add_argument("--protocol", choices=("crackseg", "scsegamba", "deepsegmentor", "omnicrack"), default="crackseg",
+                          help="whose evaluation code to reproduce: crackseg (the figures listed above), scsegamba (SCSegamba / MixerCSeg: "
+                               "each map divided by its maximum, per-image F1 averaged for ODS, mIoU per image), deepsegmentor "
+                               "(DeepCrack: counts summed over images, I/U, G, C at the best of 100 thresholds), omnicrack "
+                               "(OmniCrack30k: centreline IoU within 4 px); report.md defines each figure, docs/results.md compares them")
+    evaluate.add_argument("--min-length", type=_checked(float, NON_NEGATIVE), default=parse_length(MIN_LENGTH)[0],
+                          help="px: on photos whose ground truth has no crack, predicted cracks shorter than this are not counted (predict's --min-length)")
+    evaluate.add_argument("--join-gap", type=_checked(float, NON_NEGATIVE), default=parse_length(JOIN_GAP)[0],
+                          help="px: pieces of a predicted crack are joined across gaps up to this long before counting cracks on crack-free photos (predict's --join-gap)")
     evaluate.add_argument("--out", type=Path, default=None, help="folder for the report files")
     evaluate.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
-    evaluate.add_argument("--device", default="auto", help="device for --checkpoint: auto, cuda or cpu")
-    evaluate.add_argument("--tile", type=_checked(int, AT_LEAST_ONE), default=TILE, help="tile side in px for --checkpoint; larger images run as overlapping tiles")
-    evaluate.add_argument("--overlap", type=_checked(int, NON_NEGATIVE), default=TILE_OVERLAP, help="overlap between neighbouring tiles in px for --checkpoint (less than --tile)")
-    evaluate.add_argument("--batch-size", type=_checked(int, AT_LEAST_ONE), default=None, help="tiles per forward pass for --checkpoint (default 8 on a GPU, 1 on CPU)")
-    evaluate.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision for --checkpoint; auto = bf16 on GPUs that support it; bf16 also for OpenVINO models")
+    _add_inference_options(evaluate, "inference (with --checkpoint)")
     evaluate.set_defaults(handler=_cmd_evaluate)
     return parser
 

@@ -1,8 +1,9 @@
-"""Training options: ``TrainConfig`` with each option's default, choices, valid range and help.
+"""Options: ``TrainConfig`` (training) and ``InferenceOptions`` (how a model runs over images).
 
 This module is the one place that defines them: ``crackseg train``'s command line is built
-from the fields below, and :func:`check_options` applies the same rules to a config made in
-Python. It imports no torch, so reading or checking a configuration costs nothing.
+from ``TrainConfig``'s fields, and :func:`check_options` applies the same rules to a config
+made in Python; ``InferenceOptions`` checks itself, for predict, evaluate and the Predictor
+alike. It imports no torch, so reading or checking a configuration costs nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ CLASSIC_ENCODERS = {"unet16": "vgg16", "unet_resnet34": "resnet34", "unet_resnet
 ARCHS = ("unet", *CLASSIC_ENCODERS)
 DEFAULT_ENCODER = "resnet34"
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
+TTA_CHOICES = ("none", "flip", "d4")
 TILE, TILE_OVERLAP = 1024, 128  # px: images larger than a tile run as overlapping tiles (validation, predict, evaluate)
 MAX_PIXELS = 20_000_000_000  # predict's default --max-pixels: rasters larger than this are refused
 STREAM_ABOVE = 64_000_000  # px: TIFFs larger than this (or georeferenced) are predicted by windows
@@ -66,6 +68,34 @@ AT_LEAST_ONE = Range(1)
 NON_NEGATIVE = Range(0)
 FRACTION = Range(0, 1)
 TOLERANCE = Range(0, 32)  # px: evaluation tolerances in the literature are 2 to 5
+
+
+@dataclass(frozen=True)
+class InferenceOptions:
+    """How a model runs over images, shared by ``predict``, ``evaluate`` and :class:`crackseg.inference.Predictor`."""
+
+    tile: int = TILE  # px: larger images run as overlapping tiles
+    overlap: int = TILE_OVERLAP  # px between neighbouring tiles, blended
+    batch_size: int | None = None  # tiles per forward pass; None: 8 on a GPU, 1 on CPU
+    tta: str = "none"  # none, flip or d4
+    device: str = "auto"
+    amp: str = "auto"
+    backend: str = "auto"  # torch, onnxruntime or openvino; auto: from the model file
+    channels_last: bool = False
+    resize: tuple[int, int] | None = None  # (height, width) every image is resized to first
+
+    def __post_init__(self) -> None:
+        """The same rules the command line applies, for callers from Python."""
+        for name, valid in (("tile", AT_LEAST_ONE), ("overlap", NON_NEGATIVE), ("batch_size", AT_LEAST_ONE)):
+            value = getattr(self, name)
+            problem = None if value is None else valid.problem(value)
+            if problem:
+                raise InputError(f"{flag(name)} {problem}")
+        if self.overlap >= self.tile:
+            raise InputError(f"--overlap ({self.overlap} px) must be smaller than --tile ({self.tile} px)")
+        for name, choices in (("tta", TTA_CHOICES), ("amp", AMP_CHOICES), ("backend", BACKENDS)):
+            if getattr(self, name) not in choices:
+                raise InputError(f"{flag(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
 
 
 def option(default, help: str, group: str, choices: tuple | None = None, valid: Range | None = None, flag_type=None):

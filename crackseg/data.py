@@ -143,10 +143,14 @@ def _twins_message(paths: list[Path]) -> str:
     return f"shares its stem with {', '.join(p.name for p in paths[1:])}: cannot tell which to use; rename or remove one"
 
 
+def _decoding_threads() -> int:
+    """Threads that decode images side by side when the caller names no count: one per core, at most 16."""
+    return min(16, os.cpu_count() or 1)
+
+
 def scan(samples: list[Sample], workers: int | None = None) -> Scan:
     """Decode every image and mask completely and check that their sizes agree."""
-    workers = workers or min(16, os.cpu_count() or 1)
-    with ThreadPoolExecutor(workers) as pool:
+    with ThreadPoolExecutor(workers or _decoding_threads()) as pool:
         results = list(pool.map(_check_sample, samples))
     result = Scan([], [])
     for sample, (problems, info) in zip(samples, results):
@@ -320,7 +324,7 @@ class CrackDataset(torch.utils.data.Dataset):
         self.seed = seed
         self._cache = None
         if cache:
-            with ThreadPoolExecutor(workers or min(16, os.cpu_count() or 1)) as pool:
+            with ThreadPoolExecutor(workers or _decoding_threads()) as pool:
                 self._cache = list(pool.map(self._decode, range(len(self.samples))))
 
     def __len__(self) -> int:

@@ -90,6 +90,15 @@ def resolve_amp(name: str, device: torch.device) -> torch.dtype | None:
     return AMP_DTYPES[name]
 
 
+def check_device_options(env: Environment, strategy: str, sync_bn: bool, amp: str) -> None:
+    """Refuse training options this process's device and launch cannot honour, before any work starts."""
+    if strategy == "dp" and env.distributed:
+        raise InputError("--strategy dp runs as one process driving every GPU; start it with crackseg train, not torchrun")
+    if sync_bn and env.device.type != "cuda":
+        raise InputError("--sync-bn needs CUDA devices (SyncBatchNorm has no CPU implementation)")
+    resolve_amp(amp, env.device)
+
+
 def amp_name(dtype: torch.dtype | None) -> str:
     """The ``--amp`` name of an autocast dtype, as run folders record it."""
     return next(name for name, value in AMP_DTYPES.items() if value == dtype)

@@ -1,7 +1,7 @@
 """The step math: ``train_one_epoch`` and ``validate``, plus the optimizer and schedule they drive.
 
-Nothing here knows about paths, files or TensorBoard: progress goes to an ``on_log``
-callback, and the run folder (:mod:`crackseg.run_folder`) decides what to keep.
+Nothing here knows about paths, files or TensorBoard: progress goes to the
+``StepContext.on_log`` callback, and the run folder (:mod:`crackseg.run_folder`) decides what to keep.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
 from crackseg import distributed
+from crackseg.config import InferenceOptions
 from crackseg.errors import RunError
 from crackseg.inference import Predictor
 from crackseg.losses import CrackLoss
@@ -26,9 +27,12 @@ from crackseg.metrics import BINS, best_f1, scores_at, threshold_histograms
 from crackseg.transforms import PhotometricJitter
 
 
+LogCallback = Callable[[int, dict[str, float]], None]
+
+
 @dataclass(kw_only=True)
 class StepContext:
-    """What every training and validation step needs besides the model and the data."""
+    """What every training and validation step needs besides the model and the data: fixed for a run."""
 
     env: distributed.Environment
     loss_fn: CrackLoss
@@ -38,6 +42,8 @@ class StepContext:
     channels_last: bool = False
     clip_grad: float | None = None
     log_every: int = 10
+    on_log: LogCallback | None = None  # rank 0 reports training progress here every log_every steps
+    epochs: int = 1  # the run's length, for the progress bar
     jitter: PhotometricJitter | None = None  # photometric augmentation of training batches, on the device
     ema: AveragedModel | None = None  # moving average of the weights, updated after every optimizer step
 
@@ -75,9 +81,6 @@ class Validation:
         }
 
 
-LogCallback = Callable[[int, dict[str, float]], None]
-
-
 def train_one_epoch(
     model: nn.Module,
     loader: Iterable,
@@ -86,9 +89,7 @@ def train_one_epoch(
     context: StepContext,
     *,
     epoch: int = 1,
-    epochs: int = 1,
     global_step: int = 0,
-    on_log: LogCallback | None = None,
 ) -> tuple[float, int]:
     """One pass over ``loader``; returns the exact epoch loss (all processes) and the global step.
 
@@ -96,7 +97,8 @@ def train_one_epoch(
     sum of the whole global batch, computed before any backward pass, and all but the last
     backward run under ``no_sync``. A non-finite loss is recorded on the device (no host
     sync per step) and raises at the next log point, naming its step. Every ``log_every``
-    steps rank 0 calls ``on_log(global_step, {"loss", "lr", "images_per_s"})``.
+    steps rank 0 calls ``context.on_log(global_step, {"loss", "lr", "images_per_s"})``.
+    ``epoch`` and ``global_step`` are where the run stands when the epoch starts.
     """
     env, loss_fn = context.env, context.loss_fn
     scaler = context.scaler or torch.amp.GradScaler(env.device.type, enabled=False)
@@ -108,7 +110,7 @@ def train_one_epoch(
     window_weight = torch.zeros((), dtype=torch.float64, device=device)
     first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
     steps = len(loader) // context.grad_accum
-    bar = tqdm(total=steps, desc=f"epoch {epoch}/{epochs}", disable=None if env.is_main else True, leave=False, dynamic_ncols=True)
+    bar = tqdm(total=steps, desc=f"epoch {epoch}/{context.epochs}", disable=None if env.is_main else True, leave=False, dynamic_ncols=True)
     window_start, window_images = time.perf_counter(), 0
     micro_batches = []
     step = 0
@@ -160,8 +162,8 @@ def train_one_epoch(
                 rate = window_images / (time.perf_counter() - window_start)
                 loss_value = (window_loss / window_weight).item()
                 bar.set_postfix(loss=f"{loss_value:.4f}", img_s=f"{rate:.1f}")
-                if on_log is not None:
-                    on_log(global_step, {"loss": loss_value, "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate})
+                if context.on_log is not None:
+                    context.on_log(global_step, {"loss": loss_value, "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate})
             window_loss.zero_()
             window_weight.zero_()
             window_start, window_images = time.perf_counter(), 0
@@ -197,9 +199,8 @@ def validate(
     """
     env, loss_fn = context.env, context.loss_fn
     model.eval()
-    predictor = Predictor(
-        model, env.device, batch_size=batch_size, amp_dtype=context.amp_dtype, channels_last=context.channels_last
-    )
+    options = InferenceOptions(batch_size=batch_size, channels_last=context.channels_last)
+    predictor = Predictor(model, env.device, options, context.amp_dtype)
     histograms = torch.zeros((3, BINS), dtype=torch.long)
     sums = torch.zeros(2, dtype=torch.float64)
     masks: dict[int, torch.Tensor] = {}

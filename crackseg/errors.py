@@ -1,4 +1,11 @@
-"""The one exception type for mistakes a user can fix: the CLI prints it as one line, exit 2."""
+"""The one exception type for mistakes a user can fix: the CLI prints it as one line, exit 2.
+
+A missing optional dependency is such a mistake: :func:`require` names the pip install.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 
 class InputError(Exception):
@@ -10,3 +17,12 @@ class InputError(Exception):
 
 class RunError(Exception):
     """A run that cannot go on (e.g. a non-finite loss): one line naming where, exit status 1."""
+
+
+def require(module: str, extra: str, needed_for: str | None = None):
+    """Import an optional dependency, or stop with one line naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        missing = f"{needed_for} needs {module}" if needed_for else f"{module} is not installed"
+        raise InputError(f"{missing}; pip install 'crackseg[{extra}]'") from None

@@ -2,7 +2,9 @@
 
 An interruption at any moment leaves the old file or the new one, never a torn one.
 ``durable=True`` also fsyncs the file and its folder, so the new file survives a power
-loss (checkpoints); outputs written by the thousand skip that cost.
+loss (checkpoints); outputs written by the thousand skip that cost. Every temp file is
+named by :func:`temp_path`, hidden and marked as crackseg's, so :func:`remove_orphan_temps`
+removes what an interrupted run left and never a file of the user's.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import csv
 import io
 import os
+import secrets
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -17,32 +21,96 @@ from typing import BinaryIO
 
 from crackseg.errors import InputError
 
+TEMP_MARK = ".crackseg-tmp"  # ends the name of every temp file crackseg writes (before a format's suffix)
+NAME_MAX = 255  # bytes in a file name on common file systems
+SIDE_FILE_ROOM = 16  # writers add files beside a temp (SQLite's "-journal" beside a GeoPackage)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet runs a cell starting with these (OWASP)
+
+
+def temp_path(path: Path, tag: str, suffix: str = "") -> Path:
+    """``.<name>.<tag>.crackseg-tmp<suffix>`` beside ``path``: the name is cut to keep the whole, and the side
+    files that writers add to it, within NAME_MAX bytes."""
+    path = Path(path)
+    room = NAME_MAX - SIDE_FILE_ROOM - len(os.fsencode(f"..{tag}{TEMP_MARK}{suffix}"))
+    name = os.fsencode(path.name)[:room].decode("utf-8", "replace")  # a name libraries can encode; the rename restores the real one
+    return path.with_name(f".{name}.{tag}{TEMP_MARK}{suffix}")
+
+
+class PendingFile:
+    """A file written under a hidden temporary name beside ``path``, moved into place by :meth:`commit`.
+
+    For writers that need a path rather than a file object (GDAL, OpenVINO); ``suffix`` ends
+    the temp name for those that pick a format by it. As a context manager it commits when
+    the block ends without an error and removes the temp file otherwise.
+    """
+
+    def __init__(self, path: Path, suffix: str = ""):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            self.temp = temp_path(self.path, secrets.token_hex(4), suffix)
+            try:
+                os.close(os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask applies, as to any file
+                break
+            except FileExistsError:
+                continue
+
+    def companion(self, suffix: str) -> PendingFile:
+        """The pending file of ``path`` with ``suffix`` whose temp is this temp with that suffix (OpenVINO's .bin beside its .xml)."""
+        other = object.__new__(PendingFile)
+        other.path, other.temp = self.path.with_suffix(suffix), self.temp.with_suffix(suffix)
+        return other
+
+    def commit(self, durable: bool = False) -> Path:
+        os.replace(self.temp, self.path)
+        if durable:
+            directory = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        return self.path
+
+    def abort(self) -> None:
+        self.temp.unlink(missing_ok=True)
+
+    def __enter__(self) -> PendingFile:
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.abort()
+
 
 def write_atomic(path: Path, content: bytes | str | Callable[[BinaryIO], None], durable: bool = False) -> None:
-    """Write ``content`` (bytes, text, or a function writing to a binary file) to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write ``content`` (bytes, UTF-8 text as :func:`readable` makes it, or a function writing to a binary file) to ``path``."""
+    pending = PendingFile(path)
     try:
-        os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes 0600; keep the usual permissions
-        with os.fdopen(handle, "wb") as file:
+        with open(pending.temp, "wb") as file:
             if callable(content):
                 content(file)
             else:
-                file.write(content.encode() if isinstance(content, str) else content)
+                file.write(readable(content).encode() if isinstance(content, str) else content)
             if durable:
                 file.flush()
                 os.fsync(file.fileno())
-        os.replace(temp, path)
+        pending.commit(durable)
     except BaseException:
-        Path(temp).unlink(missing_ok=True)
+        pending.abort()
         raise
-    if durable:
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+
+
+def link_atomic(source: Path, target: Path) -> None:
+    """Make ``target`` hold ``source``'s bytes without rewriting them (a hard link), atomically."""
+    temp = temp_path(Path(target), str(os.getpid()))
+    temp.unlink(missing_ok=True)
+    try:
+        os.link(source, temp)
+    except OSError:  # file systems without hard links
+        shutil.copyfile(source, temp)
+    os.replace(temp, target)
 
 
 def ensure_writable_folder(path: Path, flag: str) -> Path:
@@ -60,30 +128,38 @@ def ensure_writable_folder(path: Path, flag: str) -> Path:
 
 
 def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
-    """A CSV with a header; columns are ``columns`` then every other key in order of appearance."""
+    """A UTF-8 CSV with a header; columns are ``columns`` then every other key in order of appearance.
+
+    Text that a spreadsheet would run as a formula (a cell starting with = + - @, a tab or a
+    carriage return, e.g. from a file name) is written behind a ``'``, so it shows as text;
+    numbers stay numbers. Bytes of a file name that are not UTF-8 are written as ``\\xNN``.
+    """
     columns = list(columns or [])
     for row in rows:
         columns += [key for key in row if key not in columns]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, columns or ["path"], restval="")
     writer.writeheader()
-    writer.writerows(rows)
-    write_atomic(path, buffer.getvalue())
+    writer.writerows({key: _as_text(value) for key, value in row.items()} for row in rows)
+    write_atomic(path, readable(buffer.getvalue()))
+
+
+def readable(text: str) -> str:
+    """``text`` as valid UTF-8: the bytes of a file name that are not UTF-8 become ``\\xNN``."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _as_text(value):
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
 
 
 def remove_orphan_temps(folder: Path) -> int:
-    """Delete temp files that an interrupted write left in ``folder`` (not below it); returns how many.
+    """Delete the temp files that an interrupted crackseg write left in ``folder`` (not below it); returns how many.
 
-    Call it only while no other writer uses the folder.
+    Only names made by :func:`temp_path` are touched. Call it only while no other crackseg writer uses the folder.
     """
     removed = 0
-    for temp in [*Path(folder).glob(".*.tmp"), *Path(folder).glob(".*.tmp.*")]:  # .tmp.gpkg: GDAL picks drivers by suffix
+    for temp in Path(folder).glob(f".*{TEMP_MARK}*"):
         temp.unlink(missing_ok=True)
         removed += 1
     return removed
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current

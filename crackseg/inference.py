@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from crackseg.config import TILE, TILE_OVERLAP
+from crackseg.config import InferenceOptions
 from crackseg.errors import InputError
 
 
@@ -70,23 +70,20 @@ def blend_weights(height: int, width: int, overlap: int) -> torch.Tensor:
 class Predictor:
     """Crack probabilities for a stream of images, with tiling, cross-image batching and TTA."""
 
-    def __init__(self, model, device: torch.device, tile: int = TILE, overlap: int = TILE_OVERLAP, batch_size: int | None = None,
-                 tta: str = "none", amp_dtype: torch.dtype | None = None, channels_last: bool = False,
-                 resize: tuple[int, int] | None = None):
-        if overlap >= tile:
-            raise InputError(f"--overlap ({overlap} px) must be smaller than --tile ({tile} px)")
-        if tta not in ("none", "flip", "d4"):
-            raise InputError(f"--tta must be none, flip or d4, got {tta!r}")
+    def __init__(self, model, device: torch.device, options: InferenceOptions = InferenceOptions(),
+                 amp_dtype: torch.dtype | None = None):
+        """``model``: a CrackSegModel (logits) or a :class:`crackseg.runtimes.RuntimeModel` (probabilities),
+        on ``device``; ``amp_dtype``: the autocast of a torch model (see :func:`crackseg.runtimes.load_runtime`)."""
         self.model = model
         self.device = device
-        self.tile = tile
-        self.overlap = overlap
+        self.tile = options.tile
+        self.overlap = options.overlap
         # On CPU one image per pass ran faster per image than batches (docs/benchmarks.md).
-        self.batch_size = batch_size or (8 if device.type == "cuda" else 1)
-        self.tta = tta
+        self.batch_size = options.batch_size or (8 if device.type == "cuda" else 1)
+        self.tta = options.tta
         self.amp_dtype = amp_dtype
-        self.channels_last = channels_last
-        self.resize = resize
+        self.channels_last = options.channels_last
+        self.resize = options.resize
         self._windows: dict[tuple[int, int], torch.Tensor] = {}
 
     def probabilities(self, images):
@@ -220,7 +217,7 @@ class Predictor:
                 view = view.contiguous(memory_format=torch.channels_last)
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 output = self.model(view)
-            # Exported models (crackseg.export.RuntimeModel) return probabilities, torch models logits.
+            # Exported models (crackseg.runtimes.RuntimeModel) return probabilities, torch models logits.
             prob = (output.float() if getattr(self.model, "returns_probabilities", False) else torch.sigmoid(output.float()))[:, 0]
             prob = prob.flip(-1) if flip else prob
             prob = torch.rot90(prob, -turns, dims=(-2, -1)) if turns else prob

@@ -11,7 +11,8 @@ Definitions (pixels; multiply by the pixel size for millimetres):
   background: ``2 d - 1`` where the distance ridge is one pixel wide (odd widths) and
   ``2 d`` where it is two pixels wide (even widths).
 
-Skeletons come from scikit-image, distances and labels from scipy.ndimage.
+Skeletons come from scikit-image, distances and labels from scipy.ndimage, and pieces
+that one crack joins are tracked by scipy's DisjointSet (here and across raster bands).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import ndimage
+from scipy.cluster.hierarchy import DisjointSet
 from scipy.spatial import cKDTree
 from skimage.draw import line as draw_line
 from skimage.morphology import skeletonize
@@ -89,19 +91,20 @@ class CrackParts:
     skeleton: np.ndarray  # (H, W) bool, of the joined cracks
 
     def measure(self, number: int) -> CrackMeasure:
-        """Label ``number`` as a CrackMeasure (id = number)."""
-        return crack_measure(number, float(self.length[number]), float(self.gap[number]), int(self.area[number]),
-                             float(self.max_width[number]), tuple(int(v) for v in self.box[number]), int(self.fragments[number]),
-                             self.anchors.get(number))
+        """Label ``number`` as a CrackMeasure (id = number), anchored on its skeleton where it has one."""
+        crack = crack_measure(number, float(self.length[number]), float(self.gap[number]), int(self.area[number]),
+                              float(self.max_width[number]), tuple(int(v) for v in self.box[number]), int(self.fragments[number]))
+        anchor = self.anchors.get(number)
+        return crack if anchor is None else dataclasses.replace(crack, anchor=anchor)
 
 
 def crack_measure(number: int, length: float, gap: float, area: int, max_width: float, box: tuple[int, int, int, int],
-                  fragments: int, anchor: tuple[int, int] | None = None) -> CrackMeasure:
-    """A CrackMeasure from a crack's sums (of one mask, or of several bands of one)."""
+                  fragments: int) -> CrackMeasure:
+    """A CrackMeasure from a crack's sums (of one mask, or of several bands of one), anchored at its box's top-left corner."""
     if length <= 0:  # a speck whose skeleton is one pixel: take the bounding extent
         length = float(max(box[2] - box[0], box[3] - box[1]))
     seen = max(length - gap, 1.0)
-    return CrackMeasure(number, length, area / seen, max(max_width, 1.0), area, box, anchor or box[:2], fragments)
+    return CrackMeasure(number, length, area / seen, max(max_width, 1.0), area, box, box[:2], fragments)
 
 
 def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(None)) -> CrackParts:
@@ -142,14 +145,7 @@ def _join_pieces(mask, pieces, distance, join_gap):
     tree = cKDTree(points)
     reach = join_gap + 2 * distance.max()
     joined, bridges = mask.copy(), []
-    parent = list(range(pieces.max() + 1))  # union-find over pieces: one bridge per pair, none around a loop
-
-    def root(piece: int) -> int:
-        while parent[piece] != piece:
-            parent[piece] = parent[parent[piece]]
-            piece = parent[piece]
-        return piece
-
+    joined_pieces = DisjointSet(range(pieces.max() + 1))  # one bridge per pair of pieces, none around a loop
     for end in np.argwhere(_end_points(skeleton)):
         piece = pieces[tuple(end)]
         near = [i for i in tree.query_ball_point(end, 10.0) if owner[i] == piece]
@@ -159,7 +155,7 @@ def _join_pieces(mask, pieces, distance, join_gap):
         direction /= np.hypot(*direction)
         best, best_gap = None, join_gap
         for i in tree.query_ball_point(end, reach):
-            if root(owner[i]) == root(piece):
+            if joined_pieces.connected(owner[i], piece):
                 continue
             step = points[i] - end
             span = np.hypot(*step)
@@ -167,7 +163,7 @@ def _join_pieces(mask, pieces, distance, join_gap):
             if gap <= best_gap and step @ direction >= span * _COS_30:
                 best, best_gap = points[i], gap
         if best is not None:
-            parent[root(pieces[tuple(best)])] = root(piece)
+            joined_pieces.merge(pieces[tuple(best)], piece)
             rows, cols = draw_line(int(end[0]), int(end[1]), int(best[0]), int(best[1]))
             joined[rows, cols] = True
             bridges.append(((int(end[0]), int(end[1])), max(best_gap, 0.0)))

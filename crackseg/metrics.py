@@ -22,6 +22,7 @@ lies within T px, and a true crack pixel is found if a predicted one lies within
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,3 +165,10 @@ def average_precision(histograms: torch.Tensor) -> float:
 def optimal_image_scale(per_image: list[torch.Tensor]) -> float:
     """OIS as crack benchmarks compute it: each image's best F1 over the thresholds, averaged."""
     return float(np.mean([best_f1(histograms).f1 for histograms in per_image]))
+
+
+def improves(monitor: str, score: float, best: float | None) -> bool:
+    """Whether ``score`` of metric ``monitor`` beats ``best``: lower for ``loss``, higher for the rest; NaN never does."""
+    if math.isnan(score):
+        return False
+    return best is None or (score < best if monitor == "loss" else score > best)

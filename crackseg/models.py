@@ -8,8 +8,6 @@ model file carries everything needed to use it (see :meth:`CrackSegModel.config`
 from __future__ import annotations
 
 import functools
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 import torchvision
@@ -21,7 +19,6 @@ from crackseg.errors import InputError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-_HEAD_PREFIXES = ("fc.", "classifier.", "head.", "last_linear.")  # classifier tensors in encoder files
 
 
 class CrackSegModel(nn.Module):
@@ -63,15 +60,21 @@ class CrackSegModel(nn.Module):
         }
 
 
-def build_model(encoder: str | None = None, weights: str | Path | None = None, arch: str = "unet") -> CrackSegModel:
+def build_model(encoder: str | None = None, weights: str | None = None, arch: str = "unet") -> CrackSegModel:
     """A crack UNet with one output channel.
 
     ``arch``: ``unet`` (segmentation-models-pytorch UNet; ``encoder`` is any smp encoder name,
     default ``resnet34``) or a classic architecture, ``unet16`` / ``unet_resnet34`` /
     ``unet_resnet101`` / ``unet_resnet152``, whose encoder is implied.
-    ``weights``: ``None`` (random), ``"imagenet"`` (downloaded by smp / torchvision, an error
-    when offline) or the path of a local torchvision-format state dict of the encoder.
+    ``weights``: ``None`` (random) or ``"imagenet"`` (downloaded by smp / torchvision, an error
+    when offline). Encoder weights in a local file are loaded afterwards, by
+    :func:`crackseg.checkpoint.load_encoder_weights`: this module reads no files.
     """
+    if weights not in (None, "imagenet"):
+        raise InputError(
+            f"weights must be None or 'imagenet', not {weights!r}; "
+            "load a local encoder file with crackseg.load_encoder_weights(model, path)"
+        )
     if arch not in ARCHS:
         raise InputError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHS)}")
     implied = CLASSIC_ENCODERS.get(arch)
@@ -95,10 +98,7 @@ def build_model(encoder: str | None = None, weights: str | Path | None = None, a
             f"cannot download imagenet weights for the {encoder} encoder ({type(error).__name__}: {error}); "
             "offline, pass --encoder-weights PATH (a torchvision-format state dict of that encoder) or none"
         ) from None
-    model = CrackSegModel(net, arch, encoder, divisor)
-    if weights is not None and not imagenet:
-        load_encoder_weights(model, Path(weights))
-    return model
+    return CrackSegModel(net, arch, encoder, divisor)
 
 
 def model_from_config(config: dict) -> CrackSegModel:
@@ -121,51 +121,6 @@ def enable_activation_checkpointing(model: CrackSegModel) -> None:
     stages = [child for child in model.net.encoder.children() if isinstance(child, nn.Sequential)]
     for module in [*stages, *model.net.decoder.blocks]:
         module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
-
-
-def encoder_module(model: CrackSegModel) -> nn.Module:
-    return model.net.encoder
-
-
-def load_torch_file(path: Path, what: str):
-    """The one loader of ``.pt`` files: CPU, ``weights_only=True``, one-line errors naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such {what} file")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torn or foreign files raise many types (pickle, zip, struct errors)
-        lines = str(error).splitlines() or [""]
-        reason = next((line.strip() for line in lines if "Unsupported global" in line), lines[0])
-        raise InputError(f"{path}: not a readable {what} file ({type(error).__name__}: {reason})") from None
-
-
-def load_encoder_weights(model: CrackSegModel, path: Path) -> None:
-    """Copy a torchvision-format encoder state dict into ``model``'s encoder, every tensor checked.
-
-    Classifier tensors (``fc.*``, ``classifier.*``) that the encoder lacks are ignored;
-    anything else missing, unexpected or of another shape is an error naming the file.
-    """
-    state = load_torch_file(path, "encoder weights")
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise InputError(f"{path}: not a state dict (a mapping of names to tensors)")
-    if model.arch == "unet16":
-        state = {key.removeprefix("features."): value for key, value in state.items()}
-    target = encoder_module(model)
-    expected = target.state_dict()
-    missing = sorted(expected.keys() - state.keys())
-    unexpected = sorted(key for key in state.keys() - expected.keys() if not key.startswith(_HEAD_PREFIXES))
-    reshaped = sorted(key for key in expected.keys() & state.keys() if expected[key].shape != state[key].shape)
-    if missing or unexpected or reshaped:
-        detail = "; ".join(
-            f"{label} {len(keys)} (e.g. {keys[0]})"
-            for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", reshaped))
-            if keys
-        )
-        raise InputError(f"{path}: not a state dict of the {model.encoder} encoder: {detail}")
-    target.load_state_dict({key: state[key] for key in expected}, strict=True)
 
 
 def _smp_unet(encoder: str, imagenet: bool) -> nn.Module:

@@ -1,9 +1,12 @@
-"""What ``predict`` writes for each image, and for the whole run.
+"""The predictions folder: what ``predict`` writes for each image and for the whole run.
 
 Per image: ``masks/<name>.png`` (the model's pixels, 0/255), optionally ``probs/<name>.png``
 and ``overlays/<name>.jpg`` (the photo with each reported crack tinted and labelled with its
-id), a row of ``predictions.csv`` and, when measuring, one row of ``cracks.csv`` per crack.
-For the run: ``summary.json`` (totals, the widest crack, length per width class).
+id), ``vectors/<name>.geojson|gpkg``, a row of ``predictions.csv`` and, when measuring, one
+row of ``cracks.csv`` per crack; a raster predicted by windows gets ``.tif`` masks and
+probabilities. For the run: ``summary.json`` (totals, the widest crack, length per width
+class), ``errors.csv`` when an input failed, and ``report.html`` with its pictures under
+``report/``. :class:`PredictionsFolder` is the one place that names these files.
 
 Cracks are what :func:`crackseg.measure.find_cracks` reports: pieces joined across short
 gaps, specks under the minimum length left out of the tables and overlays (the mask keeps
@@ -14,15 +17,20 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 from skimage.morphology import skeletonize
+from tqdm import tqdm
 
-from crackseg.files import write_atomic
+from crackseg.errors import InputError
+from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_atomic, write_csv
+from crackseg.images import load_mask
+from crackseg.locks import FolderLock
 from crackseg.measure import CrackMeasure, WidthClasses, find_cracks
 from crackseg.vectors import FORMATS, centrelines, skeleton_links, write_vectors
 
@@ -43,45 +51,147 @@ class OutputSpec:
     vectors: str | None = None  # geojson or gpkg: crack centrelines per image
 
 
-def outputs_of(out: Path, name: str, spec: OutputSpec) -> list[Path]:
-    """The files one image gets: its mask first, then what the spec asks for."""
-    paths = [out / "masks" / f"{name}.png"]
-    if spec.save_prob:
-        paths.append(out / "probs" / f"{name}.png")
-    if spec.overlay:
-        paths.append(out / "overlays" / f"{name}.jpg")
-    if spec.vectors:
-        paths.append(vector_path(out, name, spec.vectors))
-    return paths
+class PredictionsFolder:
+    """The layout of a predictions folder: every path predict, report and the raster code use, and its preparation."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.predictions_csv = self.root / "predictions.csv"
+        self.cracks_csv = self.root / "cracks.csv"
+        self.errors_csv = self.root / "errors.csv"
+        self.summary_json = self.root / "summary.json"
+        self.report_html = self.root / "report.html"
+        self.report_pictures = self.root / "report"
+        self._lock = FolderLock(self.root, "prediction", "--out")
+
+    def mask(self, name: str, raster: bool = False) -> Path:
+        return self.root / "masks" / f"{name}{'.tif' if raster else '.png'}"
+
+    def probabilities(self, name: str, raster: bool = False) -> Path:
+        return self.root / "probs" / f"{name}{'.tif' if raster else '.png'}"
+
+    def overlay(self, name: str) -> Path:
+        return self.root / "overlays" / f"{name}.jpg"
+
+    def vectors(self, name: str, fmt: str) -> Path:
+        return self.root / "vectors" / f"{name}{FORMATS[fmt][1]}"
+
+    def outputs(self, name: str, spec: OutputSpec, raster: bool = False) -> list[Path]:
+        """The files one input gets: its mask first, then what the spec asks for (rasters get no overlay)."""
+        paths = [self.mask(name, raster)]
+        if spec.save_prob:
+            paths.append(self.probabilities(name, raster))
+        if spec.overlay and not raster:
+            paths.append(self.overlay(name))
+        if spec.vectors:
+            paths.append(self.vectors(name, spec.vectors))
+        return paths
+
+    def name_of(self, mask: Path) -> str:
+        """The output name of an input from its mask's path (sub-folders kept)."""
+        masks = self.root / "masks"
+        return mask.relative_to(masks).with_suffix("").as_posix() if mask.is_relative_to(masks) else mask.stem
+
+    def prepare(self, outputs: list[list[Path]], overwrite: bool, skip_existing: bool) -> None:
+        """Before any work: take the folder's lock (one predict at a time), check that nothing is replaced
+        unless asked, and clear what an interrupted run left. The caller calls :meth:`release` at the end."""
+        if overwrite and skip_existing:
+            raise InputError("--overwrite and --skip-existing contradict each other; choose one")
+        ensure_writable_folder(self.root, "--out")
+        self._lock.acquire()
+        try:
+            if not (overwrite or skip_existing):
+                self._refuse_existing(outputs)
+        except BaseException:
+            self._lock.release()
+            raise
+        for folder in [self.root, *(path for path in self.root.rglob("*") if path.is_dir())]:
+            remove_orphan_temps(folder)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def _refuse_existing(self, outputs: list[list[Path]]) -> None:
+        existing = [path for paths in outputs for path in paths if path.exists()]
+        if existing:
+            raise InputError(
+                f"{len(existing)} outputs already exist in {self.root} (e.g. {existing[0]}); "
+                "pass --skip-existing to keep them and finish the rest, or --overwrite to replace them"
+            )
+        tables = [self.predictions_csv, self.cracks_csv, self.errors_csv, self.summary_json, self.report_html]
+        for table in tables:
+            if table.exists():
+                raise InputError(f"{table} already exists; pass --skip-existing or --overwrite")
+
+    def write_tables(self, records: Records, spec: OutputSpec, warnings: list[str], overwrite: bool) -> dict:
+        """predictions.csv, cracks.csv (when measuring), errors.csv (when anything failed, or to clear an old one)
+        and summary.json, from every process's records; returns the summary."""
+        rows = [records.rows[key] for key in sorted(records.rows)]
+        cracks = sorted(records.cracks, key=lambda r: (r["path"], r["crack"]))
+        write_csv(self.predictions_csv, rows)
+        if spec.measure:
+            write_csv(self.cracks_csv, cracks)
+        elif overwrite:
+            self.cracks_csv.unlink(missing_ok=True)  # it measured masks this run replaced
+        if records.errors or self.errors_csv.exists():
+            write_csv(self.errors_csv, records.errors, ["path", "error"])
+        return write_summary(self, rows, records.cracks, spec, warnings)
 
 
-def vector_path(out: Path, name: str, fmt: str) -> Path:
-    return out / "vectors" / f"{name}{FORMATS[fmt][1]}"
+def read_saved_mask(path: Path) -> np.ndarray:
+    """(H, W) bool crack pixels of a mask PNG that predict wrote, read by the one mask reader."""
+    return load_mask(path)[0].numpy().astype(bool)
 
 
-def write_image_outputs(
-    out: Path, path: Path, name: str, image: torch.Tensor, prob: torch.Tensor, threshold: float, spec: OutputSpec
-) -> tuple[dict, list[dict]]:
-    """Write one image's files; returns its predictions.csv row and cracks.csv rows."""
+@dataclass
+class Records:
+    """What a process predicted: predictions.csv rows by input key, cracks.csv rows, errors.csv rows."""
+
+    rows: dict[int, dict] = field(default_factory=dict)
+    cracks: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+
+    def add(self, key: int, row: dict, cracks: list[dict]) -> None:
+        self.rows[key] = row
+        self.cracks += cracks
+
+    def fail(self, path: Path, error: str) -> None:
+        """An input that failed: listed in errors.csv and said on stderr now."""
+        self.errors.append({"path": str(path), "error": error})
+        tqdm.write(f"crackseg: error: {path}: {error}", file=sys.stderr)
+
+    @staticmethod
+    def joined(parts: list[Records]) -> Records:
+        """Every process's records as one."""
+        joined = Records()
+        for part in parts:
+            joined.rows |= part.rows
+            joined.cracks += part.cracks
+            joined.errors += part.errors
+        return joined
+
+
+def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image: torch.Tensor, prob: torch.Tensor,
+                        threshold: float, spec: OutputSpec) -> tuple[dict, list[dict]]:
+    """Write one photo's files; returns its predictions.csv row and cracks.csv rows."""
     mask = (prob >= threshold).numpy()
-    mask_path = out / "masks" / f"{name}.png"
+    mask_path = folder.mask(name)
     write_png(mask_path, mask.astype(np.uint8) * 255)
     if spec.save_prob:
-        write_png(out / "probs" / f"{name}.png", probability_levels(prob, spec.save_prob))
+        write_png(folder.probabilities(name), probability_levels(prob, spec.save_prob))
     labels, cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px) if spec.measure else (None, [])
     if spec.overlay:
-        write_atomic(out / "overlays" / f"{name}.jpg", overlay_jpeg(image, mask if labels is None else labels > 0, cracks))
+        write_atomic(folder.overlay(name), overlay_jpeg(image, mask if labels is None else labels > 0, cracks))
     row, crack_rows = table_rows(path, mask_path, mask_counts(mask), cracks, spec, "ok")
     if spec.vectors:
         lines = centrelines(skeleton_links(skeletonize(labels > 0), labels))
-        write_vectors(vector_path(out, name, spec.vectors), spec.vectors, crack_rows, lines, None)
+        write_vectors(folder.vectors(name, spec.vectors), spec.vectors, crack_rows, lines, None)
     return row, crack_rows
 
 
 def summarize_existing(path: Path, mask_path: Path, spec: OutputSpec) -> tuple[dict, list[dict]]:
     """The rows of an image whose outputs an earlier run wrote (``--skip-existing``)."""
-    with Image.open(mask_path) as saved:
-        mask = np.asarray(saved.convert("L")) > 127
+    mask = read_saved_mask(mask_path)
     cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px)[1] if spec.measure else []
     return table_rows(path, mask_path, mask_counts(mask), cracks, spec, "skipped: exists")
 
@@ -130,7 +240,7 @@ def table_rows(path: Path, mask_path: Path, counts: dict, cracks: list[CrackMeas
     return row, crack_rows
 
 
-def write_summary(out: Path, rows: list[dict], crack_rows: list[dict], spec: OutputSpec, warnings: list[str]) -> dict:
+def write_summary(folder: PredictionsFolder, rows: list[dict], crack_rows: list[dict], spec: OutputSpec, warnings: list[str]) -> dict:
     """``summary.json``: what the run found, for people and for ``crackseg report``.
 
     ``spec`` is the run's: its pixel size is the one every image shares, or None; totals in mm
@@ -159,7 +269,7 @@ def write_summary(out: Path, rows: list[dict], crack_rows: list[dict], spec: Out
                 "length_mm": {label: round(value, 4) for label, value in by_class.items()},
                 "cracks": {label: sum(r["max_width_class"] == label for r in crack_rows) for label in classes.labels},
             }
-    write_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
+    write_atomic(folder.summary_json, json.dumps(summary, indent=1) + "\n")
     return summary
 
 

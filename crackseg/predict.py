@@ -1,60 +1,58 @@
-"""Batch prediction: folders of photos of any size -> crack masks, probability maps, overlays, measurements.
+"""Batch prediction: folders of photos of any size and large rasters -> crack masks, probability maps, overlays, measurements.
 
-The probabilities come from :class:`crackseg.inference.Predictor` (tiling, blending,
-batching, TTA). Decoding runs in loader workers and encoding in writer threads, beside
-the model. Every file is written under a temporary name and renamed into place.
+:func:`predict_folder` reads top to bottom: plan (list the inputs, open each raster once,
+resolve the outputs' units and check the folder), load the runtime, predict the photos,
+predict the rasters, write the tables. The probabilities come from
+:class:`crackseg.inference.Predictor` (tiling, blending, batching, TTA); photos are decoded in
+loader workers and written in writer threads, beside the model; rasters are predicted by
+windows in :mod:`crackseg.streamed`. The files are named by
+:class:`crackseg.outputs.PredictionsFolder`, each written under a temporary name and renamed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import sys
 from collections import OrderedDict
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from crackseg import distributed
-from crackseg.config import AT_LEAST_ONE, FRACTION, JOIN_GAP, MAX_PIXELS, MIN_LENGTH, NON_NEGATIVE, POSITIVE, TILE, TILE_OVERLAP, parse_length
+from crackseg.config import AT_LEAST_ONE, FRACTION, JOIN_GAP, MAX_PIXELS, MIN_LENGTH, NON_NEGATIVE, POSITIVE, InferenceOptions, parse_length
 from crackseg.errors import InputError
-from crackseg.export import check_runtime_amp, load_inference_model, resolve_backend
-from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_csv
 from crackseg.images import IMAGE_SUFFIXES, describe_error, load_image
 from crackseg.inference import Predictor
 from crackseg.measure import WidthClasses
-from crackseg.outputs import OutputSpec, outputs_of, summarize_existing, table_rows, vector_path, write_image_outputs, write_summary
-from crackseg.rasters import RasterSource, gdal_settings
+from crackseg.outputs import OutputSpec, PredictionsFolder, Records, summarize_existing, write_image_outputs
+from crackseg.rasters import gdal_settings
 from crackseg.report import write_report
-from crackseg.streamed import discard_parts, is_streamed, merge_parts, predict_raster, raster_outputs, summarize_raster
+from crackseg.runtimes import Runtime, RuntimeChoice, choose_runtime, load_runtime
+from crackseg.streamed import Raster, RasterRun, allow_open_rasters, open_if_streamed, predict_rasters
 from crackseg.vectors import FORMATS as VECTOR_FORMATS
-from crackseg.vectors import centrelines, require_geo, write_vectors
+from crackseg.vectors import require_geo
 
 
 @dataclass
 class PredictOptions:
+    """What predict writes and how; ``inference`` is how the model runs (shared with evaluate)."""
+
     out: Path
-    tile: int = TILE
-    overlap: int = TILE_OVERLAP
-    batch_size: int | None = None  # 8 on a GPU, 1 on CPU
+    inference: InferenceOptions = field(default_factory=InferenceOptions)
     threshold: float | None = None
-    tta: str = "none"
     save_prob: int | None = None  # 8 or 16 bits
     overlay: bool = False
-    resize: tuple[int, int] | None = None
     px_size: float | None = None  # millimetres per pixel
     measure: bool = True
     overwrite: bool = False
     skip_existing: bool = False
     workers: int | None = None  # 0 on CPU, spare cores on a GPU
-    device: str = "auto"
-    amp: str = "auto"
-    channels_last: bool = False
     recursive: bool = False
-    backend: str = "auto"  # torch, onnxruntime or openvino; auto: from the model file
     join_gap: str = JOIN_GAP  # "12px" or "3mm": gaps within one crack that are bridged
     min_length: str = MIN_LENGTH  # cracks shorter than this are left out of tables and overlays
     width_classes: str | None = None  # bre251, aci224 or edges in mm; needs px_size
@@ -65,15 +63,12 @@ class PredictOptions:
 
     def __post_init__(self) -> None:
         """The same ranges the command line checks, for callers from Python."""
-        ranges = {"tile": AT_LEAST_ONE, "overlap": NON_NEGATIVE, "batch_size": AT_LEAST_ONE, "threshold": FRACTION,
-                  "px_size": POSITIVE, "workers": NON_NEGATIVE, "max_pixels": AT_LEAST_ONE}
+        ranges = {"threshold": FRACTION, "px_size": POSITIVE, "workers": NON_NEGATIVE, "max_pixels": AT_LEAST_ONE}
         for name, valid in ranges.items():
             value = getattr(self, name)
             problem = None if value is None else valid.problem(value)
             if problem:
                 raise InputError(f"--{name.replace('_', '-')} {problem}")
-        if self.overlap >= self.tile:
-            raise InputError(f"--overlap ({self.overlap} px) must be smaller than --tile ({self.tile} px)")
         self.output_spec()  # lengths and classes are checked now, not after every image ran
 
     def scale_needed_by(self) -> str | None:
@@ -88,7 +83,7 @@ class PredictOptions:
     def output_spec(self, image_px_size: float | None = None) -> OutputSpec:
         """The outputs of an image, lengths in pixels: mm are converted with --px-size, else with the image's own scale.
 
-        Without either, a length in mm stays None: such an image is never measured (see ``_predict``).
+        Without either, a length in mm stays None: such an image is never measured (see ``_output_specs``).
         """
         px_size = self.px_size if self.px_size is not None else image_px_size
         classes = None
@@ -178,69 +173,93 @@ def predict_folder(checkpoint: Path, inputs: list[str], options: PredictOptions)
     """Predict every input into ``options.out``; returns 0, or 1 when some input failed.
 
     Under torchrun each process takes every WORLD_SIZE-th photo and a share of every raster's
-    tile rows; rank 0 joins the rasters' parts, measures them and writes the CSVs.
+    tile rows; rank 0 joins the rasters' parts, measures them and writes the tables.
     """
-    backend = resolve_backend(Path(checkpoint), options.backend)
-    if backend != "torch" and options.channels_last:
-        raise InputError(f"--channels-last applies to --backend torch; {backend} chooses its own layout")
-    check_runtime_amp(backend, options.amp)
-    env = distributed.setup("cpu" if backend != "torch" and options.device == "auto" else options.device)
+    choice = choose_runtime(Path(checkpoint), options.inference)
+    env = distributed.setup(choice.device)
     try:
-        return _predict(checkpoint, inputs, options, env)
+        with contextlib.ExitStack() as open_rasters:
+            return _predict(choice, inputs, options, env, open_rasters)
     finally:
         distributed.teardown()
 
 
-def default_workers(device: torch.device) -> int:
-    """Decoding processes (and writer threads) when the user names none.
+@dataclass
+class _Plan:
+    """The run decided before any work: photos (key, path, output name), open rasters, the run's spec, every input's outputs."""
 
-    On CPU the model's threads already use every core, and decoding and writing beside them
-    slowed prediction down more than doing them in turn (docs/benchmarks.md).
-    """
-    return 0 if device.type == "cpu" else distributed.spare_cores()
+    folder: PredictionsFolder
+    photos: list[tuple[int, Path, str]]
+    rasters: list[Raster]
+    spec: OutputSpec
+    outputs: dict[int, list[Path]]
+    warnings: list[str]
 
 
-def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: distributed.Environment) -> int:
-    out = Path(options.out)
-    listed = collect_inputs(inputs, options.recursive, out)
-    streamed = {key for key, (path, _) in enumerate(listed) if is_streamed(path)}
-    scales = {}  # a raster's own pixel size in mm, or None
-    notes = []  # why a georeferenced raster has none
-    with gdal_settings() if streamed else contextlib.nullcontext():
-        for key in streamed:  # sizes and pixel types are checked before any work
-            with RasterSource(listed[key][0], options.max_pixels) as source:
-                scales[key], note = source.px_size_mm()
-            if note and options.px_size is None:
-                notes.append(note)
-    spec, raster_specs = _output_specs(listed, scales, options)
-    outputs = [raster_outputs(out, name, spec) if key in streamed else outputs_of(out, name, spec)
-               for key, (_, name) in enumerate(listed)]
-    distributed.decided_on_main(env, _prepare_out, out, outputs, options)
-    mask_paths = [paths[0] for paths in outputs]
-    model = load_inference_model(checkpoint, options.backend, env.device, options.amp)
-    channels_last = isinstance(model, torch.nn.Module) and options.channels_last
-    if channels_last:
-        model.to(memory_format=torch.channels_last)
-    threshold = model.threshold if options.threshold is None else options.threshold
-    amp_dtype = distributed.resolve_amp(options.amp, env.device) if isinstance(model, torch.nn.Module) else None
-    predictor = Predictor(model, env.device, options.tile, options.overlap, options.batch_size, options.tta, amp_dtype, channels_last, options.resize)
+def _predict(choice: RuntimeChoice, inputs: list[str], options: PredictOptions, env: distributed.Environment,
+             open_rasters: contextlib.ExitStack) -> int:
+    plan = _plan(inputs, options, open_rasters)
+    runtime = load_runtime(choice, env.device)  # a model file that is refused leaves no --out folder behind
+    distributed.decided_on_main(env, plan.folder.prepare, list(plan.outputs.values()), options.overwrite, options.skip_existing)
+    try:
+        return _run(plan, runtime, options, env)
+    finally:
+        plan.folder.release()
 
-    warnings = notes + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
+
+def _run(plan: _Plan, runtime: Runtime, options: PredictOptions, env: distributed.Environment) -> int:
+    threshold = runtime.threshold if options.threshold is None else options.threshold
+    predictor = Predictor(runtime.model, runtime.device, options.inference, runtime.amp_dtype)
     if env.is_main:
-        for warning in warnings:
+        for warning in plan.warnings:
             print(f"crackseg: warning: {warning}", file=sys.stderr)
-    mine = [key for key in range(len(listed)) if key not in streamed][env.rank :: env.world_size]
-    rows: dict[int, dict] = {}
-    crack_rows: list[dict] = []
-    errors: list[dict] = []
+    records = Records()
+    _predict_photos(plan, predictor, threshold, options.workers, options.skip_existing, env, records)
+    run = RasterRun(predictor, threshold, plan.folder, options.save_prob, options.overviews, options.skip_existing)
+    predict_rasters(plan.rasters, run, env, records)
+    gathered = Records.joined(distributed.gather_objects(records, env))
+    return _write_tables(plan, gathered, options) if env.is_main else 0
+
+
+def _plan(inputs: list[str], options: PredictOptions, open_rasters: contextlib.ExitStack) -> _Plan:
+    """List the inputs, open each raster (kept open in ``open_rasters`` until it is predicted), and
+    resolve every input's outputs: sizes, pixel types and units are checked before any work."""
+    folder = PredictionsFolder(options.out)
+    listed = collect_inputs(inputs, options.recursive, folder.root)
+    tiffs = sum(path.suffix.lower() in (".tif", ".tiff") for path, _ in listed)
+    if tiffs and importlib.util.find_spec("rasterio") is not None:  # without it, open_if_streamed says what a raster needs
+        open_rasters.enter_context(gdal_settings())
+        allow_open_rasters(tiffs)
+    sources = {}
+    for key, (path, _) in enumerate(listed):
+        source = open_if_streamed(path, options.max_pixels)
+        if source is not None:
+            open_rasters.callback(source.close)
+            sources[key] = source
+    scales, notes = {}, []  # a raster's own pixel size in mm, or None; why a georeferenced raster has none
+    for key, source in sources.items():
+        scales[key], note = source.px_size_mm()
+        if note and options.px_size is None:
+            notes.append(note)
+    spec, raster_specs = _output_specs(listed, scales, options)
+    rasters = [Raster(key, listed[key][0], listed[key][1], source, raster_specs[key]) for key, source in sources.items()]
+    photos = [(key, path, name) for key, (path, name) in enumerate(listed) if key not in sources]
+    outputs = {key: folder.outputs(name, raster_specs.get(key, spec), raster=key in sources) for key, (_, name) in enumerate(listed)}
+    warnings = notes + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
+    return _Plan(folder, photos, rasters, spec, outputs, warnings)
+
+
+def _predict_photos(plan: _Plan, predictor: Predictor, threshold: float, workers: int | None, skip_existing: bool,
+                    env: distributed.Environment, records: Records) -> None:
+    """This process's share of the photos: decoded in loader workers, written in writer threads."""
     todo = []
-    for key in mine:
-        if options.skip_existing and all(path.exists() for path in outputs[key]):
-            rows[key], cracks = summarize_existing(listed[key][0], mask_paths[key], spec)
-            crack_rows += cracks
+    for key, path, name in plan.photos[env.rank :: env.world_size]:
+        if skip_existing and all(file.exists() for file in plan.outputs[key]):
+            records.add(key, *summarize_existing(path, plan.folder.mask(name), plan.spec))
         else:
-            todo.append((key, listed[key][0]))
-    workers = default_workers(env.device) if options.workers is None else options.workers
+            todo.append((key, path))
+    names = {key: (path, name) for key, path, name in plan.photos}
+    workers = default_workers(env.device) if workers is None else workers
     loader = torch.utils.data.DataLoader(
         _Images(todo), batch_size=None, num_workers=workers, pin_memory=env.device.type == "cuda",
         prefetch_factor=4 if workers else None,
@@ -250,8 +269,7 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     def images():
         for key, image, error in loader:
             if error is not None:
-                errors.append({"path": str(listed[key][0]), "error": error})
-                tqdm.write(f"crackseg: error: {listed[key][0]}: {error}", file=sys.stderr)
+                records.fail(names[key][0], error)
                 continue
             decoded[key] = image
             yield key, image
@@ -259,57 +277,34 @@ def _predict(checkpoint: Path, inputs: list[str], options: PredictOptions, env: 
     with ThreadPoolExecutor(workers) if workers else _Inline() as writers:
         futures = []
         for key, prob in tqdm(predictor.probabilities(images()), total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
-            image = decoded.pop(key)
-            futures.append((key, writers.submit(write_image_outputs, out, *listed[key], image, prob, threshold, spec)))
+            futures.append((key, writers.submit(write_image_outputs, plan.folder, *names[key], decoded.pop(key), prob, threshold, plan.spec)))
         for key, future in futures:
             try:
-                rows[key], cracks = future.result()
-                crack_rows += cracks
+                records.add(key, *future.result())
             except OSError as error:
-                errors.append({"path": str(listed[key][0]), "error": f"cannot write outputs: {error}"})
+                records.errors.append({"path": str(names[key][0]), "error": f"cannot write outputs: {error}"})
 
-    for key in sorted(streamed):  # every process predicts a part of each raster; rank 0 joins and measures them
-        path, name = listed[key]
-        status = "skipped: exists" if options.skip_existing and all(file.exists() for file in outputs[key]) else "ok"
-        pixels = None  # (crack, valid) counted while predicting
-        if status == "ok":
-            parts = distributed.gather_objects(_predict_raster_part(path, outputs[key], predictor, threshold, options, env), env)
-            failures = [failure for failure, _ in parts if failure]
-            if env.is_main and not failures and env.distributed:
-                failures = _merge_raster_parts(path, outputs[key], predictor, options, env.world_size)
-            pixels = None if failures else tuple(map(sum, zip(*(counts for _, counts in parts))))
-        if not env.is_main:
-            continue
-        try:
-            if status == "ok" and failures:
-                raise InputError(failures[0])
-            rows[key], cracks = _raster_rows(path, out, name, mask_paths[key], raster_specs[key], status, pixels)
-        except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
-            discard_parts(outputs[key], env.world_size)
-            errors.append({"path": str(path), "error": str(error)})
-            tqdm.write(f"crackseg: error: {path}: {error}", file=sys.stderr)
-            continue
-        crack_rows += cracks
 
-    gathered = distributed.gather_objects((rows, crack_rows, errors), env)
-    if env.is_main:
-        all_rows = {k: v for part in gathered for k, v in part[0].items()}
-        write_csv(out / "predictions.csv", [all_rows[k] for k in sorted(all_rows)])
-        if options.measure:
-            write_csv(out / "cracks.csv", sorted((r for part in gathered for r in part[1]), key=lambda r: (r["path"], r["crack"])))
-        elif options.overwrite:
-            (out / "cracks.csv").unlink(missing_ok=True)  # it measured masks this run replaced
-        all_errors = [e for part in gathered for e in part[2]]
-        if all_errors or (out / "errors.csv").exists():
-            write_csv(out / "errors.csv", all_errors, ["path", "error"])
-        summary = write_summary(out, [all_rows[k] for k in sorted(all_rows)], [r for part in gathered for r in part[1]], spec, warnings)
-        print(f"{len(all_rows)} images predicted into {out}" + (f"; {len(all_errors)} failed, listed in {out / 'errors.csv'}" if all_errors else ""))
-        if spec.measure:
-            print(_summary_line(summary))
-        if options.report:
-            print(f"report written to {write_report(out)}")
-        return 1 if all_errors else 0
-    return 0
+def _write_tables(plan: _Plan, records: Records, options: PredictOptions) -> int:
+    """predictions.csv, cracks.csv, errors.csv, summary.json and the report; returns the exit status."""
+    folder = plan.folder
+    summary = folder.write_tables(records, plan.spec, plan.warnings, options.overwrite)
+    print(f"{len(records.rows)} images predicted into {folder.root}"
+          + (f"; {len(records.errors)} failed, listed in {folder.errors_csv}" if records.errors else ""))
+    if plan.spec.measure:
+        print(_summary_line(summary))
+    if options.report:
+        print(f"report written to {write_report(folder.root)}")
+    return 1 if records.errors else 0
+
+
+def default_workers(device: torch.device) -> int:
+    """Decoding processes (and writer threads) when the user names none.
+
+    On CPU the model's threads already use every core, and decoding and writing beside them
+    slowed prediction down more than doing them in turn (docs/benchmarks.md).
+    """
+    return 0 if device.type == "cpu" else distributed.spare_cores()
 
 
 def _output_specs(listed: list[tuple[Path, str]], scales: dict[int, float | None],
@@ -328,59 +323,6 @@ def _output_specs(listed: list[tuple[Path, str]], scales: dict[int, float | None
     own = set(scales.values())
     common = own.pop() if len(own) == 1 and len(scales) == len(listed) else None
     return options.output_spec(common), {key: options.output_spec(scale) for key, scale in scales.items()}
-
-
-def _predict_raster_part(path: Path, outputs: list[Path], predictor: Predictor, threshold: float,
-                         options: PredictOptions, env: distributed.Environment) -> tuple[str | None, tuple[int, int]]:
-    """This process's part of a raster: (what went wrong or None, its (crack, valid) pixel counts)."""
-    try:
-        return None, predict_raster(path, outputs, predictor, threshold, options.save_prob, options.max_pixels, options.overviews,
-                                    (env.rank, env.world_size), progress=env.is_main)
-    except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
-        return str(error), (0, 0)
-
-
-def _merge_raster_parts(path: Path, outputs: list[Path], predictor: Predictor, options: PredictOptions, count: int) -> list[str]:
-    try:
-        merge_parts(path, outputs[: 2 if options.save_prob else 1], predictor.tile, predictor.overlap, count, options.overviews)
-    except (InputError, OSError) as error:
-        return [f"joining the processes' parts: {error}"]
-    return []
-
-
-def _raster_rows(path: Path, out: Path, name: str, mask_path: Path, spec: OutputSpec, status: str,
-                 pixels: tuple[int, int] | None = None) -> tuple[dict, list[dict]]:
-    """The table rows of a raster predicted by windows, with the pixel size of its spec."""
-    counts, cracks, links = summarize_raster(mask_path, spec.measure, spec.join_gap_px, spec.min_length_px, pixels=pixels,
-                                             links=bool(spec.vectors))
-    transform = counts.pop("transform")
-    counts["px_size_mm"] = spec.px_size
-    row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, status)
-    if transform is not None:
-        for item in crack_rows:  # the bounding box in map coordinates too
-            xs, ys = zip(*(transform @ (col, row) for row in (item["top"], item["bottom"]) for col in (item["left"], item["right"])))
-            item |= {"x_min": min(xs), "y_min": min(ys), "x_max": max(xs), "y_max": max(ys)}
-    if spec.vectors:
-        write_vectors(vector_path(out, name, spec.vectors), spec.vectors, crack_rows, centrelines(links, transform), counts["crs"] or None)
-    return row, crack_rows
-
-
-def _prepare_out(out: Path, outputs: list[list[Path]], options: PredictOptions) -> None:
-    """Check --out before any work: writable, and nothing replaced unless asked; clear interrupted writes."""
-    if options.overwrite and options.skip_existing:
-        raise InputError("--overwrite and --skip-existing contradict each other; choose one")
-    ensure_writable_folder(out, "--out")
-    if not (options.overwrite or options.skip_existing):
-        existing = [path for paths in outputs for path in paths if path.exists()]
-        if existing:
-            raise InputError(
-                f"{len(existing)} outputs already exist in {out} (e.g. {existing[0]}); "
-                "pass --skip-existing to keep them and finish the rest, or --overwrite to replace them"
-            )
-        if (out / "predictions.csv").exists():
-            raise InputError(f"{out / 'predictions.csv'} already exists; pass --skip-existing or --overwrite")
-    for folder in [out, *(path for path in out.rglob("*") if path.is_dir())]:
-        remove_orphan_temps(folder)
 
 
 def _resolution_warnings(spec: OutputSpec) -> list[str]:

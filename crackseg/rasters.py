@@ -17,10 +17,8 @@ Needs the geo extra: ``pip install 'crackseg[geo]'``.
 
 from __future__ import annotations
 
-import importlib
+import errno
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,7 +26,8 @@ import numpy as np
 import torch
 
 from crackseg.config import MAX_PIXELS
-from crackseg.errors import InputError
+from crackseg.errors import InputError, require
+from crackseg.files import PendingFile
 
 BLOCK = 512  # px: the side of an output GeoTIFF's tiles
 READ_AHEAD = 4096  # px: columns read from a raster at once (a run of 1024 rows holds 16 MB)
@@ -36,10 +35,14 @@ READ_AHEAD = 4096  # px: columns read from a raster at once (a run of 1024 rows 
 
 def rasterio():
     """rasterio, or a one-line error naming the extra that installs it."""
-    try:
-        return importlib.import_module("rasterio")
-    except ImportError:
-        raise InputError("reading and writing GeoTIFFs needs rasterio; pip install 'crackseg[geo]'") from None
+    return require("rasterio", "geo", "reading and writing GeoTIFFs")
+
+
+def gdal_reason(error: Exception) -> str:
+    """GDAL's own words for a failure: rasterio raises "See previous exception" and chains the cause."""
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__
+    return str(error).splitlines()[0][:300] if str(error) else type(error).__name__
 
 
 class _Run(NamedTuple):
@@ -59,14 +62,16 @@ class _Run(NamedTuple):
 class RasterSource:
     """An open raster read by windows; use as a context manager."""
 
-    def __init__(self, path: Path, max_pixels: int = MAX_PIXELS):
+    def __init__(self, path: Path, max_pixels: int = MAX_PIXELS, dataset=None):
+        """Open ``path``, or take over ``dataset``, its rasterio dataset already open."""
         rio = rasterio()
         self.path = Path(path)
-        try:
-            self._dataset = rio.open(self.path)
-        except rio.errors.RasterioIOError as error:
-            raise InputError(f"{path}: not a readable raster ({str(error).splitlines()[0][:200]})") from None
-        dataset = self._dataset
+        if dataset is None:
+            try:
+                dataset = rio.open(self.path)
+            except rio.errors.RasterioIOError as error:
+                raise InputError(f"{path}: not a readable raster ({str(error).splitlines()[0][:200]})") from None
+        self._dataset = dataset
         self.height, self.width = dataset.height, dataset.width
         if self.height * self.width > max_pixels:
             self.close()
@@ -89,7 +94,8 @@ class RasterSource:
         self.close()
 
     def close(self) -> None:
-        self._dataset.close()
+        if not self._dataset.closed:
+            self._dataset.close()
 
     @property
     def georeferenced(self) -> bool:
@@ -97,6 +103,8 @@ class RasterSource:
 
     def px_size_mm(self) -> tuple[float | None, str | None]:
         """(millimetres per pixel, None), or (None, why not) when the georeferencing gives no usable scale."""
+        if self.crs is None and not self.transform.is_identity:
+            return None, f"{self.path}: a geotransform without a CRS, so its units are unknown; lengths stay in px (give --px-size)"
         if not self.georeferenced:
             return None, None
         if not self.crs.is_projected:
@@ -129,11 +137,16 @@ class RasterSource:
         old = self._run
         kept = old is not None and (old.top, old.rows) == (top, rows) and old.left <= first < old.right
         start = old.right if kept else first
-        window = rasterio().windows.Window(start, top, end - start, rows)
-        pixels = self._dataset.read(self._indexes, window=window)[self._order]
+        rio = rasterio()
+        window = rio.windows.Window(start, top, end - start, rows)
+        try:
+            pixels = self._dataset.read(self._indexes, window=window)[self._order]
+            valid = self._dataset.dataset_mask(window=window) > 0
+        except rio.errors.RasterioIOError as error:
+            raise InputError(f"{self.path}: rows {top}-{top + rows}, columns {start}-{end} cannot be decoded "
+                             f"(a damaged file?): {gdal_reason(error)}") from None
         if self._scale != 1:
             pixels = np.minimum(pixels.astype(np.float32) * self._scale + 0.5, 255).astype(np.uint8)
-        valid = self._dataset.dataset_mask(window=window) > 0
         if kept:
             pixels = np.concatenate([old.pixels[:, :, first - old.left :], pixels], axis=2)
             valid = np.concatenate([old.valid[:, first - old.left :], valid], axis=1)
@@ -161,16 +174,13 @@ class RasterSink:
         rio = rasterio()
         start, stop = rows or (0, source.height)
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        os.close(handle)
-        self.temp = Path(temp)
+        self._file = PendingFile(self.path)
         profile = dict(
             driver="GTiff", width=source.width, height=stop - start, count=1, dtype=dtype, crs=source.crs,
             transform=source.transform @ rio.Affine.translation(0, start), tiled=True, blockxsize=BLOCK, blockysize=BLOCK,
             compress="deflate", predictor=2, bigtiff="IF_SAFER",
         )
-        self._dataset = rio.open(self.temp, "w", **profile)
+        self._dataset = rio.open(self._file.temp, "w", **profile)
         self._width = source.width
         self._written = 0  # rows in the file
         # Finished rows not yet a whole row of GeoTIFF tiles, then the band being filled block by block.
@@ -213,12 +223,25 @@ class RasterSink:
             if factors:
                 self._dataset.build_overviews(factors, rasterio().enums.Resampling.nearest)
         self._close()
-        os.replace(self.temp, self.path)
-        return self.path
+        self._check_written()
+        return self._file.commit()
+
+    def _check_written(self) -> None:
+        """Decode every tile of the closed file: libtiff reports a failed write (a full disk) on stderr
+        only, and a torn GeoTIFF must never take the output's name."""
+        rio = rasterio()
+        try:
+            with rio.open(self._file.temp) as written:
+                for top in range(0, written.height, BLOCK):
+                    window = rio.windows.Window(0, top, written.width, min(BLOCK, written.height - top))
+                    written.read(1, window=window)
+                    written.dataset_mask(window=window)
+        except rio.errors.RasterioIOError as error:
+            raise OSError(errno.EIO, f"{self.path}: the GeoTIFF was not written whole (is the disk full?): {gdal_reason(error)}") from None
 
     def abort(self) -> None:
         self._close()
-        self.temp.unlink(missing_ok=True)
+        self._file.abort()
 
     def _close(self) -> None:
         if not self._dataset.closed:

@@ -14,17 +14,18 @@ import csv
 import html
 import io
 import json
+import os
 import shutil
+import urllib.parse
 from pathlib import Path
 
-import numpy as np
 from PIL import Image
 
 from crackseg.errors import InputError
 from crackseg.files import write_atomic
 from crackseg.images import DECODE_ERRORS, load_image
 from crackseg.measure import find_cracks
-from crackseg.outputs import overlay_jpeg
+from crackseg.outputs import PredictionsFolder, overlay_jpeg, read_saved_mask
 
 THUMB_PX, VIEW_PX = 192, 1600
 PAGE_ROWS = 50
@@ -32,27 +33,27 @@ PAGE_ROWS = 50
 
 def write_report(predictions: Path, evaluation: Path | None = None) -> Path:
     """Write ``predictions/report.html`` (and its pictures under ``predictions/report/``); returns its path."""
-    predictions = Path(predictions)
-    summary = _read_json(predictions / "summary.json", "run crackseg predict first")
-    rows = _read_csv(predictions / "predictions.csv")
-    cracks = _read_csv(predictions / "cracks.csv") if (predictions / "cracks.csv").exists() else []
+    folder = PredictionsFolder(predictions)
+    summary = _read_json(folder.summary_json, "run crackseg predict first")
+    rows = _read_csv(folder.predictions_csv)
+    cracks = _read_csv(folder.cracks_csv) if folder.cracks_csv.exists() else []
     by_image: dict[str, list[dict]] = {}
     for crack in cracks:
         by_image.setdefault(crack["path"], []).append(crack)
-    images = [_image_entry(predictions, row, by_image.get(row["path"], []), summary) for row in rows]
-    data = {"summary": summary, "images": images, "evaluation": _evaluation(predictions, evaluation) if evaluation else None}
-    page = _PAGE.replace("/*DATA*/", json.dumps(data).replace("</", "<\\/")).replace("/*ROWS*/", str(PAGE_ROWS))
-    page = page.replace("<!--TITLE-->", html.escape(f"crackseg report: {predictions.name}"))
-    write_atomic(predictions / "report.html", page)
-    return predictions / "report.html"
+    images = [_image_entry(folder, row, by_image.get(row["path"], []), summary) for row in rows]
+    data = {"summary": summary, "images": images, "evaluation": _evaluation(folder, evaluation) if evaluation else None}
+    # Every "<" escaped: "</script>" or "<!--" in a file name must not end or hide the script holding the data.
+    page = _PAGE.replace("/*DATA*/", json.dumps(data).replace("<", "\\u003c")).replace("/*ROWS*/", str(PAGE_ROWS))
+    page = page.replace("<!--TITLE-->", html.escape(f"crackseg report: {folder.root.name}"))
+    write_atomic(folder.report_html, page)
+    return folder.report_html
 
 
-def _image_entry(predictions: Path, row: dict, cracks: list[dict], summary: dict) -> dict:
+def _image_entry(folder: PredictionsFolder, row: dict, cracks: list[dict], summary: dict) -> dict:
     """One image's table row and detail, with its pictures written (once) under report/."""
     mask_path = Path(row["mask"])
-    name = mask_path.relative_to(predictions / "masks").with_suffix("").as_posix() if mask_path.is_relative_to(predictions / "masks") \
-        else mask_path.stem
-    pictures = _pictures(predictions, name, Path(row["path"]), mask_path, summary)
+    name = folder.name_of(mask_path)
+    pictures = _pictures(folder, name, Path(row["path"]), mask_path, summary)
     widest = max(cracks, key=lambda c: float(c["max_width_px"]), default=None)
     return {
         "name": name,
@@ -69,12 +70,11 @@ def _image_entry(predictions: Path, row: dict, cracks: list[dict], summary: dict
     }
 
 
-def _pictures(predictions: Path, name: str, photo_path: Path, mask_path: Path, summary: dict) -> dict:
+def _pictures(folder: PredictionsFolder, name: str, photo_path: Path, mask_path: Path, summary: dict) -> dict:
     """Thumbnail, photo and overlay as JPEGs under report/, written only when missing or older than the mask."""
-    folder = predictions / "report"
-    names = {kind: f"report/{kind}/{name}.jpg" for kind in ("thumbs", "photos", "overlays")}
-    fresh = all((predictions / path).exists() and (predictions / path).stat().st_mtime >= mask_path.stat().st_mtime
-                for path in names.values())
+    pictures = {kind: folder.report_pictures / kind / f"{name}.jpg" for kind in ("thumbs", "photos", "overlays")}
+    names = {kind: _url(path.relative_to(folder.root)) for kind, path in pictures.items()}
+    fresh = all(path.exists() and path.stat().st_mtime >= mask_path.stat().st_mtime for path in pictures.values())
     if fresh:
         return names
     if mask_path.suffix.lower() == ".tif":
@@ -83,33 +83,38 @@ def _pictures(predictions: Path, name: str, photo_path: Path, mask_path: Path, s
         image = load_image(photo_path)
     except DECODE_ERRORS:
         return {}  # the photo moved since prediction: the table still lists the image
-    saved_overlay = predictions / "overlays" / f"{name}.jpg"
+    saved_overlay = folder.overlay(name)
     if saved_overlay.exists():
         overlay = Image.open(saved_overlay).convert("RGB")
     else:
-        with Image.open(mask_path) as saved:
-            mask = np.asarray(saved.convert("L")) > 127
-        labels, cracks = find_cracks(mask, summary.get("join_gap_px", 0.0), summary.get("min_length_px", 0.0))
+        labels, cracks = find_cracks(read_saved_mask(mask_path), summary.get("join_gap_px", 0.0), summary.get("min_length_px", 0.0))
         overlay = Image.open(io.BytesIO(overlay_jpeg(image, labels > 0, cracks)))
     photo = Image.fromarray(image.permute(1, 2, 0).numpy())
     for kind, picture, side in (("photos", photo, VIEW_PX), ("overlays", overlay, VIEW_PX), ("thumbs", overlay, THUMB_PX)):
-        target = folder / kind / f"{name}.jpg"
         copy = picture.copy()
         copy.thumbnail((side, side))
-        write_atomic(target, lambda file, copy=copy: copy.save(file, "JPEG", quality=85))
+        write_atomic(pictures[kind], lambda file, copy=copy: copy.save(file, "JPEG", quality=85))
     return names
 
 
-def _evaluation(predictions: Path, evaluation: Path) -> dict:
+def _url(relative: Path) -> str:
+    """A relative URL of a picture whatever its name holds (#, ?, %, backslashes, newlines, bytes that are not UTF-8)."""
+    return urllib.parse.quote(os.fsencode(relative.as_posix()))
+
+
+def _evaluation(folder: PredictionsFolder, evaluation: Path) -> dict:
     report = _read_json(evaluation / "report.json", "run crackseg evaluate --out first")
-    curve = predictions / "report" / "pr_curve.png"
+    if report.get("protocol", "crackseg") != "crackseg":
+        raise InputError(f"{evaluation}: scored under --protocol {report['protocol']}; the report shows crackseg's own figures: "
+                         "give an evaluation made without --protocol")
+    curve = folder.report_pictures / "pr_curve.png"
     if (evaluation / "pr_curve.png").exists():
         curve.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(evaluation / "pr_curve.png", curve)
     worst = _read_csv(evaluation / "per_image.csv")[:10] if (evaluation / "per_image.csv").exists() else []
     return {
         "dataset": report.get("dataset"), "ods": report.get("ods"), "ois": report.get("ois"), "ap": report.get("ap"),
-        "tolerance_px": report.get("tolerance_px"), "pr_curve": "report/pr_curve.png" if curve.exists() else None,
+        "tolerance_px": report.get("tolerance_px"), "pr_curve": _url(curve.relative_to(folder.root)) if curve.exists() else None,
         "worst": worst,
     }
 

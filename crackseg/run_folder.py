@@ -13,35 +13,39 @@ Layout (``--run``)::
 Only rank 0 writes; on the other ranks the writing methods do nothing and the log shows
 warnings only, so the training loop calls them without asking who it is.
 
-The lock keeps two trainings out of one folder. It is created whole (a hard link of a
-finished temp file), which is atomic on local file systems and NFS. A lock whose process
-is gone from this host is stale and taken over with a warning, as is one left by an
-earlier attempt of the same torchrun job (``--max-restarts``); a lock held from another
-host is never assumed stale, since its process cannot be checked from here.
+The lock (:class:`crackseg.locks.FolderLock`) keeps two trainings out of one folder.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import socket
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from crackseg import distributed
 from crackseg.checkpoint import read_checkpoint, save_model
 from crackseg.data import load_split, save_split
 from crackseg.engine import Validation
 from crackseg.errors import InputError, RunError
-from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_atomic
+from crackseg.files import ensure_writable_folder, link_atomic, remove_orphan_temps, write_atomic
+from crackseg.locks import FolderLock
 from crackseg.metrics import counts_by_threshold, threshold_index
 
 log = logging.getLogger("crackseg.train")
+
+
+@dataclass
+class TrainingPass:
+    """How an epoch's training pass went, as the log and TensorBoard report it."""
+
+    loss: float  # exact, over every process
+    images_per_s: float  # over every process
+    peak_gb: float | None  # this process's peak GPU memory; None off CUDA
 
 
 class RunFolder:
@@ -50,7 +54,7 @@ class RunFolder:
         self.is_main = is_main
         self._writer = None
         self._handlers: list[logging.Handler] = []
-        self._lock: dict | None = None
+        self._lock = FolderLock(self.path, "training", "--run")
 
     def acquire(self) -> None:
         """Take the folder's lock (creating the folder), or stop naming the training that holds it.
@@ -60,36 +64,12 @@ class RunFolder:
         if not self.is_main:
             return
         ensure_writable_folder(self.path, "--run")
-        lock = self.path / "lock"
-        mine = _lock_record()
-        temp = self.path / f".lock.{os.getpid()}.tmp"
-        write_atomic(temp, json.dumps(mine) + "\n")
-        try:
-            for _ in range(2):
-                try:
-                    os.link(temp, lock)
-                    self._lock = mine
-                    break
-                except FileExistsError:
-                    holder = _read_lock(lock)
-                    reason = _stale_reason(holder, mine)
-                    if reason is None:
-                        raise InputError(
-                            f"{self.path} is in use by {_describe_holder(holder)}; wait for that training to finish or "
-                            f"choose another --run (if it is not running any more, delete {lock})"
-                        ) from None
-                    print(f"crackseg: warning: {lock}: {reason}; taking it over", file=sys.stderr)
-                    lock.unlink(missing_ok=True)
-        finally:
-            temp.unlink(missing_ok=True)
+        self._lock.acquire()
         remove_orphan_temps(self.path)
 
     def release(self) -> None:
         """Remove the lock if this process holds it."""
-        lock = self.path / "lock"
-        if self._lock is not None and _read_lock(lock) == self._lock:
-            lock.unlink(missing_ok=True)
-        self._lock = None
+        self._lock.release()
 
     def find_resume_source(self, resume: str) -> tuple[Path, dict] | None:
         """The checkpoint to continue from and its payload: ``last.pt``, else the newest intact epoch file.
@@ -117,6 +97,22 @@ class RunFolder:
                 return candidate, payload
             raise InputError(f"{error}, and no intact epoch_NNNN.pt in {self.path} to fall back to") from None
 
+    def resume_source(self, env: distributed.Environment, resume: str) -> tuple[Path | None, dict | None]:
+        """:meth:`find_resume_source` for every process: rank 0 finds the checkpoint and reads it once,
+        the other ranks read the file it names. ``(None, None)`` for a fresh run.
+        """
+        found = None
+
+        def find() -> Path | None:
+            nonlocal found
+            found = self.find_resume_source(resume)
+            return found[0] if found else None
+
+        source = distributed.decided_on_main(env, find)
+        if source is None:
+            return None, None
+        return source, found[1] if found else read_checkpoint(source)
+
     def saved_split(self) -> dict[str, list[str]] | None:
         path = self.path / "split.json"
         return load_split(path) if path.is_file() else None
@@ -141,9 +137,9 @@ class RunFolder:
         epoch_file = self.path / f"epoch_{epoch:04d}.pt"
         try:
             save_model(model, epoch_file, epoch=epoch, **state)
-            _link_atomic(epoch_file, self.path / "last.pt")
+            link_atomic(epoch_file, self.path / "last.pt")
             if improved:
-                _link_atomic(epoch_file, self.path / "best.pt")
+                link_atomic(epoch_file, self.path / "best.pt")
         except OSError as error:
             raise RunError(
                 f"cannot write the checkpoint of epoch {epoch} in {self.path} ({error.strerror or error}); "
@@ -187,25 +183,22 @@ class RunFolder:
         log.info(message)
 
     def log_step(self, global_step: int, values: dict[str, float]) -> None:
-        """Training progress every ``--log-every`` steps (the ``on_log`` of ``train_one_epoch``)."""
+        """Training progress every ``--log-every`` steps (the ``StepContext.on_log`` of ``train_one_epoch``)."""
         if self._writer is None:
             return
         for name, value in values.items():
             self._writer.add_scalar(f"train/{name}", value, global_step)
 
-    def report_epoch(
-        self, epoch: int, epochs: int, train_loss: float, images_per_s: float, peak_gb: float | None,
-        validation: Validation | None, best: dict,
-    ) -> None:
+    def report_epoch(self, epoch: int, epochs: int, training: TrainingPass, validation: Validation | None, best: dict) -> None:
         """One line in the log and the epoch's scalars, PR curve and sample overlays in TensorBoard."""
         if not self.is_main:
             return
         writer = self._writer
-        line = f"epoch {epoch}/{epochs}  train loss {train_loss:.4f}  {images_per_s:.1f} img/s"
-        writer.add_scalar("train/epoch_loss", train_loss, epoch)
-        if peak_gb is not None:
-            line += f"  peak GPU memory {peak_gb:.2f} GB"
-            writer.add_scalar("train/peak_gpu_memory_gb", peak_gb, epoch)
+        line = f"epoch {epoch}/{epochs}  train loss {training.loss:.4f}  {training.images_per_s:.1f} img/s"
+        writer.add_scalar("train/epoch_loss", training.loss, epoch)
+        if training.peak_gb is not None:
+            line += f"  peak GPU memory {training.peak_gb:.2f} GB"
+            writer.add_scalar("train/peak_gpu_memory_gb", training.peak_gb, epoch)
         if validation is not None:
             metrics = validation.metrics()
             line += (
@@ -243,70 +236,3 @@ def _overlay(images: torch.Tensor, predicted: torch.Tensor, truth: torch.Tensor)
     out[:, 1][truth] = 255
     out[:, 2][predicted | truth] = 0
     return out
-
-
-def _link_atomic(source: Path, target: Path) -> None:
-    """Make ``target`` hold ``source``'s bytes without rewriting them (a hard link), atomically."""
-    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    temp.unlink(missing_ok=True)
-    try:
-        os.link(source, temp)
-    except OSError:  # file systems without hard links
-        shutil.copyfile(source, temp)
-    os.replace(temp, target)
-
-
-def _lock_record() -> dict:
-    """Who holds a lock: this process, its host and start time, and its torchrun job and attempt."""
-    return {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "process_start": _process_start(os.getpid()),
-        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "job": os.environ.get("TORCHELASTIC_RUN_ID"),
-        "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-    }
-
-
-def _read_lock(lock: Path) -> dict | None:
-    try:
-        return json.loads(lock.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _stale_reason(holder: dict | None, mine: dict) -> str | None:
-    """Why a lock held by ``holder`` may be taken over by ``mine``, or None when it is live (or unknowable)."""
-    if holder is None:
-        return None
-    if holder.get("job") and holder.get("job") == mine["job"] and holder.get("attempt", 0) < mine["attempt"]:
-        return f"left by attempt {holder.get('attempt', 0)} of this torchrun job"
-    if holder.get("host") != mine["host"]:
-        return None
-    start = _process_start(holder.get("pid", -1))
-    if start is None or (holder.get("process_start") is not None and start != holder["process_start"]):
-        return f"left by pid {holder.get('pid')} on this host, which is no longer running"
-    return None
-
-
-def _describe_holder(holder: dict | None) -> str:
-    if holder is None:
-        return "another training (its lock file is unreadable)"
-    return f"pid {holder.get('pid')} on {holder.get('host')} (since {holder.get('since')})"
-
-
-def _process_start(pid: int) -> int | None:
-    """The start time of a running process (clock ticks since boot; 0 where /proc is missing), None when it is not running."""
-    if not isinstance(pid, int) or pid <= 0:
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except (PermissionError, OverflowError, ValueError):
-        pass
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return 0

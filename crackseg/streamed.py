@@ -1,4 +1,4 @@
-"""Prediction of one raster too large to hold (an orthomosaic, a stitched facade), block by block.
+"""Prediction of rasters too large to hold (orthomosaics, stitched facades), block by block.
 
 The raster is read a tile at a time (:class:`crackseg.rasters.RasterSource`), its
 probabilities come from :meth:`crackseg.inference.Predictor.blocks`, and each finished
@@ -6,52 +6,70 @@ block is thresholded and written to tiled, compressed GeoTIFFs as soon as a whol
 their tiles is complete. Memory does not grow with the raster's area, and grows with its
 width only through the overlap rows and one row of output tiles. Outputs carry the input's CRS and
 geotransform; pixels outside the surveyed area (nodata, alpha 0) are masked in them and
-left out of the counts.
+left out of the counts. Under torchrun every process predicts a share of each raster's
+tile rows and rank 0 joins the parts, then measures the mask a band of rows at a time.
+
+Each input raster is opened once per process, by :func:`open_if_streamed` when the run is
+planned, and that source serves predicting and joining.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import resource
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+from scipy.cluster.hierarchy import DisjointSet
 from tqdm import tqdm
 
+from crackseg import distributed
 from crackseg.config import MAX_PIXELS, STREAM_ABOVE
 from crackseg.errors import InputError
+from crackseg.files import temp_path
 from crackseg.inference import Predictor, part_rows
 from crackseg.measure import CrackMeasure, crack_measure, crack_parts
-from crackseg.outputs import OutputSpec, probability_levels, vector_path
+from crackseg.outputs import OutputSpec, PredictionsFolder, Records, probability_levels, table_rows
 from crackseg.rasters import BLOCK, RasterSink, RasterSource, gdal_settings, rasterio
-from crackseg.vectors import skeleton_links
+from crackseg.vectors import centrelines, skeleton_links, write_vectors
 
 
 HALO = 64  # px above and below each measured band: cracks narrower than this are measured as on the whole mask
 GEOTIFF_TAGS = {33550, 33922, 34264, 34735}  # ModelPixelScale, ModelTiepoint, ModelTransformation, GeoKeyDirectory
 
 
-def is_streamed(path: Path) -> bool:
-    """Whether ``path`` is predicted by windows: a TIFF that is georeferenced or larger than STREAM_ABOVE.
+def open_if_streamed(path: Path, max_pixels: int = MAX_PIXELS) -> RasterSource | None:
+    """The open source of ``path`` when it is predicted by windows: a TIFF that is georeferenced (a
+    CRS or a geotransform), has a nodata value (pixels outside the survey, which a photo would
+    predict) or is larger than STREAM_ABOVE; None for other images, which are decoded whole, as photos.
 
-    Other images are decoded whole, as photos. Without the geo extra, such a TIFF is a
-    one-line error naming it: read whole it would lose its georeferencing, or its size.
+    Without the geo extra, such a TIFF is a one-line error naming it: read whole it would lose
+    its georeferencing, or its size. Too many pixels or an unsupported pixel type is a one-line
+    error too, before any work.
     """
     if Path(path).suffix.lower() not in (".tif", ".tiff"):
-        return False
+        return None
     try:
         rio = rasterio()
     except InputError as error:
         if _geotiff_or_large(path):
             raise InputError(f"{path}: a GeoTIFF or a TIFF over {STREAM_ABOVE / 1e6:.0f} megapixels is read by windows; {error}") from None
-        return False
+        return None
     try:
-        with rio.open(path) as dataset:
-            georeferenced = dataset.crs is not None and not dataset.transform.is_identity
-            return georeferenced or dataset.width * dataset.height > STREAM_ABOVE
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rio.errors.NotGeoreferencedWarning)  # a plain TIFF: read as a photo
+            dataset = rio.open(path)
     except rio.errors.RasterioIOError:
-        return False  # not a TIFF GDAL reads: the photo path reports what is wrong with it
+        return None  # not a TIFF GDAL reads: the photo path reports what is wrong with it
+    placed = dataset.crs is not None or not dataset.transform.is_identity  # a CRS, or a geotransform without one
+    if not (placed or dataset.nodata is not None or dataset.width * dataset.height > STREAM_ABOVE):
+        dataset.close()
+        return None
+    return RasterSource(path, max_pixels, dataset)
 
 
 def _geotiff_or_large(path: Path) -> bool:
@@ -63,39 +81,124 @@ def _geotiff_or_large(path: Path) -> bool:
         return False
 
 
-def raster_outputs(out: Path, name: str, spec: OutputSpec) -> list[Path]:
-    """The files a streamed raster gets: its mask first, then the probability map and vectors if asked."""
-    paths = [out / "masks" / f"{name}.tif"]
-    if spec.save_prob:
-        paths.append(out / "probs" / f"{name}.tif")
+def allow_open_rasters(count: int) -> None:
+    """Raise this process's limit of open files (to the hard limit at most) so ``count`` rasters can stay open."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = count + 256  # and room for the photos, loader workers and outputs
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(hard, wanted), hard))
+
+
+@dataclass(frozen=True)
+class Raster:
+    """One input raster of a run: its key (row order in predictions.csv), path, output name, open source and spec."""
+
+    key: int
+    path: Path
+    name: str
+    source: RasterSource
+    spec: OutputSpec
+
+
+@dataclass(frozen=True)
+class RasterRun:
+    """What every raster of a run is predicted with."""
+
+    predictor: Predictor
+    threshold: float
+    folder: PredictionsFolder
+    save_prob: int | None = None  # 8 or 16 bits
+    overviews: bool = False
+    skip_existing: bool = False
+
+
+def predict_rasters(rasters: list[Raster], run: RasterRun, env: distributed.Environment, records: Records) -> None:
+    """Predict each raster (every process its share of the tile rows), join the parts on rank 0
+    and measure them there; rank 0's ``records`` get the rows, and the errors of rasters that failed."""
+    for raster in rasters:
+        try:
+            _predict_one(raster, run, env, records)
+        finally:
+            raster.source.close()
+
+
+def _predict_one(raster: Raster, run: RasterRun, env: distributed.Environment, records: Records) -> None:
+    outputs = run.folder.outputs(raster.name, raster.spec, raster=True)
+    written = outputs[: 2 if run.save_prob else 1]
+    done = run.skip_existing and all(path.exists() for path in outputs)
+    failure, pixels = None, None  # pixels: (crack, valid) counted while predicting
+    if not done:
+        parts = distributed.gather_objects(_predict_part(raster.source, written, run, env), env)
+        failure = next((error for error, _ in parts if error), None)
+        if env.is_main and failure is None and env.distributed:
+            try:
+                merge_parts(raster.source, written, run.predictor.tile, run.predictor.overlap, env.world_size, run.overviews)
+            except (InputError, OSError) as error:
+                failure = f"joining the processes' parts: {error}"
+        pixels = None if failure else tuple(map(sum, zip(*(counts for _, counts in parts))))
+    if not env.is_main:
+        return
+    try:
+        if failure:
+            raise InputError(failure)
+        row, cracks = _raster_rows(raster, run.folder, "skipped: exists" if done else "ok", pixels)
+    except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
+        discard_parts(written, env.world_size)
+        records.fail(raster.path, str(error))
+        return
+    records.add(raster.key, row, cracks)
+
+
+def _predict_part(source: RasterSource, outputs: list[Path], run: RasterRun,
+                  env: distributed.Environment) -> tuple[str | None, tuple[int, int]]:
+    """This process's part of a raster: (what went wrong or None, its (crack, valid) pixel counts)."""
+    try:
+        return None, predict_raster(source, outputs, run, (env.rank, env.world_size), progress=env.is_main)
+    except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
+        return str(error), (0, 0)
+
+
+def _raster_rows(raster: Raster, folder: PredictionsFolder, status: str,
+                 pixels: tuple[int, int] | None) -> tuple[dict, list[dict]]:
+    """The table rows of a raster predicted by windows, with the pixel size of its spec; writes its vectors."""
+    spec, mask_path = raster.spec, folder.mask(raster.name, raster=True)
+    counts, cracks, links = summarize_raster(mask_path, spec.measure, spec.join_gap_px, spec.min_length_px, pixels=pixels,
+                                             links=bool(spec.vectors))
+    transform = counts.pop("transform")
+    counts["px_size_mm"] = spec.px_size
+    row, crack_rows = table_rows(raster.path, mask_path, counts, cracks, spec, status)
+    if transform is not None:
+        for item in crack_rows:  # the bounding box in map coordinates too
+            xs, ys = zip(*(transform @ (col, row) for row in (item["top"], item["bottom"]) for col in (item["left"], item["right"])))
+            item |= {"x_min": min(xs), "y_min": min(ys), "x_max": max(xs), "y_max": max(ys)}
     if spec.vectors:
-        paths.append(vector_path(out, name, spec.vectors))
-    return paths
+        write_vectors(folder.vectors(raster.name, spec.vectors), spec.vectors, crack_rows, centrelines(links, transform),
+                      counts["crs"] or None)
+    return row, crack_rows
 
 
-def predict_raster(path: Path, outputs: list[Path], predictor: Predictor, threshold: float, save_prob: int | None,
-                   max_pixels: int = MAX_PIXELS, overviews: bool = False, part: tuple[int, int] = (0, 1),
+def predict_raster(source: RasterSource, outputs: list[Path], run: RasterRun, part: tuple[int, int] = (0, 1),
                    progress: bool = True) -> tuple[int, int]:
-    """Write the mask (uint8 0/255) and, with ``save_prob``, the probabilities of one raster; returns
-    its (crack, valid) pixel counts.
+    """Write the mask (uint8 0/255) and, with ``run.save_prob``, the probabilities of one raster
+    to ``outputs``; returns its (crack, valid) pixel counts.
 
     ``part`` (index, count) of processes sharing the raster writes only its rows, to
     :func:`part_paths`; :func:`merge_parts` then makes the outputs. Nothing is left under
     the outputs' names unless the whole raster was predicted.
     """
     index, count = part
-    targets = outputs[: 2 if save_prob else 1]
-    with gdal_settings(), RasterSource(path, max_pixels) as source:
+    save_prob, predictor, threshold = run.save_prob, run.predictor, run.threshold
+    with gdal_settings():
         start, stop = part_rows(source.height, predictor.tile, predictor.overlap, part)
         if start == stop:
             return 0, 0
         crack_pixels = valid_pixels = 0
         sinks = []
         try:
-            for target, dtype in zip(targets if count == 1 else part_paths(targets, index), ["uint8", "uint8" if save_prob == 8 else "uint16"]):
+            for target, dtype in zip(outputs if count == 1 else part_paths(outputs, index), ["uint8", "uint8" if save_prob == 8 else "uint16"]):
                 sinks.append(RasterSink(target, source, dtype, (start, stop)))
             megapixels = round((stop - start) * source.width / 1e6, 1)
-            with tqdm(total=megapixels, desc=f"predict {Path(path).name}", unit="MP", disable=None if progress else True) as bar:
+            with tqdm(total=megapixels, desc=f"predict {source.path.name}", unit="MP", disable=None if progress else True) as bar:
                 for top, left, prob, valid in predictor.blocks(source.read, source.height, source.width, part):
                     cracks = (prob >= threshold).numpy() & valid
                     crack_pixels += int(np.count_nonzero(cracks))
@@ -105,7 +208,7 @@ def predict_raster(path: Path, outputs: list[Path], predictor: Predictor, thresh
                         sinks[1].write_block(top - start, left, np.where(valid, probability_levels(prob, save_prob), 0), valid)
                     bar.update(round(prob.numel() / 1e6, 3))
             for sink in sinks:
-                sink.commit(overviews and count == 1)
+                sink.commit(run.overviews and count == 1)
         except BaseException:
             for sink in sinks:
                 sink.abort()
@@ -116,14 +219,14 @@ def predict_raster(path: Path, outputs: list[Path], predictor: Predictor, thresh
 def part_paths(outputs: list[Path], index: int) -> list[Path]:
     """Where process ``index`` writes its part of each raster output: hidden, and named as the
     temporary files that the next run removes if this one is cut short."""
-    return [path.with_name(f".{path.name}.part{index}.tmp{path.suffix}") for path in outputs]
+    return [temp_path(path, f"part{index}", path.suffix) for path in outputs]
 
 
-def merge_parts(path: Path, outputs: list[Path], tile: int, overlap: int, count: int, overviews: bool = False) -> None:
-    """Make the raster outputs of ``path`` from the parts that ``count`` processes wrote, top to
+def merge_parts(source: RasterSource, outputs: list[Path], tile: int, overlap: int, count: int, overviews: bool = False) -> None:
+    """Make the raster outputs of ``source`` from the parts that ``count`` processes wrote, top to
     bottom, and remove the parts. Reads and writes a band of rows at a time."""
     rio = rasterio()
-    with gdal_settings(), RasterSource(path) as source:
+    with gdal_settings():
         spans = [part_rows(source.height, tile, overlap, (index, count)) for index in range(count)]
         written = [index for index, (start, stop) in enumerate(spans) if start < stop]
         for output in outputs:
@@ -163,7 +266,7 @@ def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_
 
     Each band is measured with HALO rows (plus the join gap) above and below it
     (:func:`crackseg.measure.crack_parts` counts only the band's own rows), and cracks that
-    the shared rows show to be the same are merged by union-find, so a crack crossing bands
+    the shared rows show to be the same are merged (a disjoint set), so a crack crossing bands
     is one crack with its whole length. The figures equal the whole mask's where cracks are
     narrower than the halo, with two known exceptions: ``fragments`` counts a piece twice
     where its top lies in two places of one band (a V opening upwards), and a skeleton end
@@ -178,14 +281,14 @@ def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: floa
                band_pixels: int, pixels: tuple[int, int] | None, with_links: bool) -> tuple[dict, list[CrackMeasure], np.ndarray]:
     rio = rasterio()
     halo = HALO + math.ceil(join_gap)
-    with RasterSource(mask_path) as source:
-        transform = source.transform if source.georeferenced else None
-        crs = source.crs.to_string() if source.crs else ""
     with rio.open(mask_path) as raster:
+        georeferenced = raster.crs is not None and not raster.transform.is_identity
+        transform = raster.transform if georeferenced else None
+        crs = raster.crs.to_string() if raster.crs else ""
         height, width = raster.height, raster.width
         band = max(64, min(1024, band_pixels // width))
         crack_pixels = valid_pixels = 0
-        parent: list[int] = []
+        nodes = DisjointSet()  # a crack's parts in each band; merged where shared rows show them to be one
         sums: list[np.ndarray] = []  # per band and label: length, gap, area, max width, fragments
         boxes: list[np.ndarray] = []
         links: list[np.ndarray] = []  # skeleton links in raster rows, last column the node
@@ -200,8 +303,9 @@ def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: floa
             if not measure:
                 continue
             parts = crack_parts(mask, join_gap, own)
-            first = len(parent)
-            parent.extend(range(first, first + len(parts.area) - 1))
+            first = len(nodes)
+            for node in range(first, first + len(parts.area) - 1):
+                nodes.add(node)
             sums.append(np.stack([parts.length, parts.gap, parts.area, parts.max_width, parts.fragments], axis=1)[1:])
             boxes.append(parts.box[1:] + np.array([start, 0, start, 0]))
             if with_links:
@@ -211,24 +315,24 @@ def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: floa
                 below = parts.labels[: len(shared)]
                 both = (shared > 0) & (below > 0)
                 for a, b in np.unique(np.stack([shared[both], below[both]], axis=1), axis=0):
-                    _union(parent, above + int(a) - 1, first + int(b) - 1)
+                    nodes.merge(above + int(a) - 1, first + int(b) - 1)
             previous = (parts.labels[max(0, bottom - halo) - start :], first)
     crack_pixels, valid_pixels = (crack_pixels, valid_pixels) if pixels is None else pixels
     counts = {"width": width, "height": height, "crack_fraction": round(crack_pixels / max(valid_pixels, 1), 6),
               "area_px": crack_pixels, "valid_px": valid_pixels, "crs": crs, "transform": transform}
-    cracks, crack_of_node = _merged_cracks(parent, sums, boxes, min_length)
+    cracks, crack_of_node = _merged_cracks(nodes, sums, boxes, min_length)
     all_links = np.concatenate(links) if links else np.zeros((0, 5), np.int64)
     all_links[:, 4] = crack_of_node[all_links[:, 4]] if len(all_links) else 0
     return counts, cracks, all_links[all_links[:, 4] > 0]
 
 
-def _merged_cracks(parent: list[int], sums: list[np.ndarray], boxes: list[np.ndarray],
+def _merged_cracks(nodes: DisjointSet, sums: list[np.ndarray], boxes: list[np.ndarray],
                    min_length: float) -> tuple[list[CrackMeasure], np.ndarray]:
     """The cracks of the merged nodes, longest first, and each node's crack id (0: dropped)."""
-    if not parent:
+    if not len(nodes):
         return [], np.zeros(0, int)
     sums_all, boxes_all = np.concatenate(sums), np.concatenate(boxes)
-    roots = np.array([_root(parent, node) for node in range(len(parent))])
+    roots = np.array([nodes[node] for node in range(len(nodes))])
     found = []
     for root in np.unique(roots):
         members = roots == root
@@ -241,18 +345,7 @@ def _merged_cracks(parent: list[int], sums: list[np.ndarray], boxes: list[np.nda
         if crack.length_px >= min_length:
             found.append((crack, root))
     found.sort(key=lambda item: (-item[0].length_px, item[0].bbox))
-    crack_of_root = np.zeros(len(parent), int)
+    crack_of_root = np.zeros(len(nodes), int)
     for number, (_, root) in enumerate(found, 1):
         crack_of_root[root] = number
     return [dataclasses.replace(crack, id=number) for number, (crack, _) in enumerate(found, 1)], crack_of_root[roots]
-
-
-def _root(parent: list[int], node: int) -> int:
-    while parent[node] != node:
-        parent[node] = parent[parent[node]]
-        node = parent[node]
-    return node
-
-
-def _union(parent: list[int], a: int, b: int) -> None:
-    parent[_root(parent, a)] = _root(parent, b)

@@ -37,7 +37,7 @@ from torch.utils.data import DistributedSampler, SequentialSampler, Subset
 
 import crackseg
 from crackseg import distributed
-from crackseg.checkpoint import load_model, model_from_payload, read_checkpoint, restore_training_state, training_state
+from crackseg.checkpoint import load_encoder_weights, load_model, model_from_payload, restore_training_state, training_state
 from crackseg.config import TrainConfig, check_options, check_same_run, resolved_encoder
 from crackseg.data import (
     CrackDataset,
@@ -52,8 +52,9 @@ from crackseg.data import (
 from crackseg.engine import StepContext, build_optimizer, build_scheduler, train_one_epoch, validate
 from crackseg.errors import InputError
 from crackseg.losses import CrackLoss
+from crackseg.metrics import improves
 from crackseg.models import build_model, enable_activation_checkpointing
-from crackseg.run_folder import RunFolder
+from crackseg.run_folder import RunFolder, TrainingPass
 from crackseg.seeding import mix_seed, seed_everything
 from crackseg.transforms import PhotometricJitter, train_transform
 
@@ -86,7 +87,7 @@ def fit(config: TrainConfig) -> dict:
     env = distributed.setup(config.device)
     folder = RunFolder(Path(config.run), env.is_main)
     try:
-        _check_device_options(config, env)
+        distributed.check_device_options(env, config.strategy, config.sync_bn, config.amp)
         distributed.decided_on_main(env, folder.acquire)
         return _fit(config, env, folder)
     finally:
@@ -101,7 +102,7 @@ def normalized(config: TrainConfig) -> TrainConfig:
 
 
 def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -> dict:
-    source, payload = _resume_source(env, folder, config)
+    source, payload = folder.resume_source(env, config.resume)
     if payload is not None:
         check_same_run(config, payload["config"]["options"], source)
     prepared = distributed.decided_on_main(env, _prepare_run, config, env, folder, payload)
@@ -134,7 +135,7 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
         context = StepContext(
             env=env, loss_fn=CrackLoss(resolved.pos_weight, dice=config.loss == "bce+dice"), amp_dtype=amp_dtype, scaler=scaler,
             grad_accum=config.grad_accum, channels_last=config.channels_last, clip_grad=config.clip_grad,
-            log_every=config.log_every, jitter=PhotometricJitter(), ema=ema,
+            log_every=config.log_every, on_log=folder.log_step, epochs=config.epochs, jitter=PhotometricJitter(), ema=ema,
         )
         folder.open_events(global_step)
         pos_weight = "none" if resolved.pos_weight is None else format(resolved.pos_weight, ".2f")
@@ -149,8 +150,7 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
             train_sampler.set_epoch(epoch)
             started = time.perf_counter()
             train_loss, global_step = train_one_epoch(
-                model, train_loader, optimizer, scheduler, context,
-                epoch=epoch, epochs=config.epochs, global_step=global_step, on_log=folder.log_step,
+                model, train_loader, optimizer, scheduler, context, epoch=epoch, global_step=global_step
             )
             images_per_s = steps_per_epoch * resolved.global_batch / (time.perf_counter() - started)
             peak_gb = torch.cuda.max_memory_allocated(env.device) / 2**30 if env.device.type == "cuda" else None
@@ -165,7 +165,7 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
                 )
                 saved.threshold = validation.metrics()["threshold"]
             metrics = validation.metrics() if validation else None
-            improved = metrics is not None and _improves(config.monitor, metrics, best["score"])
+            improved = metrics is not None and improves(config.monitor, metrics[config.monitor], best["score"])
             if improved:
                 best = {"metric": config.monitor, "score": metrics[config.monitor], "epoch": epoch}
 
@@ -183,33 +183,10 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
                           "ema_updates": int(ema.n_averaged)}
             # Every rank waits for rank 0's save, and stops with it if the save fails.
             distributed.decided_on_main(env, folder.save_epoch, saved, epoch, state, improved, config.keep_last)
-            folder.report_epoch(epoch, config.epochs, train_loss, images_per_s, peak_gb, validation, best)
+            folder.report_epoch(epoch, config.epochs, TrainingPass(train_loss, images_per_s, peak_gb), validation, best)
         if best["score"] is not None:
             folder.log(f"best {best['metric']} {best['score']:.4f} at epoch {best['epoch']}; run folder: {folder.path}")
         return {"run": str(folder.path), "best": best, "epochs_run": config.epochs - start_epoch + 1}
-
-
-def _check_device_options(config: TrainConfig, env: distributed.Environment) -> None:
-    if config.strategy == "dp" and env.distributed:
-        raise InputError("--strategy dp runs as one process driving every GPU; start it with crackseg train, not torchrun")
-    if config.sync_bn and env.device.type != "cuda":
-        raise InputError("--sync-bn needs CUDA devices (SyncBatchNorm has no CPU implementation)")
-    distributed.resolve_amp(config.amp, env.device)
-
-
-def _resume_source(env: distributed.Environment, folder: RunFolder, config: TrainConfig) -> tuple[Path | None, dict | None]:
-    """Rank 0 finds the checkpoint to continue from and reads it once; the other ranks read the file it names."""
-    found = None
-
-    def find() -> Path | None:
-        nonlocal found
-        found = folder.find_resume_source(config.resume)
-        return found[0] if found else None
-
-    source = distributed.decided_on_main(env, find)
-    if source is None:
-        return None, None
-    return source, found[1] if found else read_checkpoint(source)
 
 
 def _prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunFolder, payload: dict | None) -> Prepared:
@@ -260,7 +237,8 @@ def build_training_model(config: TrainConfig, env: distributed.Environment,
     """The model to train (wrapped for DDP / DataParallel when asked), the plain model inside it,
     and with ``--ema`` the moving average of its weights.
 
-    Weights come from the resumed checkpoint ``payload``, else ``--init``, else ``--encoder-weights``.
+    Weights come from the resumed checkpoint ``payload``, else ``--init``, else ``--encoder-weights``
+    (``none``, ``imagenet`` or the path of a torchvision-format encoder file).
     """
     torch.manual_seed(config.seed)
     if payload is not None:
@@ -270,7 +248,10 @@ def build_training_model(config: TrainConfig, env: distributed.Environment,
     elif config.init:
         model = load_model(config.init, arch=config.arch, encoder=config.encoder)
     else:
-        model = build_model(config.encoder, None if config.encoder_weights == "none" else config.encoder_weights, config.arch)
+        weights = config.encoder_weights
+        model = build_model(config.encoder, "imagenet" if weights == "imagenet" else None, config.arch)
+        if weights not in ("none", "imagenet"):
+            load_encoder_weights(model, Path(weights))
     model.to(env.device)
     if config.activation_checkpointing:
         enable_activation_checkpointing(model)
@@ -309,10 +290,3 @@ def _make_loaders(config: TrainConfig, env: distributed.Environment, prepared: P
     val_shard = Subset(val_set, list(range(env.rank, len(val_set), env.world_size)))  # every image once, no padding
     val_loader = make_loader(val_shard, None, SequentialSampler(val_shard), workers, pin)  # one whole image at a time
     return train_sampler, train_loader, val_loader
-
-
-def _improves(monitor: str, metrics: dict, best: float | None) -> bool:
-    score = metrics[monitor]
-    if math.isnan(score):
-        return False
-    return best is None or (score < best if monitor == "loss" else score > best)

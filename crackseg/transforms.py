@@ -10,6 +10,7 @@ needs every worker millisecond it can get (their cost is in docs/benchmarks.md).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torchvision import tv_tensors
@@ -68,6 +69,7 @@ def train_transform(crop_size: int, scale: tuple[float, float] = (0.75, 1.33)) -
     return v2.Compose([RandomScaledCrop(crop_size, scale), v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(), RandomRotate90()])
 
 
+@dataclass(frozen=True)
 class PhotometricJitter:
     """Per-image brightness and contrast (p=0.8), Gaussian blur (p=0.2) and noise (p=0.2) on a batch.
 
@@ -78,11 +80,14 @@ class PhotometricJitter:
     device; the noise comes from the device's generator. The trainer reseeds both every epoch.
     """
 
-    def __init__(self, brightness: float = 0.25, contrast: float = 0.25, jitter_p: float = 0.8, blur_size: int = 5,
-                 blur_sigma: tuple[float, float] = (0.1, 1.2), blur_p: float = 0.2, noise_sigma: float = 0.03, noise_p: float = 0.2):
-        self.brightness, self.contrast, self.jitter_p = brightness, contrast, jitter_p
-        self.blur_size, self.blur_sigma, self.blur_p = blur_size, blur_sigma, blur_p
-        self.noise_sigma, self.noise_p = noise_sigma, noise_p
+    brightness: float = 0.25
+    contrast: float = 0.25
+    jitter_p: float = 0.8
+    blur_size: int = 5
+    blur_sigma: tuple[float, float] = (0.1, 1.2)
+    blur_p: float = 0.2
+    noise_sigma: float = 0.03
+    noise_p: float = 0.2
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         count, device = images.shape[0], images.device

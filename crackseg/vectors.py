@@ -11,15 +11,13 @@ Needs the geo extra: ``pip install 'crackseg[geo]'``.
 
 from __future__ import annotations
 
-import importlib
-import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-from crackseg.errors import InputError
+from crackseg.errors import require
+from crackseg.files import PendingFile, readable
 
 FORMATS = {"geojson": ("GeoJSON", ".geojson"), "gpkg": ("GPKG", ".gpkg")}
 
@@ -31,10 +29,7 @@ def require_geo() -> None:
 
 
 def _require(module: str):
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise InputError(f"--vectors needs {module}; pip install 'crackseg[geo]'") from None
+    return require(module, "geo", "--vectors")
 
 
 def skeleton_links(skeleton: np.ndarray, labels: np.ndarray, counted: slice = slice(None)) -> np.ndarray:
@@ -83,22 +78,17 @@ def write_vectors(path: Path, fmt: str, rows: list[dict], lines: dict[int, objec
     columns = [key for key in rows[0] if key not in ("path",)] + ["source"] if rows else ["crack", "source"]
     fields, data = [], []
     for column in columns:
-        values = [row["path"] if column == "source" else row.get(column) for row in rows]
+        values = [readable(row["path"]) if column == "source" else row.get(column) for row in rows]
         fields.append(column)
         data.append(np.array(values, dtype=object if column in ("source",) or any(isinstance(v, str) for v in values) else np.float64))
     geometry = shapely.to_wkb([shapely.force_2d(lines[row["crack"]]) if row["crack"] in lines else shapely.from_wkt("MULTILINESTRING EMPTY")
                                for row in rows]) if rows else np.array([], dtype=object)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)  # files.remove_orphan_temps
-    os.close(handle)
-    os.unlink(temp)  # GDAL creates the file itself
-    try:
+    with PendingFile(Path(path), suffix=Path(path).suffix) as pending:  # GDAL picks the driver by the suffix
+        pending.temp.unlink()  # GDAL creates the file itself
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "'crs' was not provided")  # photos: pixel coordinates have no CRS
-            pyogrio.raw.write(temp, geometry=np.asarray(geometry, dtype=object), field_data=data, fields=fields, driver=driver,
-                              geometry_type="MultiLineString", crs=crs, promote_to_multi=True, layer="cracks")
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+            try:
+                pyogrio.raw.write(pending.temp, geometry=np.asarray(geometry, dtype=object), field_data=data, fields=fields,
+                                  driver=driver, geometry_type="MultiLineString", crs=crs, promote_to_multi=True, layer="cracks")
+            except pyogrio.errors.DataSourceError as error:  # GDAL could not write it: the machine's fault, like an OSError
+                raise OSError(f"{path}: {str(error).splitlines()[0][-200:]}") from None

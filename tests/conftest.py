@@ -1,13 +1,16 @@
-"""Shared fixtures: tiny synthetic datasets built in tmp_path, the real CFD data when present."""
+"""Shared fixtures and helpers: tiny synthetic datasets, models and GeoTIFFs built in tmp_path, predict run
+in this process, the real CFD data when present."""
 
 from __future__ import annotations
 
+import csv
 import functools
 import importlib
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from crackseg.synth import write_dataset
@@ -75,3 +78,81 @@ def dark_pixel_model(folder: Path) -> Path:
     model = CrackSegModel(net, "unet", "dark-pixels", size_divisor=1)
     model.threshold = 0.5
     return write_exported(model, "openvino", Path(folder) / "dark.xml")
+
+
+@pytest.fixture(scope="session")
+def dark_checkpoint(tmp_path_factory) -> Path:
+    """dark_pixel_model's file, made once: tests only read it."""
+    return dark_pixel_model(tmp_path_factory.mktemp("dark"))
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A UNet with a mobilenet_v2 encoder, random weights (seed 0), in eval mode; one per test module."""
+    import torch
+
+    from crackseg.models import build_model
+
+    torch.manual_seed(0)
+    return build_model("mobilenet_v2").eval()
+
+
+def predict_cli(*args) -> int:
+    """The exit status of ``crackseg predict ARGS`` run in this process on the CPU, without loader processes."""
+    from crackseg.cli import main
+
+    try:
+        return main(["predict", *map(str, args), "--device", "cpu", "--workers", "0"])
+    except SystemExit as exit:  # argparse's usage errors
+        return exit.code
+
+
+def predict_tiled(*args) -> int:
+    """predict_cli with 256 px tiles overlapping by 32, so that rasters of a few hundred px span several tiles."""
+    return predict_cli(*args, "--tile", "256", "--overlap", "32")
+
+
+def csv_rows(path: Path) -> list[dict]:
+    with open(path) as file:
+        return list(csv.DictReader(file))
+
+
+# GeoTIFFs. rasterio is imported only when these run: the modules that call them skip without it (pytest.importorskip).
+
+
+def utm_transform(px_m: float = 0.002):
+    """The geotransform of north-up pixels ``px_m`` metres wide from (500000, 5000000) in UTM 33N (EPSG:32633)."""
+    from affine import Affine
+
+    return Affine(px_m, 0.0, 500000.0, 0.0, -px_m, 5000000.0)
+
+
+def write_geotiff(path, bands: np.ndarray, crs="EPSG:32633", transform=None, **extra) -> None:
+    """``bands`` (count, H, W) as a tiled GeoTIFF with 512 px blocks, as survey software writes them;
+    2 mm pixels in UTM 33N unless ``crs`` and ``transform`` say otherwise."""
+    import rasterio
+
+    count, height, width = bands.shape
+    transform = utm_transform() if transform is None else transform
+    with rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=count, dtype=bands.dtype,
+                       crs=crs, transform=transform, tiled=True, blockxsize=512, blockysize=512, compress="deflate", **extra) as out:
+        out.write(bands)
+
+
+def pavement(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """(3, H, W) uint8 grey texture with dark lines: across the middle, and one slanting over many rows."""
+    rng = np.random.default_rng(seed)
+    image = rng.integers(150, 230, (height, width), dtype=np.uint8)
+    image[height // 2 : height // 2 + 3, 50 : width - 50] = 30
+    for col in range(100, min(width, 1300)):
+        row = 40 + (col - 100) * (height - 80) // 1200
+        image[row : row + 2, col] = 25
+    return np.repeat(image[None], 3, axis=0)
+
+
+def read_mask(path) -> tuple[np.ndarray, np.ndarray, dict]:
+    """A one-band raster output: (its values, its dataset mask, {crs, transform, tiled})."""
+    import rasterio
+
+    with rasterio.open(path) as raster:
+        return raster.read(1), raster.dataset_mask(), {"crs": raster.crs, "transform": raster.transform, "tiled": raster.profile.get("tiled")}

@@ -45,6 +45,19 @@ def test_bad_values_exit_2_with_one_line(args, named):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("args, named", [
+    (["train", "--run", "r", "--data", "d", "--epochs", "0"], "--epochs"),
+    (["predict", "in", "--checkpoint", "m.pt", "--out", "o", "--tile", "0"], "--tile"),
+    (["evaluate", "--pred", "p", "--gt", "g", "--tolerance", "nan"], "--tolerance"),
+    (["predict", "in", "--out", "o"], "--checkpoint"),
+    (["predict", "in", "--checkpoint", "m.pt", "--out", "o", "--no-such-flag"], "--no-such-flag"),
+])
+def test_a_mistake_caught_while_parsing_is_one_line_not_the_usage(args, named):
+    result = _run(*args)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("crackseg: error: ") and named in result.stderr and "--help" in result.stderr
+
+
 def test_input_error_is_one_line_naming_the_path(tmp_path):
     assert _run("synth", str(tmp_path), "--count", "1", "--size", "32").returncode == 0
     result = _run("synth", str(tmp_path), "--count", "1", "--size", "32")
@@ -87,7 +100,7 @@ def _main(*args: str) -> tuple[int, str]:
 def test_out_of_range_numbers_are_one_line_errors(args, named):
     code, err = _main(*args)
     assert code == 2 and "Traceback" not in err
-    assert err.strip().splitlines()[-1].startswith("crackseg ") and named in err.strip().splitlines()[-1]
+    assert err.count("\n") == 1 and err.startswith("crackseg: error: ") and named in err
 
 
 @pytest.mark.parametrize("device, message", [

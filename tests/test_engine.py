@@ -69,19 +69,17 @@ class _PoisonedAt(nn.Module):
 def test_a_non_finite_loss_raises_naming_its_epoch_and_step():
     model = CrackSegModel(_PoisonedAt(bad_call=3), "unet", "pointwise", size_divisor=1)
     optimizer, scheduler = _sgd(model)
-    context = StepContext(env=CPU, loss_fn=CrackLoss(5.0), log_every=2)
+    context = StepContext(env=CPU, loss_fn=CrackLoss(5.0), log_every=2, epochs=4)
     with pytest.raises(RunError, match=r"non-finite loss at epoch 4, step 3 \(global step 13\)"):
-        train_one_epoch(model, _batches(5), optimizer, scheduler, context, epoch=4, epochs=4, global_step=10)
+        train_one_epoch(model, _batches(5), optimizer, scheduler, context, epoch=4, global_step=10)
 
 
 def test_progress_is_reported_every_log_every_steps_and_at_the_end():
     model = build_model("mobilenet_v2")
     optimizer, scheduler = _sgd(model)
     logged = []
-    context = StepContext(env=CPU, loss_fn=CrackLoss(5.0), log_every=2)
-    loss, step = train_one_epoch(
-        model, _batches(5), optimizer, scheduler, context, global_step=100, on_log=lambda s, values: logged.append((s, values))
-    )
+    context = StepContext(env=CPU, loss_fn=CrackLoss(5.0), log_every=2, on_log=lambda s, values: logged.append((s, values)))
+    loss, step = train_one_epoch(model, _batches(5), optimizer, scheduler, context, global_step=100)
     assert step == 105 and [s for s, _ in logged] == [102, 104, 105]
     assert all(set(values) == {"loss", "lr", "images_per_s"} and values["loss"] > 0 for _, values in logged)
     assert loss > 0
@@ -139,6 +137,7 @@ def test_validation_of_mixed_sizes_does_not_depend_on_batching_and_equals_evalua
 
     from crackseg.checkpoint import save_model
     from crackseg.data import CrackDataset, open_dataset
+    from crackseg.config import InferenceOptions
     from crackseg.evaluate import evaluate_checkpoint
 
     rng = np.random.default_rng(0)
@@ -157,7 +156,7 @@ def test_validation_of_mixed_sizes_does_not_depend_on_batching_and_equals_evalua
     assert torch.equal(one.histograms, four.histograms) and one.loss == pytest.approx(four.loss, rel=1e-9)
 
     save_model(model, tmp_path / "model.pt")
-    report = evaluate_checkpoint(tmp_path / "model.pt", tmp_path, "all", device="cpu", batch_size=3)
+    report = evaluate_checkpoint(tmp_path / "model.pt", tmp_path, "all", inference=InferenceOptions(device="cpu", batch_size=3))
     metrics = one.metrics()
     assert report["ods"]["f1"] == pytest.approx(metrics["f1"], abs=1e-12)
     assert report["ods"]["threshold"] == pytest.approx(metrics["threshold"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import sys
 
 import numpy as np
@@ -13,12 +12,19 @@ from PIL import Image
 import crackseg
 from crackseg.checkpoint import load_model, save_model
 from crackseg.cli import main
+from crackseg.config import InferenceOptions
 from crackseg.errors import InputError
-from crackseg.export import export_model, load_inference_model
-from conftest import isolated
+from crackseg.export import export_model
+from crackseg.runtimes import choose_runtime, load_runtime
+from conftest import csv_rows, isolated
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("openvino")
+
+
+def _load(path, **options):
+    """The model that predict and evaluate run for ``path`` (an exported model: its runtime's callable)."""
+    return load_runtime(choose_runtime(path, InferenceOptions(**options))).model
 
 
 def _torch_probabilities(model, images: torch.Tensor) -> np.ndarray:
@@ -53,7 +59,7 @@ def test_every_architecture_exports_and_equals_torch_at_odd_sizes(tmp_path, arch
         images = torch.randint(0, 256, shape, dtype=torch.uint8)
         expected = _torch_probabilities(model, images)
         for path in (tmp_path / "model.onnx", tmp_path / "model.xml"):
-            got = load_inference_model(path)(images).numpy()
+            got = _load(path)(images).numpy()
             assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-3, (path.suffix, shape)
 
 
@@ -65,7 +71,7 @@ def test_metadata_travels_with_the_exported_files(small):
     props = {p.key: p.value for p in onnx.load(str(small / "m.onnx")).metadata_props}
     assert props["crackseg_version"] == crackseg.__version__ and props["arch"] == "unet" and props["encoder"] == "mobilenet_v2"
     for path, backend in [(small / "m.onnx", "onnxruntime"), (small / "m.xml", "openvino"), (small / "m.onnx", "openvino")]:
-        runtime = load_inference_model(path, backend)
+        runtime = _load(path, backend=backend)
         assert (runtime.backend, runtime.threshold, runtime.size_divisor, runtime.arch) == (backend, 0.37, 32, "unet")
     with pytest.raises(InputError, match="already exists"):
         export_model(small / "model.pt", "onnx", small / "m.onnx")
@@ -90,7 +96,15 @@ def test_safetensors_folder_loads_without_unpickling_and_refuses_a_wrong_config(
     config = json.loads((tmp_path / "st" / "config.json").read_text())
     config["model"]["encoder"] = "resnet18"
     (tmp_path / "st" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(InputError) as caught:
+    with pytest.raises(InputError, match="do not match the checksum saved with them"):  # the settings are under the checksum
+        load_model(tmp_path / "st")
+    import safetensors.torch
+
+    from crackseg.checkpoint import model_digest
+
+    config["sha256"] = model_digest(config["model"], safetensors.torch.load_file(str(tmp_path / "st" / "model.safetensors")))
+    (tmp_path / "st" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError) as caught:  # a consistent file of the wrong shape: still one line
         load_model(tmp_path / "st")
     assert "do not fit the unet model with the resnet18 encoder" in str(caught.value) and "\n" not in str(caught.value)
     assert load_model(tmp_path / "classic_st").arch == "unet16"
@@ -100,11 +114,6 @@ def _classic_file(tmp_path):
     torch.manual_seed(2)
     save_model(crackseg.build_model(arch="unet16"), tmp_path / "unet16.pt")
     return tmp_path / "unet16.pt"
-
-
-def _rows(path):
-    with open(path) as file:
-        return list(csv.DictReader(file))
 
 
 @isolated
@@ -124,7 +133,7 @@ def test_predict_through_every_runtime_writes_what_torch_writes(tmp_path, small)
             probs = np.asarray(Image.open(tmp_path / name / "probs" / f"{index}.png"), dtype=np.float64) / 65535
             masks = [np.asarray(Image.open(tmp_path / run / "masks" / f"{index}.png")) for run in ("torch", name)]
             assert np.abs(probs - reference).max() < 1e-3 and (masks[0] == masks[1]).mean() >= 0.999, (name, index)
-        assert len(_rows(tmp_path / name / "predictions.csv")) == 3
+        assert len(csv_rows(tmp_path / name / "predictions.csv")) == 3
 
 
 @isolated
@@ -134,7 +143,7 @@ def test_real_photos_give_the_same_masks_in_every_runtime(small, cfd_root):
     photos = sorted((cfd_root / "images").iterdir())[:2]
     torch_model = load_model(small / "model.pt")
     for path in (small / "m.onnx", small / "m.xml"):
-        runtime = load_inference_model(path)
+        runtime = _load(path)
         for photo in photos:
             image = load_image(photo)[None]
             expected = _torch_probabilities(torch_model, image)
@@ -155,8 +164,8 @@ def test_openvino_runs_in_bf16_on_request_and_the_other_runtimes_refuse_it(tmp_p
     if "BF16" not in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
         pytest.skip("this CPU has no bfloat16")
     image = load_image(sorted((cfd_root / "images").iterdir())[0])[None]
-    f32 = load_inference_model(small / "m.xml")(image).numpy()
-    bf16 = load_inference_model(small / "m.xml", amp="bf16")(image).numpy()
+    f32 = _load(small / "m.xml")(image).numpy()
+    bf16 = _load(small / "m.xml", amp="bf16")(image).numpy()
     assert 0 < np.abs(bf16 - f32).max() < 0.1  # bf16 really ran, and stays close
     assert ((bf16 >= 0.37) == (f32 >= 0.37)).mean() >= 0.99
     (tmp_path / "in").mkdir()
@@ -192,4 +201,120 @@ def test_broken_files_are_one_line_errors_for_export_and_predict(tmp_path, small
 def test_a_missing_runtime_names_the_pip_install(small, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` fail
     with pytest.raises(InputError, match=r"onnxruntime is not installed; pip install 'crackseg\[onnx\]'"):
-        load_inference_model(small / "m.onnx")
+        _load(small / "m.onnx")
+
+
+def _one_line_error(args) -> str:
+    """The one line that ``crackseg ARGS`` prints for a user's mistake (exit status 2)."""
+    import contextlib
+    import io
+
+    with pytest.raises(SystemExit) as exit, contextlib.redirect_stderr(io.StringIO()) as stderr:
+        main(list(map(str, args)))
+    err = stderr.getvalue()
+    assert exit.value.code == 2 and err.startswith("crackseg: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def _predict_error(tmp_path, model, *extra) -> str:
+    (tmp_path / "in").mkdir(exist_ok=True)
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "in" / "a.png")
+    return _one_line_error(["predict", tmp_path / "in", "--model", model, "--out", tmp_path / "out", *extra])
+
+
+def _flip_a_byte_inside(path, chunk: bytes) -> None:
+    """Flip one bit in the middle of ``chunk`` where it lies in the file ``path``: a damaged disk or download."""
+    data = bytearray(path.read_bytes())
+    data[data.index(chunk) + len(chunk) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def _edit_onnx_metadata(source, out, **changes):
+    """A copy of an ONNX file with metadata values changed (None: removed), as a user or another tool would."""
+    import onnx
+
+    graph = onnx.load(str(source))
+    props = {entry.key: entry.value for entry in graph.metadata_props}
+    props.update(changes)
+    del graph.metadata_props[:]
+    for key, value in props.items():
+        if value is not None:
+            entry = graph.metadata_props.add()
+            entry.key, entry.value = key, value
+    onnx.save(graph, str(out))
+    return out
+
+
+@isolated
+def test_a_damaged_or_edited_onnx_file_is_refused(tmp_path, small):
+    import shutil
+
+    import onnx
+
+    damaged = shutil.copy(small / "m.onnx", tmp_path / "damaged.onnx")
+    largest = max(onnx.load(str(damaged)).graph.initializer, key=lambda tensor: len(tensor.raw_data))
+    _flip_a_byte_inside(damaged, largest.raw_data[:4096])
+    for backend in ("onnxruntime", "openvino"):
+        err = _predict_error(tmp_path, damaged, "--backend", backend)
+        assert "damaged.onnx: its weights or settings do not match the checksum" in err and "export it again" in err
+    edits = {"threshold": ("0.05", "do not match the checksum"), "size_divisor": ("64", "do not match the checksum"),
+             "sha256": (None, "has no checksum"), "encoder": ("resnet34", "do not match the checksum")}
+    for key, (value, message) in edits.items():
+        edited = _edit_onnx_metadata(small / "m.onnx", tmp_path / f"{key}.onnx", **{key: value})
+        assert message in _predict_error(tmp_path, edited), key
+        with pytest.raises(InputError, match=message):
+            _load(edited, backend="openvino")
+    assert _load(small / "m.onnx").threshold == 0.37  # the file as exported runs
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("threshold", "nan", "threshold 'nan' is not a number in"), ("threshold", "abc", "threshold 'abc' is not a number in"),
+    ("threshold", "7", r"threshold '7' is not a number in \[0, 1\]"), ("threshold", None, "its metadata lacks threshold"),
+    ("size_divisor", "abc", "size_divisor 'abc' is not a positive whole number"), ("size_divisor", "0", "size_divisor '0' is not"),
+])
+@isolated
+def test_unusable_metadata_values_are_one_line_errors(tmp_path, small, key, value, message):
+    edited = _edit_onnx_metadata(small / "m.onnx", tmp_path / "edited.onnx", **{key: value})
+    err = _predict_error(tmp_path, edited)
+    assert "edited.onnx: its " in err and "export it again" in err
+    import re
+
+    assert re.search(message, err), err
+    with pytest.raises(InputError, match=message):
+        _load(edited, backend="openvino")
+
+
+def test_a_damaged_or_edited_openvino_model_is_refused(tmp_path, small):
+    import shutil
+
+    xml = shutil.copy(small / "m.xml", tmp_path / "m.xml")
+    shutil.copy(small / "m.bin", tmp_path / "m.bin")
+    assert _load(xml).threshold == 0.37
+    text = xml.read_text()
+    assert text.count('<threshold value="0.37" />') == 2  # crackseg's rt_info, and the ONNX metadata OpenVINO keeps
+    for edit, message in [('<threshold value="0.05" />', "do not match the checksum"), ('<threshold value="nan" />', "threshold 'nan'")]:
+        xml.write_text(text.replace('<threshold value="0.37" />', edit))
+        assert message in _predict_error(tmp_path, xml)
+    xml.write_text("\n".join(line for line in text.splitlines() if "<sha256 " not in line))
+    assert "m.xml: has no checksum" in _predict_error(tmp_path, xml)
+    xml.write_text(text)
+    weights = tmp_path / "m.bin"
+    _flip_a_byte_inside(weights, weights.read_bytes())
+    assert "do not match the checksum" in _predict_error(tmp_path, xml)
+    weights.unlink()
+    err = _predict_error(tmp_path, xml)
+    assert "m.xml: its weights file m.bin is missing" in err and "core.cpp" not in err
+
+
+def test_export_keeps_an_existing_bin_and_refuses_exported_models_as_input(tmp_path, small):
+    (tmp_path / "m.bin").write_bytes(b"someone else's weights")
+    err = _one_line_error(["export", small / "model.pt", "--format", "openvino", "--out", tmp_path / "m.xml"])
+    assert "m.bin already exists; choose another --out or pass --overwrite" in err
+    assert (tmp_path / "m.bin").read_bytes() == b"someone else's weights" and not (tmp_path / "m.xml").exists()
+    assert main(["export", str(small / "model.pt"), "--format", "openvino", "--out", str(tmp_path / "m.xml"), "--overwrite"]) == 0
+    assert _load(tmp_path / "m.xml").threshold == 0.37
+    assert "an OpenVINO model is an .xml file" in _one_line_error(
+        ["export", small / "model.pt", "--format", "openvino", "--out", tmp_path / "n.bin"])
+    for exported, what in [(small / "m.onnx", "an exported ONNX model"), (small / "m.xml", "an exported OpenVINO model")]:
+        err = _one_line_error(["export", exported, "--format", "onnx", "--out", tmp_path / "again.onnx"])
+        assert f"{what}, not a crackseg checkpoint" in err and "weights_only" not in err and "Re-running" not in err

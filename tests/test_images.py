@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import struct
 import zlib
 from pathlib import Path
@@ -14,6 +15,7 @@ from PIL import Image, ImageOps
 from crackseg.cli import main
 from crackseg.data import CrackDataset, open_dataset
 from crackseg.images import displayed_size, load_image, load_mask, read_probability
+from conftest import pavement, predict_tiled
 
 
 def _rotated_jpeg(path: Path, shown: np.ndarray, orientation: int = 6) -> None:
@@ -123,3 +125,13 @@ def test_an_image_over_pillows_limit_is_one_line_naming_it(tmp_path, command, ca
     assert code in (1, 2) and "Traceback" not in text
     line = next(line for line in text.splitlines() if "huge.png" in line)
     assert "over the limit of" in line and "megapixels" in line and "GeoTIFF" in line
+
+
+def test_a_photo_too_large_to_decode_whole_says_how_to_convert_it(tmp_path, dark_checkpoint, monkeypatch, capsys):
+    (tmp_path / "in").mkdir()
+    Image.fromarray(pavement(200, 300).transpose(1, 2, 0)).save(tmp_path / "in" / "huge.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 20_000)  # Pillow refuses images over twice this
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--no-measure") == 1
+    (row,) = csv.DictReader(open(tmp_path / "out" / "errors.csv"))
+    assert row["path"].endswith("huge.png") and "tiled GeoTIFF" in row["error"] and "gdal_translate" in row["error"]
+    assert "gdal_translate" in capsys.readouterr().err

@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 
+from crackseg.config import InferenceOptions
 from crackseg.inference import Predictor, tile_starts
-from crackseg.models import CrackSegModel, build_model
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return build_model("mobilenet_v2").eval()
+from crackseg.models import CrackSegModel
 
 
 def test_one_tile_equals_the_whole_image_and_tiles_agree_inside(model):
     image = torch.randint(0, 256, (3, 96, 160), dtype=torch.uint8)
     with torch.no_grad():
         whole = torch.sigmoid(model(image[None]))[0, 0]
-    one_tile = dict(Predictor(model, torch.device("cpu"), tile=256).probabilities([(0, image)]))[0]
+    one_tile = dict(Predictor(model, torch.device("cpu"), InferenceOptions(tile=256)).probabilities([(0, image)]))[0]
     assert torch.allclose(one_tile, whole, atol=1e-6)
-    tiled = dict(Predictor(model, torch.device("cpu"), tile=64, overlap=32).probabilities([(0, image)]))[0]
+    tiled = dict(Predictor(model, torch.device("cpu"), InferenceOptions(tile=64, overlap=32)).probabilities([(0, image)]))[0]
     assert tiled.shape == whole.shape
     assert (tiled - whole).abs().mean() < 0.05  # tiles see less context, but agree on average
 
@@ -31,7 +25,7 @@ def test_blending_leaves_no_seam_on_a_constant_image(model):
     image = torch.full((3, 192, 320), 128, dtype=torch.uint8)  # multiples of the tile: without overlap, tiles meet edge to edge
 
     def largest_jump(overlap: int) -> float:
-        prob = dict(Predictor(model, torch.device("cpu"), tile=64, overlap=overlap).probabilities([(0, image)]))[0]
+        prob = dict(Predictor(model, torch.device("cpu"), InferenceOptions(tile=64, overlap=overlap)).probabilities([(0, image)]))[0]
         inner = prob[8:-8, 8:-8]
         return max((inner[1:] - inner[:-1]).abs().max().item(), (inner[:, 1:] - inner[:, :-1]).abs().max().item())
 
@@ -44,14 +38,14 @@ def test_flip_tta_on_an_equivariant_model_gives_the_plain_result():
     net = nn.Conv2d(3, 1, kernel_size=1)  # pointwise: equivariant to flips and rotations by construction
     model = CrackSegModel(net, "unet", "pointwise", size_divisor=1).eval()
     image = torch.randint(0, 256, (3, 40, 56), dtype=torch.uint8)
-    plain = dict(Predictor(model, torch.device("cpu"), tta="none").probabilities([(0, image)]))[0]
+    plain = dict(Predictor(model, torch.device("cpu"), InferenceOptions(tta="none")).probabilities([(0, image)]))[0]
     for tta in ("flip", "d4"):
-        averaged = dict(Predictor(model, torch.device("cpu"), tta=tta).probabilities([(0, image)]))[0]
+        averaged = dict(Predictor(model, torch.device("cpu"), InferenceOptions(tta=tta)).probabilities([(0, image)]))[0]
         assert torch.allclose(averaged, plain, atol=1e-6), tta
     lopsided = CrackSegModel(nn.Conv2d(3, 1, kernel_size=(1, 3), padding=(0, 1)), "unet", "x", 1).eval()
     assert not torch.allclose(
-        dict(Predictor(lopsided, torch.device("cpu"), tta="flip").probabilities([(0, image)]))[0],
-        dict(Predictor(lopsided, torch.device("cpu"), tta="none").probabilities([(0, image)]))[0],
+        dict(Predictor(lopsided, torch.device("cpu"), InferenceOptions(tta="flip")).probabilities([(0, image)]))[0],
+        dict(Predictor(lopsided, torch.device("cpu"), InferenceOptions(tta="none")).probabilities([(0, image)]))[0],
     )
 
 
@@ -66,7 +60,7 @@ def test_tiles_of_many_images_share_batches(model):
     model.forward = counting
     try:
         images = [(k, torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8)) for k in range(10)]
-        results = dict(Predictor(model, torch.device("cpu"), batch_size=4).probabilities(images))
+        results = dict(Predictor(model, torch.device("cpu"), InferenceOptions(batch_size=4)).probabilities(images))
     finally:
         del model.forward
     assert sorted(results) == list(range(10)) and calls == [4, 4, 2]

@@ -9,7 +9,7 @@ import torch
 import torchvision
 
 import crackseg
-from crackseg.checkpoint import convert_classic, load_model
+from crackseg.checkpoint import convert_classic, load_encoder_weights, load_model
 from crackseg.errors import InputError
 from crackseg.models import IMAGENET_MEAN, IMAGENET_STD, build_model
 
@@ -188,7 +188,8 @@ def test_local_encoder_weights_are_loaded_exactly(tmp_path, arch, encoder, tv_bu
     torch.manual_seed(42)
     source = tv_builder().state_dict()
     torch.save(source, tmp_path / "encoder.pt")
-    model = build_model(encoder, tmp_path / "encoder.pt", arch)
+    model = build_model(encoder, None, arch)
+    load_encoder_weights(model, tmp_path / "encoder.pt")
     loaded = model.net.encoder.state_dict()
     for key, value in loaded.items():
         original = source[key] if arch == "unet" else source[f"features.{key}"]
@@ -198,10 +199,16 @@ def test_local_encoder_weights_are_loaded_exactly(tmp_path, arch, encoder, tv_bu
 def test_encoder_weights_of_another_encoder_are_refused(tmp_path):
     torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "r18.pt")
     with pytest.raises(InputError, match="not a state dict of the resnet34 encoder: .*wrong shape|missing"):
-        build_model("resnet34", tmp_path / "r18.pt")
+        load_encoder_weights(build_model("resnet34"), tmp_path / "r18.pt")
     (tmp_path / "junk.pt").write_text("junk")
     with pytest.raises(InputError, match="junk.pt: not a readable encoder weights file"):
-        build_model("resnet18", tmp_path / "junk.pt")
+        load_encoder_weights(build_model("resnet18"), tmp_path / "junk.pt")
+
+
+def test_build_model_reads_no_files():
+    with pytest.raises(InputError, match="crackseg.load_encoder_weights"):
+        build_model("resnet18", "encoder.pt")
+    assert crackseg.load_encoder_weights is load_encoder_weights  # the README's way to load a local encoder file
 
 
 def test_unknown_names_are_user_errors():

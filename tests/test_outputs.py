@@ -11,7 +11,7 @@ from PIL import Image
 
 from crackseg.errors import InputError
 from crackseg.measure import WidthClasses
-from crackseg.outputs import OutputSpec, overlay_jpeg, write_image_outputs, write_summary
+from crackseg.outputs import OutputSpec, PredictionsFolder, overlay_jpeg, write_image_outputs, write_summary
 from crackseg.predict import PredictOptions
 
 
@@ -28,7 +28,7 @@ def _crack_probability() -> torch.Tensor:
 def test_cracks_get_ids_classes_and_joined_lengths(tmp_path):
     spec = OutputSpec(overlay=True, px_size=0.5, join_gap_px=8, min_length_px=10, width_classes=WidthClasses.parse("bre251"))
     image = torch.full((3, 120, 200), 128, dtype=torch.uint8)
-    row, cracks = write_image_outputs(tmp_path, tmp_path / "a.jpg", "a", image, _crack_probability(), 0.5, spec)
+    row, cracks = write_image_outputs(PredictionsFolder(tmp_path), tmp_path / "a.jpg", "a", image, _crack_probability(), 0.5, spec)
     assert row["cracks"] == 2 and [c["crack"] for c in cracks] == [1, 2]
     wide, thin = cracks
     assert wide["fragments"] == 2 and wide["length_px"] == pytest.approx(180, rel=0.05)
@@ -61,7 +61,7 @@ def test_summary_totals_the_run_and_warns_about_sub_pixel_classes(tmp_path):
     image = torch.zeros((3, 120, 200), dtype=torch.uint8)
     rows, crack_rows = [], []
     for name in ("a", "b"):
-        row, cracks = write_image_outputs(tmp_path, tmp_path / f"{name}.jpg", name, image, _crack_probability(), 0.5, spec)
+        row, cracks = write_image_outputs(PredictionsFolder(tmp_path), tmp_path / f"{name}.jpg", name, image, _crack_probability(), 0.5, spec)
         rows.append(row)
         crack_rows += cracks
     options = PredictOptions(out=tmp_path, px_size=0.5, width_classes="aci224")
@@ -69,7 +69,7 @@ def test_summary_totals_the_run_and_warns_about_sub_pixel_classes(tmp_path):
 
     warnings = _resolution_warnings(options.output_spec())
     assert len(warnings) == 1 and "less than one pixel (0.5 mm)" in warnings[0]
-    summary = write_summary(tmp_path, rows, crack_rows, spec, warnings)
+    summary = write_summary(PredictionsFolder(tmp_path), rows, crack_rows, spec, warnings)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert summary["images"] == 2 and summary["cracks"] == 4
     assert summary["length_mm"] == pytest.approx(sum(r["length_mm"] for r in crack_rows))

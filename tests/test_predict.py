@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import csv
 import os
 import re
 import subprocess
@@ -13,18 +12,11 @@ import torch
 from PIL import Image
 
 from crackseg.checkpoint import save_model
-from crackseg.cli import main
 from crackseg.errors import InputError
-from crackseg.models import build_model
 from crackseg.predict import collect_inputs, default_workers
+from conftest import csv_rows, predict_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return build_model("mobilenet_v2").eval()
 
 
 @pytest.fixture(scope="module")
@@ -46,22 +38,10 @@ def _photos(folder: Path, sizes) -> list[Path]:
     return paths
 
 
-def _predict(*args) -> int:
-    try:
-        return main(["predict", *map(str, args), "--workers", "0", "--device", "cpu"])
-    except SystemExit as exit:
-        return exit.code
-
-
-def _rows(path: Path) -> list[dict]:
-    with open(path) as file:
-        return list(csv.DictReader(file))
-
-
 def test_masks_have_the_input_size_for_odd_sizes_and_tiles(tmp_path, checkpoint):
     sizes = [(37, 53), (64, 64), (300, 700)]
     _photos(tmp_path / "in", sizes)
-    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--tile", 256, "--overlap", 32,
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--tile", 256, "--overlap", 32,
                     "--overlay", "--save-prob", 16, "--px-size", 0.5) == 0
     for index, (height, width) in enumerate(sizes):
         mask = np.asarray(Image.open(tmp_path / "out" / "masks" / f"img{index}.png"))
@@ -69,22 +49,22 @@ def test_masks_have_the_input_size_for_odd_sizes_and_tiles(tmp_path, checkpoint)
         prob = Image.open(tmp_path / "out" / "probs" / f"img{index}.png")
         assert prob.size == (width, height) and np.asarray(prob).dtype == np.uint16
         assert Image.open(tmp_path / "out" / "overlays" / f"img{index}.jpg").size == (width, height)
-    rows = _rows(tmp_path / "out" / "predictions.csv")
+    rows = csv_rows(tmp_path / "out" / "predictions.csv")
     assert [row["path"] for row in rows] == [str(tmp_path / "in" / f"img{i}.jpg") for i in range(3)]
     assert all(row["status"] == "ok" and "length_mm" in row for row in rows)
     assert (tmp_path / "out" / "cracks.csv").exists()
-    assert not list((tmp_path / "out").rglob("*.tmp"))
+    assert not list((tmp_path / "out").rglob("*crackseg-tmp*"))
 
 
 def test_no_measure_writes_the_same_masks_without_measurements(tmp_path, checkpoint):
     _photos(tmp_path / "in", [(40, 56), (64, 64)])
-    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--px-size", 0.5) == 0
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--px-size", 0.5) == 0
     measured = {p.name: p.read_bytes() for p in (tmp_path / "out" / "masks").iterdir()}
-    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--px-size", 0.5,
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--px-size", 0.5,
                     "--no-measure", "--overwrite") == 0
     assert {p.name: p.read_bytes() for p in (tmp_path / "out" / "masks").iterdir()} == measured
     assert not (tmp_path / "out" / "cracks.csv").exists()  # it described the replaced masks
-    rows = _rows(tmp_path / "out" / "predictions.csv")
+    rows = csv_rows(tmp_path / "out" / "predictions.csv")
     assert len(rows) == 2 and all(float(row["area_mm2"]) == int(row["area_px"]) * 0.25 for row in rows)
     assert not {"cracks", "length_px", "mean_width_px", "max_width_px", "length_mm"} & set(rows[0])
 
@@ -101,8 +81,8 @@ def test_workers_and_writer_threads_give_what_the_main_process_gives(tmp_path, c
         assert subprocess.run([sys.executable, "-m", "crackseg", "predict", str(tmp_path / "in"), "--checkpoint", str(checkpoint),
                                "--out", str(out), "--device", "cpu", "--workers", workers], env=env, capture_output=True).returncode == 1
         masks = {p.name: p.read_bytes() for p in (out / "masks").iterdir()}
-        rows = [{k: v for k, v in row.items() if k != "mask"} for row in _rows(out / "predictions.csv")]
-        outputs.append((masks, rows, (out / "cracks.csv").read_text(), len(_rows(out / "errors.csv"))))
+        rows = [{k: v for k, v in row.items() if k != "mask"} for row in csv_rows(out / "predictions.csv")]
+        outputs.append((masks, rows, (out / "cracks.csv").read_text(), len(csv_rows(out / "errors.csv"))))
     assert outputs[0] == outputs[1] and len(outputs[0][0]) == 3 and outputs[0][3] == 1
 
 
@@ -123,7 +103,7 @@ def test_channels_last_gives_the_probabilities_of_the_default_layout(tmp_path, c
         next(model.parameters()).is_contiguous(memory_format=torch.channels_last)) or real(model, *args))
     _photos(tmp_path / "in", [(48, 72)])
     for out, flags in (("default", []), ("nhwc", ["--channels-last"])):
-        assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / out, "--save-prob", "16", *flags) == 0
+        assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / out, "--save-prob", "16", *flags) == 0
     assert layouts == [False, True]
     probs = [np.asarray(Image.open(tmp_path / out / "probs" / "img0.png"), dtype=np.float64) / 65535 for out in ("default", "nhwc")]
     assert np.abs(probs[0] - probs[1]).max() < 1e-4
@@ -132,35 +112,77 @@ def test_channels_last_gives_the_probabilities_of_the_default_layout(tmp_path, c
 def test_corrupt_input_is_listed_and_the_rest_written(tmp_path, checkpoint):
     _photos(tmp_path / "in", [(32, 32), (32, 32)])
     (tmp_path / "in" / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")
-    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 1
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 1
     assert sorted(p.name for p in (tmp_path / "out" / "masks").iterdir()) == ["img0.png", "img1.png"]
-    (error,) = _rows(tmp_path / "out" / "errors.csv")
+    (error,) = csv_rows(tmp_path / "out" / "errors.csv")
     assert error["path"].endswith("broken.jpg") and error["error"]
 
 
 def test_existing_outputs_need_overwrite_or_skip_existing(tmp_path, checkpoint, capsys):
     photos = _photos(tmp_path / "in", [(32, 32), (32, 48)])
-    assert _predict("--checkpoint", checkpoint, photos[0], "--out", tmp_path / "out") == 0
+    assert predict_cli("--checkpoint", checkpoint, photos[0], "--out", tmp_path / "out") == 0
     first = tmp_path / "out" / "masks" / "img0.png"
     first.write_bytes(first.read_bytes())  # marker: any rewrite changes the modification time
     os.utime(first, (1, 1))
-    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 2
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 2
     assert "already exist" in capsys.readouterr().err and first.stat().st_mtime == 1
     assert not (tmp_path / "out" / "masks" / "img1.png").exists()
-    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--skip-existing") == 0
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--skip-existing") == 0
     assert first.stat().st_mtime == 1 and (tmp_path / "out" / "masks" / "img1.png").exists()
-    statuses = [row["status"] for row in _rows(tmp_path / "out" / "predictions.csv")]
+    statuses = [row["status"] for row in csv_rows(tmp_path / "out" / "predictions.csv")]
     assert statuses == ["skipped: exists", "ok"]
-    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--overwrite") == 0
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--overwrite") == 0
     assert first.stat().st_mtime != 1
+
+
+@pytest.mark.parametrize("table", ["summary.json", "cracks.csv", "report.html", "errors.csv"])
+def test_a_table_of_another_run_is_not_replaced_without_overwrite(tmp_path, checkpoint, capsys, table):
+    photo = _photos(tmp_path / "in", [(32, 32)])[0]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / table).write_text("an earlier run's")
+    assert predict_cli("--checkpoint", checkpoint, photo, "--out", tmp_path / "out", "--report") == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and table in error and "--overwrite" in error
+    assert (tmp_path / "out" / table).read_text() == "an earlier run's" and not (tmp_path / "out" / "masks").exists()
+    assert predict_cli("--checkpoint", checkpoint, photo, "--out", tmp_path / "out", "--report", "--overwrite") == 0
+
+
+def test_one_predict_at_a_time_per_output_folder(tmp_path, checkpoint, capsys):
+    import json
+    import socket
+
+    photo = _photos(tmp_path / "in", [(32, 32)])[0]
+    out = tmp_path / "out"
+    out.mkdir()
+    live = {"pid": os.getpid(), "host": socket.gethostname(), "process_start": None, "since": "now", "job": None, "attempt": 0}
+    (out / "lock").write_text(json.dumps(live))
+    assert predict_cli("--checkpoint", checkpoint, photo, "--out", out) == 2
+    error = capsys.readouterr().err
+    assert f"in use by pid {os.getpid()}" in error and "another --out" in error and not (out / "masks").exists()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / "lock").write_text(json.dumps({**live, "pid": dead.pid}))
+    assert predict_cli("--checkpoint", checkpoint, photo, "--out", out) == 0
+    assert "taking it over" in capsys.readouterr().err and not (out / "lock").exists() and (out / "masks" / "img0.png").exists()
+
+
+def test_a_name_that_looks_like_a_formula_is_text_in_every_table(tmp_path, checkpoint, monkeypatch):
+    source = _photos(tmp_path / "in", [(48, 48)])[0]
+    monkeypatch.chdir(tmp_path / "in")
+    os.rename(source, tmp_path / "in" / "=HYPERLINK(1).jpg")
+    assert predict_cli("--checkpoint", checkpoint, "=HYPERLINK(1).jpg", "--out", tmp_path / "out", "--threshold", "0.3") == 0
+    rows = csv_rows(tmp_path / "out" / "predictions.csv")
+    assert rows[0]["path"] == "'=HYPERLINK(1).jpg" and float(rows[0]["crack_fraction"]) > 0
+    cracks = csv_rows(tmp_path / "out" / "cracks.csv")
+    assert cracks and all(row["path"] == "'=HYPERLINK(1).jpg" for row in cracks)
 
 
 def test_threshold_comes_from_the_checkpoint_unless_given(tmp_path, checkpoint, model):
     (photo,) = _photos(tmp_path / "in", [(48, 48)])
     with torch.no_grad():
         prob = torch.sigmoid(model(torch.from_numpy(np.array(Image.open(photo))).permute(2, 0, 1)[None]))[0, 0].numpy()
-    assert _predict("--checkpoint", checkpoint, photo, "--out", tmp_path / "a") == 0
-    assert _predict("--checkpoint", checkpoint, photo, "--out", tmp_path / "b", "--threshold", float(np.median(prob))) == 0
+    assert predict_cli("--checkpoint", checkpoint, photo, "--out", tmp_path / "a") == 0
+    assert predict_cli("--checkpoint", checkpoint, photo, "--out", tmp_path / "b", "--threshold", float(np.median(prob))) == 0
     a = np.asarray(Image.open(tmp_path / "a" / "masks" / "img0.png")) > 0
     b = np.asarray(Image.open(tmp_path / "b" / "masks" / "img0.png")) > 0
     assert np.array_equal(a, prob >= 0.5)
@@ -177,7 +199,7 @@ def test_two_processes_write_every_output_once(tmp_path, checkpoint):
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = _rows(tmp_path / "out" / "predictions.csv")
+    rows = csv_rows(tmp_path / "out" / "predictions.csv")
     assert sorted(row["path"] for row in rows) == sorted(str(tmp_path / "in" / f"img{i}.jpg") for i in range(5))
     assert len({row["path"] for row in rows}) == 5
     assert len(list((tmp_path / "out" / "masks").iterdir())) == 5
@@ -198,9 +220,9 @@ def test_inputs_mirror_names_and_refuse_collisions(tmp_path):
 def test_outputs_inside_a_recursive_input_are_never_read_again(tmp_path, checkpoint):
     _photos(tmp_path / "din", [(32, 32)] * 4)
     for flag in ("--overwrite", "--overwrite", "--skip-existing"):
-        assert _predict("--checkpoint", checkpoint, tmp_path / "din", "--recursive", "--out", tmp_path / "din" / "pred",
+        assert predict_cli("--checkpoint", checkpoint, tmp_path / "din", "--recursive", "--out", tmp_path / "din" / "pred",
                         "--overlay", flag) == 0
-        assert len(_rows(tmp_path / "din" / "pred" / "predictions.csv")) == 4
+        assert len(csv_rows(tmp_path / "din" / "pred" / "predictions.csv")) == 4
     assert len(list((tmp_path / "din" / "pred" / "masks").rglob("*.png"))) == 4
     with pytest.raises(InputError, match="is inside --out"):
         collect_inputs([str(tmp_path / "din" / "pred" / "masks" / "img0.png")], out=tmp_path / "din" / "pred")
@@ -209,20 +231,20 @@ def test_outputs_inside_a_recursive_input_are_never_read_again(tmp_path, checkpo
 def test_skip_existing_redoes_an_image_whose_requested_outputs_are_incomplete(tmp_path, checkpoint):
     _photos(tmp_path / "in", [(32, 32), (40, 40)])
     args = ["--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--overlay", "--save-prob", 8]
-    assert _predict(*args) == 0
+    assert predict_cli(*args) == 0
     (tmp_path / "out" / "overlays" / "img1.jpg").unlink()
     (tmp_path / "out" / "probs" / "img0.png").unlink()
-    assert _predict(*args, "--skip-existing") == 0
+    assert predict_cli(*args, "--skip-existing") == 0
     assert (tmp_path / "out" / "overlays" / "img1.jpg").exists() and (tmp_path / "out" / "probs" / "img0.png").exists()
-    assert [row["status"] for row in _rows(tmp_path / "out" / "predictions.csv")] == ["ok", "ok"]
-    assert _predict(*args, "--skip-existing") == 0
-    assert [row["status"] for row in _rows(tmp_path / "out" / "predictions.csv")] == ["skipped: exists"] * 2
+    assert [row["status"] for row in csv_rows(tmp_path / "out" / "predictions.csv")] == ["ok", "ok"]
+    assert predict_cli(*args, "--skip-existing") == 0
+    assert [row["status"] for row in csv_rows(tmp_path / "out" / "predictions.csv")] == ["skipped: exists"] * 2
 
 
 def test_out_that_is_a_file_is_refused_before_any_work(tmp_path, checkpoint, capsys):
     _photos(tmp_path / "in", [(32, 32)])
     (tmp_path / "out").write_text("not a folder")
-    assert _predict("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 2
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 2
     assert "--out" in capsys.readouterr().err
 
 
@@ -233,8 +255,11 @@ def test_interrupted_writes_are_cleared_and_full_disks_reported_per_image(tmp_pa
 
     _photos(tmp_path / "in", [(192, 192), (200, 160)])
     (tmp_path / "out" / "masks").mkdir(parents=True)
-    orphan = tmp_path / "out" / "masks" / ".img0.png.abcd.tmp"
+    orphan = tmp_path / "out" / "masks" / ".img0.png.abcd.crackseg-tmp"
     orphan.write_bytes(b"torn")
+    users = [tmp_path / "out" / ".notes.tmp", tmp_path / "out" / "masks" / ".draft.tmp.txt"]  # not crackseg's: kept
+    for path in users:
+        path.write_text("mine")
 
     def small_files_only():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -247,8 +272,9 @@ def test_interrupted_writes_are_cleared_and_full_disks_reported_per_image(tmp_pa
         capture_output=True, text=True, env=env, timeout=240, preexec_fn=small_files_only,
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert not orphan.exists() and not list((tmp_path / "out").rglob(".*.tmp"))
-    errors = _rows(tmp_path / "out" / "errors.csv")
+    assert not orphan.exists() and not list((tmp_path / "out").rglob(".*.crackseg-tmp*"))
+    assert all(path.read_text() == "mine" for path in users)
+    errors = csv_rows(tmp_path / "out" / "errors.csv")
     assert len(errors) == 2 and all("cannot write outputs" in e["error"] and "File too large" in e["error"] for e in errors)
     assert (tmp_path / "out" / "predictions.csv").exists()
 
@@ -261,7 +287,20 @@ def test_interrupted_writes_are_cleared_and_full_disks_reported_per_image(tmp_pa
     (dict(workers=-2), "--workers must be >= 0"),
 ])
 def test_options_from_python_are_checked_like_the_flags(tmp_path, options, message):
+    from crackseg.config import InferenceOptions
     from crackseg.predict import PredictOptions
 
+    inference = {name: options.pop(name) for name in ("tile", "overlap") if name in options}
     with pytest.raises(InputError, match=re.escape(message)):
-        PredictOptions(out=tmp_path, **options)
+        PredictOptions(out=tmp_path, inference=InferenceOptions(**inference), **options)
+
+
+def test_a_name_that_is_not_utf8_is_predicted_and_listed(tmp_path, checkpoint, capsys):
+    source = _photos(tmp_path / "in", [(48, 48)])[0]
+    name = os.fsdecode(b"caf\xe9")
+    os.rename(source, tmp_path / "in" / f"{name}.jpg")
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--overlay", "--report") == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert (tmp_path / "out" / "masks" / f"{name}.png").exists() and (tmp_path / "out" / "overlays" / f"{name}.jpg").exists()
+    text = (tmp_path / "out" / "predictions.csv").read_bytes().decode("utf-8")
+    assert "caf\\xe9.jpg" in text

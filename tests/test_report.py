@@ -1,4 +1,4 @@
-"""report.html from a real predict + evaluate run, checked in a real headless Chromium.
+"""report.html from real predict (+ evaluate) runs, checked in a real headless Chromium.
 
 Skips when no Chromium / chromedriver is installed (.ci/run installs Debian's). Run as a
 script it photographs a report: ``python tests/test_report.py REPORT.html OUT.png``.
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import dark_pixel_model
+from conftest import dark_pixel_model, pavement, predict_tiled, utm_transform, write_geotiff
 from crackseg.cli import main
 
 
@@ -117,6 +117,32 @@ def test_report_in_a_real_browser(tmp_path):
 
 
 @needs_browser
+def test_names_that_html_or_urls_give_a_meaning_to_show_as_they_are(tmp_path):
+    from selenium.webdriver.common.by import By
+
+    names = ["<!--<script>x", "a#b?c%20d", "back\\slash", "two\nlines", "<b>bold"]
+    (tmp_path / "in").mkdir()
+    for name in names:
+        photo = np.full((40, 60, 3), 200, np.uint8)
+        photo[20:23, 5:55] = 20
+        Image.fromarray(photo).save(tmp_path / "in" / f"{name}.png")
+    model = dark_pixel_model(tmp_path)
+    assert main(["predict", str(tmp_path / "in"), "--model", str(model), "--out", str(tmp_path / "pred"), "--report", "--device", "cpu"]) == 0
+    driver = browser()
+    try:
+        driver.get((tmp_path / "pred" / "report.html").as_uri())
+        rows = driver.find_elements(By.CSS_SELECTOR, "tr.image-row")
+        assert sorted(row.get_attribute("data-name") for row in rows) == sorted(names)
+        assert driver.find_element(By.CSS_SELECTOR, "#sum-images").text == str(len(names))
+        loaded = driver.execute_script("return [...document.querySelectorAll('img.thumb')].map(i => i.complete && i.naturalWidth > 0)")
+        assert loaded == [True] * len(names)
+        assert not driver.find_elements(By.CSS_SELECTOR, "tr.image-row b")  # a name is text, never markup
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
+
+
+@needs_browser
 def test_thousands_of_images_stay_paginated(tmp_path):
     from selenium.webdriver.common.by import By
 
@@ -145,5 +171,39 @@ def test_thousands_of_images_stay_paginated(tmp_path):
         driver.quit()
 
 
+@needs_browser
+def test_the_report_of_rasters_in_two_scales_gives_metres_and_says_whose_scale(tmp_path, dark_checkpoint):
+    pytest.importorskip("rasterio")
+    from selenium.webdriver.common.by import By
+
+    (tmp_path / "in").mkdir()
+    write_geotiff(tmp_path / "in" / "fine.tif", pavement(300, 400))
+    write_geotiff(tmp_path / "in" / "coarse.tif", pavement(300, 400), transform=utm_transform(0.004))
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--width-classes", "5,10", "--report") == 0
+    cracks = list(csv.DictReader(open(tmp_path / "out" / "cracks.csv")))
+    driver = browser()
+    try:
+        driver.get((tmp_path / "out" / "report.html").as_uri())
+        text = lambda css: driver.find_element(By.CSS_SELECTOR, css).text  # noqa: E731
+        assert text("#sum-length") == f"{sum(float(c['length_mm']) for c in cracks) / 1000:.3f} m"
+        assert text("#scale").startswith("each raster in its own pixel size") and driver.find_element(By.ID, "classes")
+    finally:
+        driver.quit()
+
+
 if __name__ == "__main__":
     screenshot(Path(sys.argv[1]), Path(sys.argv[2]))
+
+
+def test_an_evaluation_under_another_protocol_is_refused_in_one_line(tmp_path):
+    from crackseg.errors import InputError
+    from crackseg.report import write_report
+
+    (tmp_path / "pred").mkdir()
+    (tmp_path / "pred" / "summary.json").write_text('{"images": 0, "px_size_mm": null, "warnings": []}')
+    (tmp_path / "pred" / "predictions.csv").write_text("path,mask,width,height,crack_fraction,status\n")
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "report.json").write_text('{"protocol": "scsegamba", "ods": {"f1": 0.5}}')
+    with pytest.raises(InputError, match="--protocol scsegamba"):
+        write_report(tmp_path / "pred", tmp_path / "eval")
+    assert not (tmp_path / "pred" / "report.html").exists()

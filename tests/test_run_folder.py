@@ -5,18 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from crackseg.checkpoint import read_checkpoint
 from crackseg.errors import InputError
-from crackseg.models import build_model
 from crackseg.run_folder import RunFolder
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return build_model("mobilenet_v2")
 
 
 def _save_epochs(folder: RunFolder, model, epochs, best=(), keep_last: int = 10) -> None:
@@ -31,7 +23,7 @@ def test_epochs_rotate_and_last_and_best_link_to_their_epoch(tmp_path, model):
     assert (tmp_path / "last.pt").samefile(tmp_path / "epoch_0004.pt")
     assert read_checkpoint(tmp_path / "best.pt")["epoch"] == 2  # its epoch file rotated away, the link keeps it
     assert read_checkpoint(tmp_path / "last.pt")["global_step"] == 40
-    assert not list(tmp_path.glob(".*.tmp"))
+    assert not list(tmp_path.glob(".*crackseg-tmp*"))
 
 
 def test_resume_source_is_last_then_the_newest_intact_epoch(tmp_path, model, capsys):
@@ -136,7 +128,7 @@ def test_stale_locks_are_taken_over_with_a_warning_and_foreign_hosts_are_not(tmp
 def test_temp_files_of_a_killed_save_are_removed_on_the_next_start(tmp_path, model):
     folder = RunFolder(tmp_path)
     _save_epochs(folder, model, [1])
-    orphans = [tmp_path / ".epoch_0002.pt.x1y2.tmp", tmp_path / ".last.pt.4242.tmp"]
+    orphans = [tmp_path / ".epoch_0002.pt.x1y2.crackseg-tmp", tmp_path / ".last.pt.4242.crackseg-tmp"]
     for orphan in orphans:
         orphan.write_bytes(b"half a checkpoint")
     folder.acquire()

@@ -336,7 +336,7 @@ def test_a_checkpoint_that_cannot_be_written_stops_in_one_line_keeping_the_earli
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("crackseg: error: cannot write the checkpoint of epoch 3")
-    assert (run / "last.pt").read_bytes() == before and not list(run.glob(".*.tmp"))
+    assert (run / "last.pt").read_bytes() == before and not list(run.glob(".*crackseg-tmp*"))
 
 
 def test_ctrl_c_during_a_checkpoint_save_exits_cleanly_and_keeps_the_previous_one(synth_root, tmp_path, monkeypatch, capsys):
@@ -359,7 +359,7 @@ def test_ctrl_c_during_a_checkpoint_save_exits_cleanly_and_keeps_the_previous_on
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == "crackseg: interrupted" and "Traceback" not in err
     assert read_checkpoint(run / "last.pt")["epoch"] == 1
-    assert not list(run.glob(".*.tmp")) and not (run / "lock").exists()
+    assert not list(run.glob(".*crackseg-tmp*")) and not (run / "lock").exists()
 
 
 @pytest.mark.parametrize("arch", ["unet16", "unet_resnet101"])
