@@ -1,0 +1,188 @@
+"""bench.py's prediction modes (docs/benchmarks.md: prediction throughput, CPU runtimes).
+
+predict compares the model alone (tensors on the device) with ``crackseg predict`` from
+image files and with the classic tool's naive loop, and counts FLOPs per image. runtimes
+does the same on the CPU for torch (eager, channels_last, bf16), ONNX Runtime and OpenVINO
+(f32, bf16). The untrained models' threshold is set to mark about 2% of the pixels as crack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from crackseg.checkpoint import save_model
+from crackseg.config import InferenceOptions
+from crackseg.distributed import resolve_amp
+from crackseg.models import build_model
+from crackseg.predict import PredictOptions, predict_folder
+from crackseg.synth import write_dataset
+from harness import compute_figures, device_sync, flops_per_image, median_rates, window_count
+
+
+@torch.inference_mode()
+def _threshold_for_crack_fraction(model: torch.nn.Module, images: Path, fraction: float, device: torch.device) -> float:
+    """A threshold that marks about ``fraction`` of the first image's pixels as crack.
+
+    An untrained model at 0.5 marks most pixels, which makes the measurements several times
+    dearer than on the sparse masks of a trained one; real crack photos are about 2% crack.
+    """
+    from crackseg.images import load_image
+
+    first = load_image(sorted(images.iterdir())[0])[None].to(device)
+    prob = torch.sigmoid(model(first).float()).flatten()
+    return torch.quantile(prob[: 2**24], 1 - fraction).item()
+
+
+@torch.inference_mode()
+def _naive_loop(model: torch.nn.Module, files: list[Path], device: torch.device, mask_file: Path) -> None:
+    """The classic tool: one image per pass, fp32, no workers, every image resized to 448 px, masks only."""
+    for path in files:
+        image = Image.open(path).convert("RGB")
+        pixels = torch.from_numpy(np.array(image.resize((448, 448)))).permute(2, 0, 1)[None].to(device)
+        prob = torch.sigmoid(model(pixels))[0, 0].cpu().numpy()
+        Image.fromarray(((prob > model.threshold) * 255).astype(np.uint8)).resize(image.size).save(mask_file)
+
+
+def bench_predict(args: argparse.Namespace) -> list[dict]:
+    """Inference images/s: the model alone, crackseg predict from JPEG files to PNG masks, a naive loop."""
+    device = torch.device(args.device)
+    size = args.size[0]
+    count = args.batch_size if args.quick else max(args.count, args.batch_size)
+    windows = window_count(args, 3)
+    torch.manual_seed(0)
+    model = build_model(args.encoder).to(device).eval()
+    if args.channels_last:
+        model.to(memory_format=torch.channels_last)
+    flops = flops_per_image(model, size, device, train=False)
+    batch = torch.randint(0, 256, (args.batch_size, 3, size, size), dtype=torch.uint8, device=device)
+    if args.channels_last:
+        batch = batch.contiguous(memory_format=torch.channels_last)
+
+    amp_dtype = resolve_amp(args.amp, device)
+
+    @torch.inference_mode()
+    def model_window(index: int) -> None:
+        for _ in range(count // args.batch_size):
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                (torch.sigmoid(model(batch).float()) >= 0.5).to("cpu", non_blocking=True)
+        device_sync(device)
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        write_dataset(Path(tmp) / "data", count, (size, size), seed=0, workers=os.cpu_count() or 1)
+        model.threshold = _threshold_for_crack_fraction(model, Path(tmp) / "data" / "images", 0.02, device)
+        save_model(model, Path(tmp) / "model.pt")
+        inference = InferenceOptions(tile=max(size, 1024), batch_size=args.batch_size, device=args.device, amp=args.amp,
+                                     channels_last=args.channels_last)
+
+        def crackseg_window(index: int, measure: bool) -> None:
+            predict_folder(Path(tmp) / "model.pt", [str(Path(tmp) / "data" / "images")],
+                           PredictOptions(out=Path(tmp) / "out", inference=inference, measure=measure, workers=args.workers, overwrite=True))
+        files = sorted((Path(tmp) / "data" / "images").iterdir())
+
+        rates = median_rates({
+            "model": (model_window, count // args.batch_size * args.batch_size),
+            True: (lambda index: crackseg_window(index, measure=True), count),
+            False: (lambda index: crackseg_window(index, measure=False), count),
+            "naive": (lambda index: _naive_loop(model, files, device, Path(tmp) / "naive.png"), count),
+        }, windows)
+    model_rate, naive_rate = rates["model"][0], rates["naive"][0]
+    end_rates = {measure: rates[measure][0] for measure in (True, False)}
+    common = {"encoder": args.encoder, "size": size, "batch": args.batch_size, "amp": args.amp, "channels_last": args.channels_last}
+    rows.append({"mode": "predict", "path": "model only (forward + threshold)", **common, "images_per_s": round(model_rate, 2),
+                 **compute_figures(flops, model_rate, device, args.amp, args.peak_tflops)})
+    for measure, rate in end_rates.items():
+        what = "JPEG files to PNG masks + measurements" if measure else "JPEG files to PNG masks (--no-measure)"
+        rows.append({"mode": "predict", "path": f"crackseg predict, {what}, {args.workers} workers", **common,
+                     "images_per_s": round(rate, 2), "efficiency": round(rate / model_rate, 3)})
+    rows.append({"mode": "predict", "path": "naive loop (batch 1, fp32, resize to 448, no workers)", **common, "batch": 1, "amp": "off",
+                 "images_per_s": round(naive_rate, 2), "crackseg_speedup": round(end_rates[False] / naive_rate, 2)})
+    return rows
+
+
+def bench_runtimes(args: argparse.Namespace) -> list[dict]:
+    """CPU prediction by runtime: torch eager, channels_last and bf16, ONNX Runtime, OpenVINO in f32 and bf16, and the naive loop.
+
+    Each runtime is timed twice: its model alone on decoded images in memory (one image per
+    call, probabilities thresholded), and ``crackseg predict --no-measure`` from the image
+    files to PNG masks. All paths alternate within each round. Masks are compared with
+    torch eager's on every image, since bf16 changes the probabilities.
+    """
+    from crackseg.export import export_model
+    from crackseg.runtimes import choose_runtime, load_runtime
+    from crackseg.images import load_image
+
+    windows = window_count(args, 3)
+    torch.manual_seed(0)
+    model = build_model(args.encoder).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if args.images:
+            source = Path(args.images)
+            files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))[: args.count]
+        else:
+            write_dataset(tmp / "data", 4 if args.quick else args.count, args.size, seed=0)
+            files = sorted((tmp / "data" / "images").iterdir())
+        (tmp / "in").mkdir()
+        for path in files:
+            (tmp / "in" / path.name).symlink_to(path.resolve())
+        model.threshold = _threshold_for_crack_fraction(model, tmp / "in", 0.02, torch.device("cpu"))
+        save_model(model, tmp / "model.pt")
+        export_model(tmp / "model.pt", "onnx", tmp / "model.onnx")
+        export_model(tmp / "model.pt", "openvino", tmp / "model.xml")
+        decoded = [load_image(path)[None] for path in files]
+        height, width = decoded[0].shape[-2:]
+        runtimes = {
+            "torch eager": (tmp / "model.pt", dict(backend="torch", amp="off")),
+            "torch channels_last": (tmp / "model.pt", dict(backend="torch", amp="off", channels_last=True)),
+            "torch bf16": (tmp / "model.pt", dict(backend="torch", amp="bf16")),
+            "onnxruntime": (tmp / "model.onnx", dict(backend="onnxruntime", amp="off")),
+            "openvino": (tmp / "model.xml", dict(backend="openvino", amp="off")),
+            "openvino bf16": (tmp / "model.xml", dict(backend="openvino", amp="bf16")),
+        }
+        paths, masks = {}, {}
+        for name, (model_file, options) in runtimes.items():
+            inference = InferenceOptions(device="cpu", **options)
+            runner = load_runtime(choose_runtime(model_file, inference)).model
+
+            @torch.inference_mode()
+            def model_only(index: int, runner=runner, options=options) -> list[np.ndarray]:
+                found = []
+                for image in decoded:
+                    image = image.contiguous(memory_format=torch.channels_last) if options.get("channels_last") else image
+                    with torch.autocast("cpu", torch.bfloat16, enabled=options["backend"] == "torch" and options["amp"] == "bf16"):
+                        output = runner(image)
+                    prob = output if getattr(runner, "returns_probabilities", False) else torch.sigmoid(output.float())
+                    found.append((prob >= model.threshold).numpy())
+                return found
+
+            masks[name] = model_only(-1)
+
+            def end_to_end(index: int, model_file=model_file, inference=inference, name=name) -> None:
+                predict_folder(model_file, [str(tmp / "in")], PredictOptions(
+                    out=tmp / "out" / name.replace(" ", "_"), inference=inference, measure=False, overwrite=True, workers=0))
+
+            paths[(name, "model")] = (model_only, len(files))
+            paths[(name, "end")] = (end_to_end, len(files))
+        paths["naive"] = (lambda index: _naive_loop(model, files, torch.device("cpu"), tmp / "naive.png"), len(files))
+        rates = median_rates(paths, windows)
+    common = {"encoder": args.encoder, "images": len(files), "size": f"{width}x{height}", "source": "files" if args.images else "synthetic"}
+    eager_end = rates[("torch eager", "end")][0]
+    rows = []
+    for name in runtimes:
+        model_rate, end_rate = rates[(name, "model")][0], rates[(name, "end")][0]
+        rows.append({"mode": "runtimes", "runtime": name, **common, "model_only_images_per_s": round(model_rate, 2),
+                     "images_per_s": round(end_rate, 2), "efficiency": round(end_rate / model_rate, 3),
+                     "vs_torch_eager_end_to_end": round(end_rate / eager_end, 2),
+                     "mask_agreement_vs_torch_eager": round(float(np.mean([np.mean(a == b) for a, b in zip(masks[name], masks["torch eager"])])), 5),
+                     "window_rates_end": [round(r, 2) for r in rates[(name, "end")][1]]})
+    rows.append({"mode": "runtimes", "runtime": "naive loop (torch eager, resize to 448)", **common,
+                 "images_per_s": round(rates["naive"][0], 2), "vs_torch_eager_end_to_end": round(rates["naive"][0] / eager_end, 2)})
+    return rows
