@@ -1,27 +1,39 @@
-"""Each benchmark mode runs at tiny size (a smoke test: no timing is asserted)."""
+"""Each benchmark mode runs at tiny size (a smoke test: no timing is asserted); the accuracy scripts' figures add up."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
 
+MODE_ARGUMENTS = {
+    "synth": ["--size", "64"],
+    "data": ["--size", "64", "--crop-size", "32", "--workers", "0", "1"],
+    "evaluate": ["--size", "64"],
+    "train": ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "2", "--workers", "0"],
+    "strategies": ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "2", "--workers", "0"],
+    "predict": ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "4", "--workers", "0"],
+    "runtimes": ["--size", "64", "--encoder", "mobilenet_v2"],
+    "rasters": [],
+}
 
-@pytest.mark.parametrize("mode, extra", [
-    ("synth", ["--size", "64"]),
-    ("data", ["--size", "64", "--crop-size", "32", "--workers", "0", "1"]),
-    ("evaluate", ["--size", "64"]),
-    ("train", ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "2", "--workers", "0"]),
-    ("predict", ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "4", "--workers", "0"]),
-    ("strategies", ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "2", "--workers", "0"]),
-    ("runtimes", ["--size", "64", "--encoder", "mobilenet_v2"]),
-    ("rasters", []),
-])
+
+def test_every_benchmark_mode_has_a_smoke_test():
+    result = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    choices = re.search(r"\{([a-z,]+)\}", result.stdout).group(1).split(",")
+    assert sorted(choices) == sorted(MODE_ARGUMENTS)
+
+
+@pytest.mark.parametrize("mode, extra", MODE_ARGUMENTS.items())
 def test_benchmark_mode_runs(tmp_path, mode, extra):
     out = tmp_path / f"{mode}.json"
     result = subprocess.run([sys.executable, str(BENCH), mode, "--quick", "--out", str(out), *extra],
@@ -67,3 +79,48 @@ def test_recipe_table_gives_mean_and_spread_over_seeds_and_flags_edge_thresholds
     assert "| cfd | bce+dice-sqrt | bce | 2 | +0.1500 | 0.0707 | yes | +0.1500 | 0.0707 | yes |" in result.stdout
     # the average of the weights is compared with the variant it is added to: +0.05, within the spread
     assert "| cfd | bce+dice-sqrt-ema | bce+dice-sqrt | 2 | +0.0500 | 0.0707 | no | +0.0500 | 0.0707 | no |" in result.stdout
+
+
+def test_cracks_counts_every_true_crack_in_both_settings(tmp_path):
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from crackseg.checkpoint import save_model
+    from crackseg.models import build_model
+    from crackseg.synth import write_dataset
+
+    data = tmp_path / "data"
+    write_dataset(data, 4, (64, 64), seed=1, truth=True)
+    torch.manual_seed(0)
+    save_model(build_model("mobilenet_v2"), tmp_path / "model.pt")
+    out = tmp_path / "cracks.json"
+    result = subprocess.run([sys.executable, str(BENCH.with_name("cracks.py")), "--checkpoint", str(tmp_path / "model.pt"),
+                             "--data", str(data), "--device", "cpu", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| setting |" in result.stdout
+    report = json.loads(out.read_text())
+    assert report["environment"]["command"].startswith("cracks.py")
+    before, joined = report["rows"]
+    true_cracks = sum(len(set(np.unique(np.asarray(Image.open(path)))) - {0}) for path in (data / "truth").iterdir())
+    assert true_cracks > 0
+    assert before["join_gap_px"] == before["min_length_px"] == 0 and joined["join_gap_px"] > 0 and joined["min_length_px"] > 0
+    for row in (before, joined):
+        assert row["true_cracks"] == true_cracks
+        assert row["true_found_as_one"] <= row["true_cracks"] and row["false_cracks"] <= row["found_cracks"]
+        assert row["share_as_one"] == round(row["true_found_as_one"] / true_cracks, 3)
+    # joining pieces and dropping specks can only lower the count of found cracks
+    assert joined["found_cracks"] <= before["found_cracks"]
+
+
+def test_gpu_check_without_a_cuda_device_stops_at_once_in_one_line_with_status_2(tmp_path):
+    """benchmarks/gpu_check.sh checks for CUDA before installing or writing anything (CUDA_VISIBLE_DEVICES
+    hides any GPU, so this holds on a GPU machine too)."""
+    env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", "OUT": str(tmp_path / "out")}
+    started = time.monotonic()
+    result = subprocess.run(["bash", str(BENCH.with_name("gpu_check.sh"))], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stdout == "" and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("gpu_check: no CUDA device: ") and "sees no GPU" in result.stderr
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "out").exists()
