@@ -7,6 +7,7 @@ model file carries everything needed to use it (see :meth:`CrackSegModel.config`
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import torch
 import torch.nn.functional as F
@@ -113,14 +114,43 @@ def model_from_config(config: dict) -> CrackSegModel:
 def enable_activation_checkpointing(model: CrackSegModel) -> None:
     """Recompute encoder stages and decoder blocks in the backward pass instead of storing them.
 
-    Each stage's ``forward`` is replaced on the instance, so parameter names do not change;
-    ``use_reentrant=False`` makes it work under DDP without static-graph tricks.
+    Each stage's class becomes a subclass whose ``forward`` is checkpointed, so parameter names
+    do not change and DataParallel's replicas run their own weights; ``use_reentrant=False``
+    works under DDP without static-graph tricks. BatchNorm statistics are updated by the
+    forward pass only, not again by the recomputation.
     """
     if model.arch != "unet":
         raise InputError(f"--activation-checkpointing supports --arch unet only, not {model.arch}")
     stages = [child for child in model.net.encoder.children() if isinstance(child, nn.Sequential)]
     for module in [*stages, *model.net.decoder.blocks]:
-        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
+        module.__class__ = _checkpointed(type(module))
+
+
+@functools.cache
+def _checkpointed(kind: type) -> type:
+    def forward(self, *args, **kwargs):
+        return checkpoint(kind.forward, self, *args, use_reentrant=False, context_fn=functools.partial(_recomputation, self), **kwargs)
+
+    return type(f"Checkpointed{kind.__name__}", (kind,), {"forward": forward})
+
+
+def _recomputation(module: nn.Module) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    return contextlib.nullcontext(), _statistics_kept(module)
+
+
+@contextlib.contextmanager
+def _statistics_kept(module: nn.Module):
+    """BatchNorm in training mode with its running statistics and batch count left as they are."""
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    saved = [(norm.momentum, norm.num_batches_tracked.clone()) for norm in norms]
+    for norm in norms:
+        norm.momentum = 0.0  # running = (1 - 0) * running + 0 * batch
+    try:
+        yield
+    finally:
+        for norm, (momentum, count) in zip(norms, saved):
+            norm.momentum = momentum
+            norm.num_batches_tracked.copy_(count)
 
 
 def _smp_unet(encoder: str, imagenet: bool) -> nn.Module:

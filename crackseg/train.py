@@ -220,8 +220,8 @@ def _resolve(config: TrainConfig, env: distributed.Environment, train_masks: lis
         pos_weight = config.pos_weight_scale * (math.sqrt(ratio) if config.pos_weight == "sqrt" else ratio)
     else:
         pos_weight = None if config.pos_weight == "none" else float(config.pos_weight)
-    devices = torch.cuda.device_count() if config.strategy == "dp" and env.device.type == "cuda" else 1
-    global_batch = config.batch_size * config.grad_accum * env.world_size * max(devices, 1)
+    # DataParallel splits each loader batch over the GPUs: its global batch is one process's.
+    global_batch = config.batch_size * config.grad_accum * env.world_size
     ratio = global_batch / config.base_batch
     lr = config.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[config.lr_scaling]
     amp = distributed.amp_name(distributed.resolve_amp(config.amp, env.device))

@@ -218,3 +218,24 @@ def test_unknown_names_are_user_errors():
         build_model("resnet9000")
     with pytest.raises(InputError, match="always uses the vgg16 encoder"):
         build_model("resnet34", arch="unet16")
+
+
+def test_activation_checkpointing_keeps_gradients_names_and_batchnorm_statistics():
+    import copy
+
+    from crackseg.models import enable_activation_checkpointing
+
+    torch.manual_seed(0)
+    plain = build_model("resnet18").train()
+    checkpointed = copy.deepcopy(plain)
+    enable_activation_checkpointing(checkpointed)
+    images = torch.rand(2, 3, 64, 64)
+    for model in (plain, checkpointed):
+        model(images).square().mean().backward()
+    assert list(plain.state_dict()) == list(checkpointed.state_dict())
+    for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters()):
+        assert torch.equal(a.grad, b.grad), name
+    for (name, a), (_, b) in zip(plain.state_dict().items(), checkpointed.state_dict().items()):
+        assert torch.equal(a, b), name  # the recomputation must not update running statistics a second time
+    stage = checkpointed.net.encoder.layer1
+    assert "forward" not in vars(stage) and "forward" not in vars(stage._replicate_for_data_parallel())  # DataParallel replicas run their own weights

@@ -377,3 +377,16 @@ def test_resume_accepts_the_same_data_folder_spelled_another_way(synth_root, tmp
     monkeypatch.chdir(tmp_path)
     fit(_config(tmp_path / "run", Path("data"), epochs=1))
     assert fit(_config(tmp_path / "run", tmp_path / "data" / ".." / "data", epochs=2))["epochs_run"] == 1
+
+
+def test_dataparallel_splits_the_loader_batch_so_gpus_do_not_scale_the_learning_rate(monkeypatch):
+    from crackseg import distributed
+    from crackseg.config import TrainConfig
+    from crackseg.train import _resolve
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    env = distributed.Environment(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0))
+    config = TrainConfig(run="r", data="d", strategy="dp", batch_size=8, grad_accum=2, amp="off", pos_weight="none",
+                         lr=1e-3, base_batch=16)
+    resolved = _resolve(config, env, [])
+    assert resolved.global_batch == 16 and resolved.lr == pytest.approx(1e-3)
