@@ -26,6 +26,7 @@ MAX_PIXELS = 20_000_000_000  # predict's default --max-pixels: rasters larger th
 STREAM_ABOVE = 64_000_000  # px: TIFFs larger than this (or georeferenced) are predicted by windows
 BACKENDS = ("auto", "torch", "onnxruntime", "openvino")  # runtimes of predict's forward pass
 EXPORT_FORMATS = ("onnx", "openvino", "safetensors")
+LABEL_FORMATS = ("coco", "labelme", "cvat", "labelstudio")  # annotation files crackseg labels import / export
 JOIN_GAP, MIN_LENGTH = "10px", "10px"  # predict's defaults for joining crack pieces and dropping specks
 GROUPS = ("data", "model", "optimization", "speed and memory", "run folder")  # as --help lists them
 

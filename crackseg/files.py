@@ -111,6 +111,7 @@ def link_atomic(source: Path, target: Path) -> None:
     except OSError:  # file systems without hard links
         shutil.copyfile(source, temp)
     os.replace(temp, target)
+    temp.unlink(missing_ok=True)  # when target already was a link to source, POSIX rename leaves both names
 
 
 def ensure_writable_folder(path: Path, flag: str) -> Path:

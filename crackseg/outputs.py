@@ -62,6 +62,7 @@ class PredictionsFolder:
         self.summary_json = self.root / "summary.json"
         self.report_html = self.root / "report.html"
         self.report_pictures = self.root / "report"
+        self.rank_csv = self.root / "rank.csv"  # crackseg labels rank
         self._lock = FolderLock(self.root, "prediction", "--out")
 
     def mask(self, name: str, raster: bool = False) -> Path:
@@ -118,14 +119,15 @@ class PredictionsFolder:
                 f"{len(existing)} outputs already exist in {self.root} (e.g. {existing[0]}); "
                 "pass --skip-existing to keep them and finish the rest, or --overwrite to replace them"
             )
-        tables = [self.predictions_csv, self.cracks_csv, self.errors_csv, self.summary_json, self.report_html]
+        tables = [self.predictions_csv, self.cracks_csv, self.errors_csv, self.summary_json, self.report_html, self.rank_csv]
         for table in tables:
             if table.exists():
                 raise InputError(f"{table} already exists; pass --skip-existing or --overwrite")
 
-    def write_tables(self, records: Records, spec: OutputSpec, warnings: list[str], overwrite: bool) -> dict:
+    def write_tables(self, records: Records, spec: OutputSpec, warnings: list[str], overwrite: bool,
+                     threshold: float | None = None) -> dict:
         """predictions.csv, cracks.csv (when measuring), errors.csv (when anything failed, or to clear an old one)
-        and summary.json, from every process's records; returns the summary."""
+        and summary.json, from every process's records; returns the summary. A rank.csv of an earlier run is removed."""
         rows = [records.rows[key] for key in sorted(records.rows)]
         cracks = sorted(records.cracks, key=lambda r: (r["path"], r["crack"]))
         write_csv(self.predictions_csv, rows)
@@ -135,7 +137,8 @@ class PredictionsFolder:
             self.cracks_csv.unlink(missing_ok=True)  # it measured masks this run replaced
         if records.errors or self.errors_csv.exists():
             write_csv(self.errors_csv, records.errors, ["path", "error"])
-        return write_summary(self, rows, records.cracks, spec, warnings)
+        self.rank_csv.unlink(missing_ok=True)  # it ranked an earlier run's probabilities
+        return write_summary(self, rows, records.cracks, spec, warnings, threshold)
 
 
 def read_saved_mask(path: Path) -> np.ndarray:
@@ -177,12 +180,15 @@ def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image:
     mask = (prob >= threshold).numpy()
     mask_path = folder.mask(name)
     write_png(mask_path, mask.astype(np.uint8) * 255)
+    counts = mask_counts(mask)
     if spec.save_prob:
-        write_png(folder.probabilities(name), probability_levels(prob, spec.save_prob))
+        levels = probability_levels(prob, spec.save_prob)
+        write_png(folder.probabilities(name), levels)
+        counts |= uncertainty(levels.astype(np.float32) / float(np.iinfo(levels.dtype).max), threshold)  # as rank reads the file
     labels, cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px) if spec.measure else (None, [])
     if spec.overlay:
         write_atomic(folder.overlay(name), overlay_jpeg(image, mask if labels is None else labels > 0, cracks))
-    row, crack_rows = table_rows(path, mask_path, mask_counts(mask), cracks, spec, "ok")
+    row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, "ok")
     if spec.vectors:
         lines = centrelines(skeleton_links(skeletonize(labels > 0), labels))
         write_vectors(folder.vectors(name, spec.vectors), spec.vectors, crack_rows, lines, None)
@@ -200,6 +206,21 @@ def mask_counts(mask: np.ndarray) -> dict:
     """The columns of predictions.csv that come from the mask alone."""
     height, width = mask.shape
     return {"width": width, "height": height, "crack_fraction": round(float(mask.mean()), 6), "area_px": int(mask.sum())}
+
+
+def uncertainty(prob: np.ndarray, threshold: float) -> dict:
+    """How unsure the model is of one image, from its probabilities (H, W) in [0, 1] (predictions.csv, rank.csv).
+
+    A pixel is unsure when its probability is nearer the decision threshold ``t`` than the sure
+    answer on its side (0 for background, 1 for crack): in [t/2, (1+t)/2). ``uncertainty`` is the
+    share of the image's pixels that are unsure; ``unsure_crack_share`` the share of the crack
+    pixels (probability >= t) that are.
+    """
+    unsure = (prob >= threshold / 2) & (prob < (1 + threshold) / 2)
+    crack = prob >= threshold
+    cracks = int(crack.sum())
+    return {"uncertainty": round(float(unsure.mean()), 6) if unsure.size else 0.0,
+            "unsure_crack_share": round(int((crack & unsure).sum()) / cracks, 6) if cracks else 0.0}
 
 
 def table_rows(path: Path, mask_path: Path, counts: dict, cracks: list[CrackMeasure], spec: OutputSpec,
@@ -240,13 +261,16 @@ def table_rows(path: Path, mask_path: Path, counts: dict, cracks: list[CrackMeas
     return row, crack_rows
 
 
-def write_summary(folder: PredictionsFolder, rows: list[dict], crack_rows: list[dict], spec: OutputSpec, warnings: list[str]) -> dict:
+def write_summary(folder: PredictionsFolder, rows: list[dict], crack_rows: list[dict], spec: OutputSpec, warnings: list[str],
+                  threshold: float | None = None) -> dict:
     """``summary.json``: what the run found, for people and for ``crackseg report``.
 
     ``spec`` is the run's: its pixel size is the one every image shares, or None; totals in mm
     are given when every image had a pixel size, its own or the run's.
     """
     summary: dict = {"images": len(rows), "px_size_mm": spec.px_size, "warnings": warnings}
+    if threshold is not None:
+        summary["threshold"] = threshold  # the masks' decision threshold, which crackseg labels rank measures from
     in_mm = bool(rows) and all("length_mm" in row for row in rows)
     if spec.measure:
         widest = max(crack_rows, key=lambda r: r["max_width_px"], default=None)

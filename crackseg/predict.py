@@ -218,7 +218,7 @@ def _run(plan: _Plan, runtime: Runtime, options: PredictOptions, env: distribute
     run = RasterRun(predictor, threshold, plan.folder, options.save_prob, options.overviews, options.skip_existing)
     predict_rasters(plan.rasters, run, env, records)
     gathered = Records.joined(distributed.gather_objects(records, env))
-    return _write_tables(plan, gathered, options) if env.is_main else 0
+    return _write_tables(plan, gathered, options, threshold) if env.is_main else 0
 
 
 def _plan(inputs: list[str], options: PredictOptions, open_rasters: contextlib.ExitStack) -> _Plan:
@@ -285,10 +285,10 @@ def _predict_photos(plan: _Plan, predictor: Predictor, threshold: float, workers
                 records.errors.append({"path": str(names[key][0]), "error": f"cannot write outputs: {error}"})
 
 
-def _write_tables(plan: _Plan, records: Records, options: PredictOptions) -> int:
+def _write_tables(plan: _Plan, records: Records, options: PredictOptions, threshold: float) -> int:
     """predictions.csv, cracks.csv, errors.csv, summary.json and the report; returns the exit status."""
     folder = plan.folder
-    summary = folder.write_tables(records, plan.spec, plan.warnings, options.overwrite)
+    summary = folder.write_tables(records, plan.spec, plan.warnings, options.overwrite, threshold)
     print(f"{len(records.rows)} images predicted into {folder.root}"
           + (f"; {len(records.errors)} failed, listed in {folder.errors_csv}" if records.errors else ""))
     if plan.spec.measure:

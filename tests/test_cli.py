@@ -96,6 +96,11 @@ def _main(*args: str) -> tuple[int, str]:
     (["train", "--data", "d", "--run", "r", "--pos-weight", "0"], "--pos-weight"),
     (["synth", "OUT", "--seed", "-3"], "--seed"),
     (["convert", "c.pt", "--arch", "unet16", "--out", "m.pt", "--threshold", "-0.1"], "--threshold"),
+    (["labels", "import", "a.json", "--format", "coco", "--images", "i", "--out", "o", "--line-width", "0"], "--line-width"),
+    (["labels", "rank", "p", "--top", "0"], "--top"),
+    (["labels", "rank", "p", "--threshold", "1.5"], "--threshold"),
+    (["labels", "export", "p", "--format", "yolo", "--out", "o"], "--format"),
+    (["labels", "export", "p", "--format", "coco", "--out", "o", "--rle", "--polygons"], "--polygons"),
 ])
 def test_out_of_range_numbers_are_one_line_errors(args, named):
     code, err = _main(*args)

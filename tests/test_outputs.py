@@ -88,3 +88,25 @@ def test_deliverable_options_are_checked_before_work(tmp_path, options, message)
     own_scale = PredictOptions(out=tmp_path, min_length="3mm", width_classes="bre251")  # checked per image, see test_streamed
     assert own_scale.output_spec().min_length_px is None and own_scale.output_spec(0.5).min_length_px == 6
     assert own_scale.scale_needed_by() == "--width-classes" and PredictOptions(out=tmp_path).scale_needed_by() is None
+
+
+def test_uncertainty_is_the_share_of_pixels_nearer_the_threshold_than_a_sure_answer():
+    from crackseg.outputs import uncertainty
+
+    # threshold 0.4: unsure in [0.2, 0.7); crack from 0.4
+    prob = np.array([[0.0, 0.19, 0.2, 0.39], [0.4, 0.69, 0.7, 1.0]], np.float32)
+    assert uncertainty(prob, 0.4) == {"uncertainty": 0.5, "unsure_crack_share": 0.5}
+    assert uncertainty(np.zeros((3, 3), np.float32), 0.5) == {"uncertainty": 0.0, "unsure_crack_share": 0.0}
+
+
+def test_saved_probabilities_add_the_uncertainty_and_the_summary_names_the_threshold(tmp_path):
+    spec = OutputSpec(save_prob=16, measure=False)
+    folder = PredictionsFolder(tmp_path)
+    row, _ = write_image_outputs(folder, tmp_path / "a.jpg", "a", torch.zeros((3, 120, 200), dtype=torch.uint8),
+                                 _crack_probability(), 0.5, spec)
+    assert row["uncertainty"] == pytest.approx(6 / (120 * 200), abs=1e-6)  # unsure in [0.25, 0.75): the 0.7 speck, 2x3 px
+    assert row["unsure_crack_share"] == pytest.approx(6 / (7 * 174 + 2 * 130 + 6), abs=1e-6)
+    assert list(row)[-1] == "status"
+    assert write_summary(folder, [row], [], spec, [], threshold=0.5)["threshold"] == 0.5
+    assert "uncertainty" not in write_image_outputs(folder, tmp_path / "a.jpg", "a", torch.zeros((3, 120, 200), dtype=torch.uint8),
+                                                    _crack_probability(), 0.5, OutputSpec(measure=False))[0]

@@ -1,0 +1,402 @@
+"""crackseg labels: each format's coordinates pinned by one-pixel examples, round trips, counts, one-line errors, rank.
+
+Every annotation file here is written by the test from its format's documentation (COCO's data
+format, CVAT's XML annotation format, labelme's shape_to_mask, label-studio-converter's brush RLE);
+none comes from a labelling tool's repository.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from crackseg.cli import main
+from crackseg.data import open_dataset
+from crackseg.images import load_mask
+from crackseg.labels import ImportOptions, export_labels, import_labels, rank_predictions
+from crackseg.outputs import OutputSpec, PredictionsFolder, Records, write_image_outputs
+
+pytest.importorskip("pycocotools")
+
+W, H = 10, 8  # px: the photos of the one-pixel examples
+
+
+def _photo(folder, name="a.png", size=(W, H), exif_orientation=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    picture = Image.new("RGB", size, (128, 128, 128))
+    if exif_orientation is None:
+        picture.save(folder / name)
+    else:
+        exif = Image.Exif()
+        exif[0x0112] = exif_orientation
+        picture.save(folder / name, exif=exif)
+    return folder / name
+
+
+def _imported(tmp_path, fmt, annotations, **options) -> tuple[dict[str, np.ndarray], dict]:
+    """(mask by stem, labels.json) of importing ``annotations`` with the photos in tmp_path/photos."""
+    out = tmp_path / "dataset"
+    provenance = import_labels(annotations, fmt, tmp_path / "photos", out, ImportOptions(**options))
+    masks = {path.stem: load_mask(path)[0].numpy().astype(bool) for path in sorted((out / "masks").glob("*.png"))}
+    assert json.loads((out / "labels.json").read_text()) == provenance
+    return masks, provenance
+
+
+def _columns(mask: np.ndarray) -> list[int]:
+    return sorted(set(np.nonzero(mask)[1].tolist()))
+
+
+def _coco(tmp_path, segmentations, categories=("crack",), images=(("a.png", W, H),)) -> object:
+    document = {
+        "images": [{"id": n, "file_name": name, "width": w, "height": h} for n, (name, w, h) in enumerate(images, 1)],
+        "categories": [{"id": n, "name": name} for n, name in enumerate(categories, 1)],
+        "annotations": [{"id": n, "image_id": 1, "category_id": category, "segmentation": segmentation, "iscrowd": 0}
+                        for n, (category, segmentation) in enumerate(segmentations, 1)],
+    }
+    path = tmp_path / "coco.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def _cvat(tmp_path, shapes: str, name="a.png", size=(W, H)) -> object:
+    path = tmp_path / "annotations.xml"
+    path.write_text(f"""<?xml version="1.0" encoding="utf-8"?>
+<annotations><version>1.1</version>
+<meta><task><labels><label><name>crack</name></label><label><name>joint</name></label></labels></task></meta>
+<image id="0" name="{name}" width="{size[0]}" height="{size[1]}">{shapes}</image>
+</annotations>""")
+    return path
+
+
+def _labelme(tmp_path, shapes, image="a.png", size=(W, H)) -> object:
+    folder = tmp_path / "labelme"
+    folder.mkdir(exist_ok=True)
+    document = {"version": "5.5.0", "flags": {}, "shapes": [{"group_id": None, "flags": {}, "description": "", **shape} for shape in shapes],
+                "imagePath": f"../photos/{image}", "imageData": None, "imageWidth": size[0], "imageHeight": size[1]}
+    (folder / f"{image.rsplit('.', 1)[0]}.json").write_text(json.dumps(document))
+    return folder
+
+
+def _labelstudio(tmp_path, results, image="/data/upload/3/1a2b3c4d-a.png") -> object:
+    path = tmp_path / "labelstudio.json"
+    task = {"id": 1, "data": {"image": image}, "annotations": [{"id": 1, "was_cancelled": False, "result": results}]}
+    path.write_text(json.dumps([task]))
+    return path
+
+
+def _ls_polygon(points_px, label="crack", size=(W, H)):
+    return {"type": "polygonlabels", "from_name": "label", "to_name": "image", "original_width": size[0], "original_height": size[1],
+            "value": {"points": [[100.0 * x / size[0], 100.0 * y / size[1]] for x, y in points_px], "polygonlabels": [label]}}
+
+
+# Coordinates: one pixel wide, as each tool draws it
+
+
+def test_coco_polygons_run_along_pixel_edges(tmp_path):
+    _photo(tmp_path / "photos")
+    masks, _ = _imported(tmp_path, "coco", _coco(tmp_path, [(1, [[3, 1, 4, 1, 4, 7, 3, 7]])]))
+    assert _columns(masks["a"]) == [3] and masks["a"].sum() == 6  # pixel column 3, rows 1-6: the square from x=3 to x=4
+
+
+@pytest.mark.parametrize("fmt", ["coco", "cvat", "labelstudio", "labelme"])
+def test_a_crack_traced_as_a_polygon_comes_back_as_wide_as_traced(tmp_path, fmt):
+    """A crack 3 px wide (columns 4-6) traced along its two edges, in each format's own coordinates."""
+    _photo(tmp_path / "photos")
+    edges = [(4, 0), (7, 0), (7, H), (4, H)]  # pixel edges: x = 4 and x = 7
+    if fmt == "coco":
+        path = _coco(tmp_path, [(1, [[v for point in edges for v in point]])])
+    elif fmt == "cvat":
+        path = _cvat(tmp_path, f'<polygon label="crack" occluded="0" points="{";".join(f"{x},{y}" for x, y in edges)}"/>')
+    elif fmt == "labelstudio":
+        path = _labelstudio(tmp_path, [_ls_polygon(edges)])
+    else:  # labelme's points are pixel centres, and shape_to_mask draws the outline: the edge pixels' centres
+        path = _labelme(tmp_path, [{"label": "crack", "shape_type": "polygon", "points": [[4, 0], [6, 0], [6, H - 1], [4, H - 1]]}])
+    masks, _ = _imported(tmp_path, fmt, path)
+    assert _columns(masks["a"]) == [4, 5, 6] and masks["a"].sum() == 3 * H
+
+
+def test_labelme_polygons_are_drawn_with_their_outline_on_pixel_centres(tmp_path):
+    """labelme's shape_to_mask: PIL's polygon with outline=1, fill=1 through the points as given."""
+    _photo(tmp_path / "photos")
+    path = _labelme(tmp_path, [{"label": "crack", "shape_type": "polygon", "points": [[3, 1], [3, 6], [3, 6], [3, 1]]}])
+    masks, _ = _imported(tmp_path, "labelme", path)
+    assert _columns(masks["a"]) == [3] and masks["a"].sum() == 6  # all points on x = 3: column 3, rows 1-6
+
+
+def test_labelstudio_points_are_percent_of_the_image(tmp_path):
+    _photo(tmp_path / "photos")
+    path = _labelstudio(tmp_path, [{"type": "polygonlabels", "original_width": W, "original_height": H,
+                                    "value": {"points": [[30, 12.5], [40, 12.5], [40, 87.5], [30, 87.5]], "polygonlabels": ["Crack"]}}])
+    masks, provenance = _imported(tmp_path, "labelstudio", path)  # the upload's 8-hex prefix is not part of the photo's name
+    assert _columns(masks["a"]) == [3] and masks["a"].sum() == 6 and provenance["labels"] == {"Crack": 1}
+
+
+def test_cvat_polygons_run_along_pixel_edges_as_its_mask_exports_draw_them(tmp_path):
+    _photo(tmp_path / "photos")
+    masks, _ = _imported(tmp_path, "cvat", _cvat(tmp_path, '<polygon label="crack" occluded="0" points="3.00,1.00;4.00,1.00;4.00,7.00;3.00,7.00"/>'))
+    assert _columns(masks["a"]) == [3] and masks["a"].sum() == 6
+
+
+def test_cvat_masks_are_runs_from_background_row_by_row_in_their_box(tmp_path):
+    _photo(tmp_path / "photos")
+    masks, _ = _imported(tmp_path, "cvat", _cvat(tmp_path, '<mask label="crack" rle="1, 2, 3" left="1" top="2" width="2" height="3"/>'))
+    assert np.argwhere(masks["a"]).tolist() == [[2, 2], [3, 1]]  # box values 0 1 / 1 0 / 0 0 at x 1-2, y 2-4
+
+
+def test_coco_rle_uncompressed_runs_down_columns_and_compressed_too(tmp_path):
+    _photo(tmp_path / "photos", size=(4, 3))
+    uncompressed = {"size": [3, 4], "counts": [1, 2, 3, 6]}  # column-major: column 0 rows 1-2, columns 2-3 whole
+    masks, _ = _imported(tmp_path, "coco", _coco(tmp_path, [(1, uncompressed)], images=[("a.png", 4, 3)]))
+    expected = np.array([[0, 0, 1, 1], [1, 0, 1, 1], [1, 0, 1, 1]], bool)
+    assert np.array_equal(masks["a"], expected)
+    from pycocotools import mask as coco_masks
+
+    compressed = coco_masks.encode(np.asfortranarray(expected.astype(np.uint8)))
+    compressed["counts"] = compressed["counts"].decode()
+    masks, _ = _imported(tmp_path, "coco", _coco(tmp_path, [(1, compressed)], images=[("a.png", 4, 3)]), overwrite=True)
+    assert np.array_equal(masks["a"], expected)
+
+
+def test_labelme_masks_sit_at_their_first_point(tmp_path):
+    _photo(tmp_path / "photos")
+    patch = io.BytesIO()
+    Image.fromarray(np.array([[1, 0], [1, 1]], np.uint8)).save(patch, "PNG")  # 0/1, as labelme saves masks
+    shape = {"label": "crack", "shape_type": "mask", "points": [[2, 1], [3, 2]], "mask": base64.b64encode(patch.getvalue()).decode()}
+    masks, _ = _imported(tmp_path, "labelme", _labelme(tmp_path, [shape]))
+    assert np.argwhere(masks["a"]).tolist() == [[1, 2], [2, 2], [2, 3]]
+
+
+def _brush(values: list[int]) -> list[int]:
+    """Label Studio's brush RLE written from its format with literal runs only (3-bit lengths, 8-bit words)."""
+    bits = f"{len(values):032b}" + f"{7:05b}" + "".join(f"{size - 1:04b}" for size in (3, 4, 8, 16))
+    for start in range(0, len(values), 8):
+        run = values[start : start + 8]
+        bits += "0" + "00" + f"{len(run) - 1:03b}" + "".join(f"{value:08b}" for value in run)
+    bits += "0" * (-len(bits) % 8)
+    return [int(bits[i : i + 8], 2) for i in range(0, len(bits), 8)]
+
+
+def test_labelstudio_brushes_hold_the_crack_in_the_alpha_channel(tmp_path):
+    _photo(tmp_path / "photos", size=(3, 2))
+    rgba = [[0, 0, 0, 0], [255, 0, 0, 255], [0, 0, 0, 0], [0, 0, 0, 0], [255, 0, 0, 100], [255, 0, 0, 200]]
+    brush = {"type": "brushlabels", "original_width": 3, "original_height": 2,
+             "value": {"format": "rle", "rle": _brush([v for pixel in rgba for v in pixel]), "brushlabels": ["crack"]}}
+    masks, _ = _imported(tmp_path, "labelstudio", _labelstudio(tmp_path, [brush]))
+    assert masks["a"].tolist() == [[False, True, False], [False, False, True]]  # alpha 100: below half, not crack
+
+
+def test_lines_are_drawn_line_width_wide_and_a_cvat_width_attribute_wins(tmp_path):
+    _photo(tmp_path / "photos")
+    strip = {"label": "crack", "shape_type": "linestrip", "points": [[1, 3], [6, 3]]}  # centres of row 3, columns 1-6
+    masks, provenance = _imported(tmp_path, "labelme", _labelme(tmp_path, [strip]), line_width=3)
+    assert np.argwhere(masks["a"]).min(axis=0).tolist() == [2, 1] and np.argwhere(masks["a"]).max(axis=0).tolist() == [4, 6]
+    assert provenance["shapes"] == {"line": 1} and provenance["line_width_px"] == 3
+    polyline = '<polyline label="crack" points="1.5,3.5;6.5,3.5"><attribute name="width">1</attribute></polyline>'
+    masks, _ = _imported(tmp_path, "cvat", _cvat(tmp_path, polyline), line_width=3, overwrite=True)
+    assert np.argwhere(masks["a"]).tolist() == [[3, x] for x in range(1, 7)]  # its own width, 1 px
+
+
+# What is imported, left out and counted
+
+
+def test_import_writes_a_dataset_inspect_accepts_and_counts_everything(tmp_path):
+    photos = tmp_path / "photos"
+    for name in ("a.png", "b.png", "c.png"):
+        _photo(photos, name)
+    shapes = [(1, [[3, 1, 4, 1, 4, 7, 3, 7]]), (2, [[0, 0, 5, 0, 5, 5]]), (1, [[8, 2, 14, 2, 14, 4, 8, 4]]),
+              (1, [[2, 2, 2, 2, 2.3, 2.3]]), (1, {"size": [H, W], "counts": [W * H]})]
+    coco = _coco(tmp_path, shapes, categories=("Crack", "joint"), images=[("a.png", W, H), ("sub/b.png", W, H)])
+    masks, provenance = _imported(tmp_path, "coco", coco, labels=("crack",))
+    assert sorted(masks) == ["a", "b"] and not masks["b"].any()  # listed without a crack: an empty mask
+    assert provenance["shapes"] == {"polygon": 3, "mask": 1} and provenance["labels"] == {"Crack": 4}
+    assert provenance["left_out_labels"] == {"joint": 1} and provenance["clipped"] == 1 and provenance["zero_area"] == 2
+    assert provenance["images_not_listed"] == ["c.png"] and provenance["crack_free"] == 1
+    assert masks["a"][2:4, 8:].all() and masks["a"][:, 8:].sum() == 4  # the part inside the image
+    found = open_dataset(tmp_path / "dataset")
+    assert not found.problems and [sample.stem for sample in found.samples] == ["a", "b"]
+
+
+def test_import_refuses_to_replace_a_dataset_and_replaces_it_whole_with_overwrite(tmp_path):
+    _photo(tmp_path / "photos", "a.png")
+    _photo(tmp_path / "photos", "b.png")
+    two = _coco(tmp_path, [], images=[("a.png", W, H), ("b.png", W, H)])
+    _imported(tmp_path, "coco", two)
+    with pytest.raises(Exception, match="pass --overwrite"):
+        _imported(tmp_path, "coco", two)
+    masks, _ = _imported(tmp_path, "coco", _coco(tmp_path, [], images=[("a.png", W, H)]), overwrite=True)
+    assert sorted(masks) == ["a"] and sorted(p.name for p in (tmp_path / "dataset" / "images").iterdir()) == ["a.png"]
+
+
+def _cli(*args) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(["labels", *map(str, args)])
+        except SystemExit as exit:
+            code = exit.code
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing image", "refers to 1 images that are not in --images (e.g. gone.png)"),
+    ("wrong size", "is 12x8 px there but"),
+    ("exif", "EXIF orientation tag (6) explains it"),
+    ("label", "--label crak matches no label in"),
+    ("malformed", "not a valid coco file: missing 'file_name'"),
+    ("not json", "not readable JSON"),
+    ("lines", "holds 1 lines (polylines, linestrips): give --line-width PX"),
+    ("unknown category", "has category_id 9, which the categories list lacks"),
+])
+def test_bad_input_is_one_line_naming_the_file(tmp_path, case, message):
+    photos = tmp_path / "photos"
+    _photo(photos, "a.png")
+    _photo(photos, "turned.jpg", size=(W, H), exif_orientation=6)  # shown 8x10
+    fmt, extra = "coco", []
+    if case == "missing image":
+        path = _coco(tmp_path, [], images=[("gone.png", W, H)])
+    elif case == "wrong size":
+        path = _coco(tmp_path, [], images=[("a.png", 12, H)])
+    elif case == "exif":
+        path = _coco(tmp_path, [], images=[("turned.jpg", W, H)])
+    elif case == "label":
+        path, extra = _coco(tmp_path, []), ["--label", "crak"]
+    elif case == "malformed":
+        path = tmp_path / "coco.json"
+        path.write_text(json.dumps({"images": [{"id": 1}], "annotations": []}))
+    elif case == "not json":
+        path = tmp_path / "coco.json"
+        path.write_text("{not json")
+    elif case == "lines":
+        fmt, path = "cvat", _cvat(tmp_path, '<polyline label="crack" points="1,1;5,5"/>')
+    else:
+        path = _coco(tmp_path, [(9, [[0, 0, 1, 0, 1, 1]])])
+    code, err = _cli("import", path, "--format", fmt, "--images", photos, "--out", tmp_path / "out", *extra)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("crackseg: error: ") and message in err, err
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_missing_pycocotools_names_the_extra(monkeypatch, tmp_path):
+    import sys
+
+    from crackseg.errors import InputError
+
+    monkeypatch.setitem(sys.modules, "pycocotools.mask", None)
+    _photo(tmp_path / "photos")
+    with pytest.raises(InputError, match=r"pip install 'crackseg\[labels\]'"):
+        _imported(tmp_path, "coco", _coco(tmp_path, [(1, [[3, 1, 4, 1, 4, 7, 3, 7]])]))
+
+
+# Export: predictions -> pre-annotations -> import gives the predictions back
+
+
+def _predictions(tmp_path) -> tuple[object, dict[str, np.ndarray]]:
+    """A predictions folder (with 8-bit probabilities) of four photos: thin and wide cracks, a ring with a crack inside
+    its hole, specks, one crack-free; and the masks."""
+    masks = {name: np.zeros((48, 64), bool) for name in ("ring", "thin", "specks", "clean")}
+    masks["ring"][8:40, 8:40] = True
+    masks["ring"][14:34, 14:34] = False
+    masks["ring"][22:26, 22:26] = True
+    for x in range(60):
+        masks["thin"][5 + x * 35 // 60, x] = True  # one pixel wide, diagonal steps
+        masks["thin"][30 + x // 20 : 34 + x // 20, x] = True
+    masks["specks"][[3, 10, 47], [5, 63, 0]] = True
+    folder, records = PredictionsFolder(tmp_path / "pred"), Records()
+    spec = OutputSpec(save_prob=8, measure=False)
+    rng = np.random.default_rng(0)
+    for key, (name, mask) in enumerate(masks.items()):
+        photo = _photo(tmp_path / "photos" / "site", f"{name}.jpg", size=(64, 48))
+        prob = torch.from_numpy(np.where(mask, rng.uniform(0.5, 1, mask.shape), rng.uniform(0, 0.5, mask.shape)).astype(np.float32))
+        records.add(key, *write_image_outputs(folder, photo, f"site/{name}", torch.zeros(3, 48, 64, dtype=torch.uint8), prob, 0.5, spec))
+    folder.write_tables(records, spec, [], False, 0.5)
+    return tmp_path / "pred", masks
+
+
+@pytest.mark.parametrize("rle", [False, True], ids=["polygons", "rle"])
+@pytest.mark.parametrize("fmt", ["coco", "labelme", "cvat", "labelstudio"])
+def test_import_of_an_export_gives_the_predicted_masks_back(tmp_path, fmt, rle):
+    predictions, expected = _predictions(tmp_path)
+    out = tmp_path / {"coco": "pre.json", "labelme": "photos", "cvat": "pre.xml", "labelstudio": "tasks.json"}[fmt]
+    written = export_labels(predictions, fmt, out, rle)
+    assert written["images"] == 4
+    if fmt == "labelme":  # beside each photo, naming it as labelme will
+        assert json.loads((out / "site" / "ring.json").read_text())["imagePath"] == "ring.jpg"
+    if fmt == "labelstudio":  # a person submits each pre-annotation unchanged
+        tasks = json.loads(out.read_text())
+        assert tasks[0]["data"]["image"] == "site/ring.jpg"
+        for task in tasks:
+            task["annotations"] = [{"result": task.pop("predictions")[0]["result"]}]
+        out.write_text(json.dumps(tasks))
+    masks, provenance = _imported(tmp_path, fmt, out)
+    assert provenance["zero_area"] == 0 and provenance["clipped"] == 0 and provenance["crack_free"] == 1
+    for name, mask in expected.items():
+        if rle:
+            assert np.array_equal(masks[name], mask), name
+        else:
+            union = (masks[name] | mask).sum()
+            assert (masks[name] & mask).sum() / union >= 0.99 if union else not masks[name].any(), name
+
+
+def test_export_refuses_to_replace_without_overwrite(tmp_path):
+    predictions, _ = _predictions(tmp_path)
+    export_labels(predictions, "cvat", tmp_path / "pre.xml")
+    code, err = _cli("export", predictions, "--format", "cvat", "--out", tmp_path / "pre.xml")
+    assert code == 2 and "already exists" in err and err.count("\n") == 1
+    assert _cli("export", predictions, "--format", "cvat", "--out", tmp_path / "pre.xml", "--overwrite")[0] == 0
+
+
+def test_exported_polygons_cut_holes_and_stay_few(tmp_path):
+    """A ring is one COCO polygon whose hole is joined by a cut of zero width; a straight edge is one segment."""
+    predictions, expected = _predictions(tmp_path)
+    export_labels(predictions, "coco", tmp_path / "pre.json")
+    document = json.loads((tmp_path / "pre.json").read_text())
+    ring = [a for a in document["annotations"] if a["image_id"] == 1]
+    assert len(ring) == 2 and all(len(a["segmentation"]) == 1 for a in ring)  # the ring, and the crack inside its hole
+    # two squares (8 points each: marching squares cut every corner by half a pixel), the cut there and back, closed
+    assert max(len(a["segmentation"][0]) // 2 for a in ring) <= 20
+
+
+# Rank
+
+
+def test_rank_orders_photos_by_uncertainty_as_predictions_csv_has_it(tmp_path):
+    predictions, _ = _predictions(tmp_path)
+    ranked, rasters = rank_predictions(predictions)
+    assert rasters == 0 and [row["rank"] for row in ranked] == [1, 2, 3, 4]
+    assert [row["uncertainty"] for row in ranked] == sorted((row["uncertainty"] for row in ranked), reverse=True)
+    with open(predictions / "rank.csv") as file:
+        table = list(csv.DictReader(file))
+    with open(predictions / "predictions.csv") as file:
+        by_path = {row["path"]: row for row in csv.DictReader(file)}
+    assert [row["path"] for row in table] == [row["path"] for row in ranked]
+    for row in table:  # the same figure, from the saved map, as predict wrote
+        assert row["uncertainty"] == by_path[row["path"]]["uncertainty"]
+        assert row["unsure_crack_share"] == by_path[row["path"]]["unsure_crack_share"]
+    assert float(table[0]["uncertainty"]) > 0.4  # probabilities drawn uniformly: about half the pixels are unsure
+
+
+def test_rank_needs_probability_maps(tmp_path):
+    predictions, _ = _predictions(tmp_path)
+    for path in (predictions / "probs" / "site").iterdir():
+        path.unlink()
+    code, err = _cli("rank", predictions)
+    assert code == 2 and "--save-prob" in err and err.count("\n") == 1
+
+
+def test_a_dataset_written_inside_the_photo_folder_is_not_read_as_photos(tmp_path):
+    _photo(tmp_path / "photos")
+    coco = _coco(tmp_path, [(1, [[3, 1, 4, 1, 4, 7, 3, 7]])])
+    for _ in range(2):
+        provenance = import_labels(coco, "coco", tmp_path / "photos", tmp_path / "photos" / "dataset", ImportOptions(overwrite=True))
+    assert provenance["images_not_listed"] == []
+    site = tmp_path / "site"  # masks beside the photos: --out is the folder holding images/
+    _photo(site / "images")
+    provenance = import_labels(coco, "coco", site / "images", site, ImportOptions(overwrite=True))
+    assert provenance["images"] == 1 and (site / "masks" / "a.png").is_file() and (site / "images" / "a.png").is_file()
