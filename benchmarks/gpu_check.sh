@@ -20,7 +20,7 @@
 #               sizes (UNet-ResNet34, 448 px, bf16, channels_last)
 # Writes gpu_check.md (a PASS/FAIL row per step, the figures against the targets, bench.py's tables,
 # ready for docs/benchmarks.md), gpu_check.log (the end of every failed step's output) and bench.py's
-# JSON files: into $OUT when it is set (the device tool's result folder), else benchmarks/results/.
+# JSON files: into $OUT when it is set (a result folder named by the caller), else benchmarks/results/.
 # Exit status: 0 when every step passed, 1 when one failed, 2 without a CUDA device.
 # PYTHON selects the interpreter (default: .venv/bin/python of the repository, else python3).
 set -euo pipefail
