@@ -13,6 +13,8 @@ Prediction (prediction_modes.py):
     python benchmarks/bench.py runtimes [--encoder resnet34] [--images DIR] [--count 40] [--quick]
 Rasters (raster_modes.py):
     python benchmarks/bench.py rasters [--quick]
+Monitoring (monitoring_modes.py):
+    python benchmarks/bench.py compare [--count 4] [--windows 3] [--quick]
 
 data times the loader's decoding and geometric augmentation by worker count, and the
 photometric jitter that the training step runs on the device.
@@ -34,6 +36,12 @@ OpenVINO (f32, bf16) (model alone, and crackseg predict --no-measure from files)
 rasters predicts synthetic GeoTIFFs of 100 megapixels and 1 gigapixel by windows (peak RSS,
 megapixels/s) beside a photo decoded whole.
 
+compare times whole `crackseg compare` runs (fresh processes, imports included) on --count
+pairs of 12-megapixel photos with masks, the AFTER photo from a moved camera with one crack
+extended, by --transform similarity and homography: pairs/s of the whole run, the marginal
+pairs/s of one more pair (against a one-pair run) and the fixed cost; its check says whether
+every pair was registered and the extended crack alone was found longer.
+
 Each figure is the median over several timed windows after a warm-up window (--windows sets
 how many; on a machine whose speed drifts, more). Accuracy is measured beside these scripts:
 crack joining by benchmarks/cracks.py, training recipes by benchmarks/recipe.py.
@@ -50,12 +58,13 @@ from crackseg.predict import default_workers
 from crackseg.synth import parse_size
 from data_modes import bench_data, bench_evaluate, bench_synth
 from harness import RESULTS, write_report
+from monitoring_modes import bench_compare
 from prediction_modes import bench_predict, bench_runtimes
 from raster_modes import bench_rasters
 from training_modes import bench_strategies, bench_train
 
 MODES = {"synth": bench_synth, "data": bench_data, "evaluate": bench_evaluate, "train": bench_train, "strategies": bench_strategies,
-         "predict": bench_predict, "runtimes": bench_runtimes, "rasters": bench_rasters}
+         "predict": bench_predict, "runtimes": bench_runtimes, "rasters": bench_rasters, "compare": bench_compare}
 
 
 def main() -> None:
@@ -70,16 +79,16 @@ def main() -> None:
     parser.add_argument("--channels-last", action="store_true", help="NHWC layout (train, predict)")
     parser.add_argument("--size", type=parse_size, default=(256, 256), help="image size in px: N or HxW")
     parser.add_argument("--crop-size", type=int, default=448, help="training crop in px (data)")
-    parser.add_argument("--count", type=int, default=None, help="images generated (default 1000 for evaluate, 64 otherwise; predict times whole runs over them)")
+    parser.add_argument("--count", type=int, default=None, help="images generated (default 1000 for evaluate, 4 photo pairs for compare, 64 otherwise; predict and compare time whole runs over them)")
     parser.add_argument("--workers", type=int, nargs="+", default=None, help="loader workers: counts to try (data, default 0 1 2) or one count (train, default 2; predict, default crackseg's: 0 on CPU)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's peak TFLOP/s at this precision, for the fraction of peak (known H100/H200/A100 bf16 peaks are built in)")
     parser.add_argument("--windows", type=int, default=None,
-                        help="timed windows after the warm-up, median reported (default 5; data and predict 3): more on a noisy machine")
+                        help="timed windows after the warm-up, median reported (default 5; data, predict and compare 3): more on a noisy machine")
     parser.add_argument("--quick", action="store_true", help="few, short windows: a smoke test, not a figure")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/MODE.json)")
     args = parser.parse_args()
-    args.count = args.count or {"data": 64, "evaluate": 1000}.get(args.mode, 64)
+    args.count = args.count or {"data": 64, "evaluate": 1000, "compare": 4}.get(args.mode, 64)
     if args.mode == "data":
         args.workers = args.workers or [0, 1, 2]
     elif args.mode == "predict":

@@ -73,22 +73,29 @@ def centrelines(links: np.ndarray, transform=None) -> dict[int, object]:
 
 def write_vectors(path: Path, fmt: str, rows: list[dict], lines: dict[int, object], crs: str | None) -> None:
     """One feature per row of ``rows`` (cracks.csv rows of one image) with its centreline; replaces ``path`` whole."""
+    shapely = _require("shapely")
+    empty = shapely.from_wkt("MULTILINESTRING EMPTY")
+    features = [{**{k: v for k, v in row.items() if k != "path"}, "source": readable(row["path"])} for row in rows]
+    write_features(path, fmt, features, [lines.get(row["crack"], empty) for row in rows], crs, "cracks")
+
+
+def write_features(path: Path, fmt: str, rows: list[dict], geometries: list, crs: str | None, layer: str) -> None:
+    """One (multi)line feature per row, its attributes the row's values; replaces ``path`` whole."""
     pyogrio, shapely = _require("pyogrio"), _require("shapely")
     driver, _ = FORMATS[fmt]
-    columns = [key for key in rows[0] if key not in ("path",)] + ["source"] if rows else ["crack", "source"]
-    fields, data = [], []
+    columns = list(rows[0]) if rows else ["crack"]
+    data = []
     for column in columns:
-        values = [readable(row["path"]) if column == "source" else row.get(column) for row in rows]
-        fields.append(column)
-        data.append(np.array(values, dtype=object if column in ("source",) or any(isinstance(v, str) for v in values) else np.float64))
-    geometry = shapely.to_wkb([shapely.force_2d(lines[row["crack"]]) if row["crack"] in lines else shapely.from_wkt("MULTILINESTRING EMPTY")
-                               for row in rows]) if rows else np.array([], dtype=object)
+        values = [row.get(column) for row in rows]
+        text = any(isinstance(v, str) for v in values)
+        data.append(np.array(values, dtype=object if text else np.float64))
+    geometry = shapely.to_wkb([shapely.force_2d(line) for line in geometries]) if rows else np.array([], dtype=object)
     with PendingFile(Path(path), suffix=Path(path).suffix) as pending:  # GDAL picks the driver by the suffix
         pending.temp.unlink()  # GDAL creates the file itself
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "'crs' was not provided")  # photos: pixel coordinates have no CRS
             try:
-                pyogrio.raw.write(pending.temp, geometry=np.asarray(geometry, dtype=object), field_data=data, fields=fields,
-                                  driver=driver, geometry_type="MultiLineString", crs=crs, promote_to_multi=True, layer="cracks")
+                pyogrio.raw.write(pending.temp, geometry=np.asarray(geometry, dtype=object), field_data=data, fields=columns,
+                                  driver=driver, geometry_type="MultiLineString", crs=crs, promote_to_multi=True, layer=layer)
             except pyogrio.errors.DataSourceError as error:  # GDAL could not write it: the machine's fault, like an OSError
                 raise OSError(f"{path}: {str(error).splitlines()[0][-200:]}") from None

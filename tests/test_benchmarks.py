@@ -23,6 +23,7 @@ MODE_ARGUMENTS = {
     "predict": ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "4", "--workers", "0"],
     "runtimes": ["--size", "64", "--encoder", "mobilenet_v2"],
     "rasters": [],
+    "compare": [],
 }
 
 

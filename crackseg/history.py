@@ -1,0 +1,270 @@
+"""The crack register: one GeoPackage per site that accumulates its inspections, so that a crack can be
+followed from visit to visit in QGIS or with plain SQL (:data:`WIDTH_HISTORY`).
+
+Tables (GIS tools list all three; ``surveys`` and ``links`` are attribute tables):
+
+- ``surveys``: ``survey`` (1, 2, ... in date order), ``date`` (YYYY-MM-DD), ``source`` (the inspection folder).
+- ``cracks``: MultiLineString features, one per crack per survey: ``crack_key`` (unique in the register, the
+  key links use), ``survey``, ``image`` (its name within the inspection), ``crack`` (its id in that survey's
+  cracks.csv), ``length_px``, ``mean_width_px``, ``max_width_px``, the same in mm (NULL when the pixel size is
+  unknown) and ``max_width_class`` (NULL without width classes). Geometries are in the register's one CRS for
+  georeferenced rasters, else in pixels of the survey's own image (x right, y down; no CRS).
+- ``links``: ``before_key`` -> ``after_key``, a crack and its successor in the next survey, with ``status``
+  (one of :data:`LINK_STATUSES`). A crack without a successor is gone; one without a predecessor is new.
+
+A comparison appends its AFTER survey, and its BEFORE survey unless the previous comparison registered it as
+its AFTER (then BEFORE's registered cracks are linked). Visits are appended in date order. Each append is
+written to a copy beside the register that replaces it only when complete: an error or an interruption
+leaves the register byte for byte as it was.
+
+Needs the geo extra: ``pip install 'crackseg[geo]'``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import sqlite3
+import warnings
+from contextlib import closing
+from dataclasses import dataclass
+from datetime import date as calendar_date
+from pathlib import Path
+
+import numpy as np
+
+from crackseg.errors import InputError, require
+from crackseg.files import PendingFile, readable
+
+LINK_STATUSES = ("unchanged", "longer", "wider", "longer+wider", "merged", "split")
+_MEASURES = ("length_px", "mean_width_px", "max_width_px", "length_mm", "mean_width_mm", "max_width_mm")
+_SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
+
+# Parameters :date (YYYY-MM-DD), :image and :crack name the crack in the survey of that date; the rows are that
+# crack and its successors in every later survey (a split crack has several on a date), with the change since
+# the previous survey (NULL on the first row).
+WIDTH_HISTORY = """\
+WITH RECURSIVE chain(crack_key, status) AS (
+    SELECT c.crack_key, NULL
+      FROM cracks AS c JOIN surveys AS s ON s.survey = c.survey
+     WHERE s.date = :date AND c.image = :image AND c.crack = :crack
+    UNION
+    SELECT l.after_key, l.status
+      FROM chain JOIN links AS l ON l.before_key = chain.crack_key
+)
+SELECT s.date, c.image, c.crack, c.max_width_px, c.max_width_mm, chain.status
+  FROM chain JOIN cracks AS c ON c.crack_key = chain.crack_key
+             JOIN surveys AS s ON s.survey = c.survey
+ ORDER BY s.date, c.image, c.crack;
+"""
+
+
+@dataclass(frozen=True)
+class Survey:
+    """One visit of the site: its date (YYYY-MM-DD) and the inspection folder its cracks were measured from."""
+
+    date: str
+    source: str
+
+
+@dataclass(frozen=True)
+class _Registered:
+    survey: int
+    date: str
+    source: str
+
+
+def append_comparison(register: Path, before: Survey, after: Survey, cracks: tuple[list[dict], list[dict]],
+                      links: list[dict], crs: str | None) -> dict:
+    """Append one comparison to ``register`` (created when missing); returns the surveys, cracks and links added.
+
+    ``cracks`` holds BEFORE's and AFTER's crack dicts: image, crack, length_px, mean_width_px, max_width_px,
+    optionally length_mm, mean_width_mm, max_width_mm, max_width_class (None or "" when unknown), and geometry
+    (a shapely line in ``crs``, or in pixels of the survey's image when ``crs`` is None). A link dict names
+    before_image, before_crack, after_image, after_crack and status.
+    """
+    register = Path(register)
+    _check_date(before.date, "--before-date")
+    _check_date(after.date, "--after-date")
+    if after.date <= before.date:
+        raise InputError(f"--after-date {after.date}: not later than --before-date {before.date}")
+    pending = PendingFile(register, suffix=".gpkg")
+    try:
+        if register.exists():
+            shutil.copyfile(register, pending.temp)
+        else:
+            pending.temp.unlink()  # GDAL creates the file itself
+        added = _append(pending.temp, register, (before, after), cracks, links, crs)
+        pending.commit()
+    except BaseException:
+        for side in ("", *_SQLITE_SIDE_FILES):
+            Path(f"{pending.temp}{side}").unlink(missing_ok=True)
+        raise
+    return added
+
+
+def width_history(register: Path, date: str, image: str, crack: int) -> list[dict]:
+    """The rows of :data:`WIDTH_HISTORY` for crack ``crack`` of ``image`` in the survey of ``date``, oldest first."""
+    if not Path(register).is_file():
+        raise InputError(f"{register}: no such register")
+    try:
+        with closing(sqlite3.connect(f"{Path(register).resolve().as_uri()}?mode=ro", uri=True)) as db:
+            db.row_factory = sqlite3.Row
+            return [dict(row) for row in db.execute(WIDTH_HISTORY, {"date": date, "image": image, "crack": crack})]
+    except sqlite3.DatabaseError as error:
+        raise InputError(f"{register}: not a crack register ({error})") from None
+
+
+def _check_date(text: str, flag: str) -> None:
+    try:
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+            calendar_date.fromisoformat(text)
+            return
+    except ValueError:
+        pass
+    raise InputError(f"{flag} {text}: not a date; give it as YYYY-MM-DD (e.g. 2024-05-31)")
+
+
+def _append(path: Path, register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[dict], list[dict]],
+            links: list[dict], crs: str | None) -> dict:
+    """Append to ``path``, the working copy of ``register`` (missing for a new register); errors name ``register``."""
+    before, after = surveys
+    existing = path.exists()
+    registered = [_Registered(*row) for row in _read(path, register, "SELECT survey, date, source FROM surveys")] if existing else []
+    reused = _registered_before(register, registered, before, after)
+    if existing:
+        _check_crs(register, require("pyogrio", "geo", "--register").read_info(path, layer="cracks")["crs"], crs)
+    next_survey = max((survey.survey for survey in registered), default=0) + 1
+    next_key = _read(path, register, "SELECT coalesce(max(crack_key), 0) FROM cracks")[0][0] + 1 if existing else 1
+
+    new_surveys, new_cracks = [], []
+    if reused is None:
+        before_keys = _numbered(cracks[0], next_key)
+        new_surveys.append((next_survey, before))
+        new_cracks.append((next_survey, cracks[0], next_key))
+        next_survey, next_key = next_survey + 1, next_key + len(cracks[0])
+    else:
+        before_keys, unseen = _registered_keys(path, register, reused, cracks[0])
+        before_keys |= _numbered(unseen, next_key)  # images of that survey that no earlier comparison registered
+        new_cracks.append((reused, unseen, next_key))
+        next_key += len(unseen)
+    after_keys = _numbered(cracks[1], next_key)
+    new_surveys.append((next_survey, after))
+    new_cracks.append((next_survey, cracks[1], next_key))
+
+    _write_layer(path, "surveys", existing, *_survey_columns(new_surveys))
+    _write_layer(path, "cracks", existing, *_crack_columns(new_cracks), geometry=_geometries(new_cracks), crs=crs)
+    _write_layer(path, "links", existing, *_link_columns(links, before_keys, after_keys))
+    return {"surveys": len(new_surveys), "cracks": sum(len(rows) for _, rows, _ in new_cracks), "links": len(links)}
+
+
+def _registered_before(register: Path, registered: list[_Registered], before: Survey, after: Survey) -> int | None:
+    """The survey id of BEFORE when the register has it as its latest survey, None when BEFORE is a new, later one."""
+    if any((survey.date, survey.source) == (after.date, after.source) for survey in registered):
+        raise InputError(f"{register}: the survey of {after.date} from {after.source} is already registered; nothing appended")
+    if not registered:
+        return None
+    latest = max(registered, key=lambda survey: survey.date)
+    if (before.date, before.source) == (latest.date, latest.source):
+        return latest.survey
+    if before.date > latest.date:
+        return None
+    raise InputError(f"{register}: its latest survey is {latest.date} from {latest.source}; visits are appended in date order, "
+                     f"so compare from that survey or a later one, not from {before.date} ({before.source})")
+
+
+def _check_crs(register: Path, registered: str | None, crs: str | None) -> None:
+    if registered == crs:
+        return
+    if registered is not None and crs is not None:
+        rasterio_crs = require("rasterio.crs", "geo", "--register").CRS
+        if rasterio_crs.from_user_input(registered) == rasterio_crs.from_user_input(crs):  # one CRS written two ways
+            return
+    named = {None: "pixel coordinates (no CRS)"}
+    raise InputError(f"{register}: its cracks are in {named.get(registered, registered)}, this comparison's in "
+                     f"{named.get(crs, crs)}; a register holds one site in one CRS: give another --register")
+
+
+def _registered_keys(path: Path, register: Path, survey: int, cracks: list[dict]) -> tuple[dict[tuple[str, int], int], list[dict]]:
+    """{(image, crack): crack_key} of a registered survey's images, once their cracks are found to be those of ``cracks``,
+    and the crack dicts of images the survey does not hold yet (an image no earlier comparison registered)."""
+    rows = _read(path, register, "SELECT image, crack, crack_key, length_px, max_width_px FROM cracks WHERE survey = ?", (survey,))
+    found = {(image, crack): (_number(length), _number(width)) for image, crack, _, length, width in rows}
+    images = {image for image, _ in found}
+    given = {(readable(row["image"]), int(row["crack"])): (_number(row["length_px"]), _number(row["max_width_px"]))
+             for row in cracks if readable(row["image"]) in images}
+    compared = {image for image, _ in given}  # registered images this comparison holds too
+    here = {key: value for key, value in found.items() if key[0] in compared}
+    differing = sorted(set(here) ^ set(given)) or sorted(key for key in given if not all(
+        math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(here[key], given[key])))
+    if differing:
+        image, crack = differing[0]
+        raise InputError(f"{register}: crack {crack} of {image} differs from the one registered for that survey "
+                         "(it was probably measured with other settings or another model); compare with the settings used then")
+    unseen = [row for row in cracks if readable(row["image"]) not in images]
+    return {(image, crack): key for image, crack, key, _, _ in rows}, unseen
+
+
+def _numbered(cracks: list[dict], first_key: int) -> dict[tuple[str, int], int]:
+    return {(readable(row["image"]), int(row["crack"])): first_key + index for index, row in enumerate(cracks)}
+
+
+def _survey_columns(surveys: list[tuple[int, Survey]]) -> tuple[list[str], list[np.ndarray]]:
+    return ["survey", "date", "source"], [np.array([number for number, _ in surveys], np.int64),
+                                          np.array([survey.date for _, survey in surveys], object),
+                                          np.array([readable(str(survey.source)) for _, survey in surveys], object)]
+
+
+def _crack_columns(batches: list[tuple[int, list[dict], int]]) -> tuple[list[str], list[np.ndarray]]:
+    """Columns of the crack features of ``batches``: (survey id, crack dicts, key of the first)."""
+    rows = [(survey, key + index, row) for survey, cracks, key in batches for index, row in enumerate(cracks)]
+    data = [np.array([key for _, key, _ in rows], np.int64), np.array([survey for survey, _, _ in rows], np.int64),
+            np.array([readable(row["image"]) for _, _, row in rows], object), np.array([int(row["crack"]) for _, _, row in rows], np.int64),
+            *(np.array([_number(row.get(name)) for _, _, row in rows], np.float64) for name in _MEASURES),
+            np.array([row.get("max_width_class") or None for _, _, row in rows], object)]
+    return ["crack_key", "survey", "image", "crack", *_MEASURES, "max_width_class"], data
+
+
+def _geometries(batches: list[tuple[int, list[dict], int]]) -> np.ndarray:
+    shapely = require("shapely", "geo", "--register")
+    empty = shapely.from_wkt("MULTILINESTRING EMPTY")
+    lines = [empty if row.get("geometry") is None else shapely.force_2d(row["geometry"]) for _, cracks, _ in batches for row in cracks]
+    return np.asarray(shapely.to_wkb(lines), dtype=object) if lines else np.array([], dtype=object)
+
+
+def _link_columns(links: list[dict], before_keys: dict, after_keys: dict) -> tuple[list[str], list[np.ndarray]]:
+    unknown = {link["status"] for link in links} - set(LINK_STATUSES)
+    if unknown:
+        raise ValueError(f"link statuses {sorted(unknown)} are none of {LINK_STATUSES}")
+    return ["before_key", "after_key", "status"], [
+        np.array([before_keys[readable(link["before_image"]), int(link["before_crack"])] for link in links], np.int64),
+        np.array([after_keys[readable(link["after_image"]), int(link["after_crack"])] for link in links], np.int64),
+        np.array([link["status"] for link in links], object)]
+
+
+def _number(value) -> float:
+    """A measurement as a float; None or "" (unknown) as NaN, which the register stores as NULL."""
+    return math.nan if value is None or value == "" else float(value)
+
+
+def _write_layer(path: Path, layer: str, append: bool, fields: list[str], data: list[np.ndarray],
+                 geometry: np.ndarray | None = None, crs: str | None = None) -> None:
+    pyogrio = require("pyogrio", "geo", "--register")
+    shape = {} if geometry is None else {"geometry_type": "MultiLineString", "promote_to_multi": True, "crs": crs}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "'crs' was not provided")  # photos: pixel coordinates have no CRS
+        try:
+            pyogrio.raw.write(path, geometry=geometry, field_data=data, fields=fields, layer=layer, driver="GPKG",
+                              append=append, **shape)
+        except pyogrio.errors.DataSourceError as error:  # GDAL could not write it: the machine's fault, like an OSError
+            raise OSError(f"{path}: {str(error).splitlines()[0][-200:]}") from None
+
+
+def _read(path: Path, register: Path, sql: str, parameters: tuple = ()) -> list[tuple]:
+    try:
+        with closing(sqlite3.connect(path)) as db:
+            return db.execute(sql, parameters).fetchall()
+    except sqlite3.DatabaseError as error:
+        raise InputError(f"{register}: not a crack register ({error}); give a register written by crackseg compare, "
+                         "or a new file name") from None
