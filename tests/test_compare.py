@@ -17,6 +17,7 @@ from skimage.transform import SimilarityTransform, warp
 
 from crackseg.cli import main
 from conftest import predict_cli
+from test_report import browser, needs_browser
 
 SIZE = 480
 # Cracks of the first visit in its pixels: (row0, col0, row1, col1, width px).
@@ -317,3 +318,25 @@ def test_the_register_dates_surveys_by_their_photos_exif(tmp_path):
     assert main(["compare", str(visits[0]), str(visits[1]), "--out", str(tmp_path / "out"), "--register", str(register)]) == 0
     with sqlite3.connect(register) as db:
         assert [row[0] for row in db.execute("SELECT date FROM surveys ORDER BY survey")] == ["2023-06-01", "2024-06-03"]
+
+
+@needs_browser
+def test_the_report_of_a_comparison_renders_in_a_real_browser(two_visits, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    out = tmp_path / "out"
+    assert main(["compare", *map(str, two_visits), "--out", str(out), "--report", "--px-size", "0.5"]) == 0
+    driver = browser()
+    try:
+        driver.get((out / "report.html").as_uri())
+        assert [s.get_attribute("id") for s in driver.find_elements(By.CSS_SELECTOR, "section.pair")] == ["pair-0"]
+        for picture in driver.find_elements(By.CSS_SELECTOR, "section.pair img"):
+            driver.execute_script("arguments[0].scrollIntoView()", picture)
+            WebDriverWait(driver, 10).until(lambda _: driver.execute_script("return arguments[0].complete", picture))
+        assert driver.execute_script("return [...document.querySelectorAll('section.pair img')].map(i => i.naturalWidth)") == [SIZE, SIZE]
+        page = driver.find_element(By.CSS_SELECTOR, "#pair-0").text
+        assert all(status in page for status in ("longer", "wider", "new", "gone", "unchanged")) and "mm" in page
+        assert not [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    finally:
+        driver.quit()
