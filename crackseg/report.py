@@ -262,7 +262,9 @@ def _pair_entry(pair: dict, rows: list[dict]) -> dict:
 
 
 def _change_entry(row: dict, unit: str) -> dict:
-    """One row of a pair's change table; growth = after - before, a missing side counting 0 (new: its whole length)."""
+    """One row of a pair's change table. Growth is the row's own (compare writes it in the AFTER image's pixels,
+    BEFORE sizes through the registration's scale, and a merged or split group's as a whole), else
+    after - before, a missing side counting 0 (new: its whole length; gone: minus it)."""
     entry = {"status": str(row["status"]), "class_changed": str(row.get("class_changed", "")).lower() in ("true", "1", "yes")}
     for side in _SIDES:
         entry[side] = int(row[f"crack_{side}"]) if row.get(f"crack_{side}") not in (None, "") else None
@@ -270,7 +272,8 @@ def _change_entry(row: dict, unit: str) -> dict:
         for measure in ("length", "max_width"):
             entry[f"{measure}_{side}"] = _number(row.get(f"{measure}_{unit}_{side}"))
     for measure in ("length", "max_width"):
-        entry[f"{measure}_growth"] = (entry[f"{measure}_after"] or 0.0) - (entry[f"{measure}_before"] or 0.0)
+        given = _number(row.get(f"{measure}_growth_{unit}"))
+        entry[f"{measure}_growth"] = given if given is not None else (entry[f"{measure}_after"] or 0.0) - (entry[f"{measure}_before"] or 0.0)
     return entry
 
 

@@ -281,6 +281,17 @@ def test_the_change_report_keeps_names_inert_and_measures_growth_in_mm_where_row
     assert summary["statuses"]["merged"] == 2 and summary["statuses"]["split"] == 0
 
 
+def test_the_change_report_takes_the_growth_compare_measured_in_the_after_frame(tmp_path):
+    """Under a 4% scale change a crack's px lengths differ by 4% while it did not grow: the row's own growth counts."""
+    from crackseg.report import write_change_report
+
+    pairs = [{"pair": 0, "name_before": "a.jpg", "name_after": "a.jpg", "status": "registered", "method": "orb-similarity"}]
+    changes = _change_rows(0, [(1, 1, "unchanged", "500", "520", "3", "3"), ("", 2, "new", "", "40", "", "3")])
+    changes[0] |= {"length_growth_px": "0.4", "max_width_growth_px": "-0.1"}
+    data = _change_page_data(write_change_report(tmp_path, {}, pairs, changes).read_text())
+    assert [(c["length_growth"], c["max_width_growth"]) for c in data["pairs"][0]["changes"]] == [(0.4, -0.1), (40.0, 3.0)]
+
+
 @needs_browser
 def test_the_change_report_in_a_real_browser(tmp_path):
     from selenium.webdriver.common.by import By
