@@ -202,9 +202,21 @@ def _features(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         orb.detect_and_extract(smooth)
     except RuntimeError:  # not one corner
         return np.empty((0, 2)), np.empty((0, 256), bool)
-    # ORB multiplies a level's (row, col) by the level's scale s; that level's pixel centres lie at s (u + 0.5) - 0.5
-    points = orb.keypoints + 0.5 * (orb.scales[:, None] - 1)
+    # ORB reports a level's (row, col) times downscale**k, but each level is ceil(size / downscale) px of the one
+    # before (640 -> 493, 380, 293 px; 640 / 1.3**3 is 291.3): a level's pixel centre u lies at
+    # (u + 0.5) * size / level size - 0.5, up to 3.7 px from where ORB puts it on a 640 px copy.
+    levels = np.rint(np.log(orb.scales) / math.log(ORB_DOWNSCALE)).astype(int)
+    level_sizes = _level_sizes(grey.shape)[levels]
+    points = (orb.keypoints / orb.scales[:, None] + 0.5) * (np.array(grey.shape) / level_sizes) - 0.5
     return points[:, ::-1], orb.descriptors
+
+
+def _level_sizes(shape: tuple[int, int]) -> np.ndarray:
+    """(ORB_LEVELS, 2) (rows, cols) of ORB's pyramid levels, as skimage's pyramid_gaussian sizes them."""
+    sizes = [tuple(shape[:2])]
+    for _ in range(ORB_LEVELS - 1):
+        sizes.append(tuple(math.ceil(size / ORB_DOWNSCALE) for size in sizes[-1]))
+    return np.array(sizes, np.float64)
 
 
 def _doubt(fitted, share: float, residual: float, disagreement: float, shape: tuple) -> str:

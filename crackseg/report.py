@@ -42,6 +42,8 @@ CHANGE_ROWS = 20  # rows of a pair's change table per page: thousands of changes
 # possible (the Okabe-Ito orange, vermillion and blue), with lightness to separate the rest.
 STATUS_COLOURS: dict[str, tuple[int, int, int]] = {
     "unchanged": (150, 150, 150),
+    "not seen": (205, 205, 205),
+    "shorter": (86, 180, 233),
     "longer": (230, 159, 0),
     "wider": (213, 94, 0),
     "longer+wider": (170, 0, 20),
@@ -255,7 +257,7 @@ def _pair_entry(pair: dict, rows: list[dict]) -> dict:
         "inliers": None if inliers is None else int(inliers), "residual_px": _number(pair.get("residual_px")),
         **{f"picture_{side}": _url(Path(pair[f"picture_{side}"])) if pair.get(f"picture_{side}") else None for side in _SIDES},
         "unit": unit, "changes": changes,
-        "changed": sum(change["status"] != "unchanged" for change in changes),
+        "changed": sum(change["status"] not in ("unchanged", "not seen") for change in changes),
         "new": sum(change["status"] == "new" for change in changes), "gone": sum(change["status"] == "gone" for change in changes),
         "length_growth": lengths["after"] - lengths["before"] if pair["status"] == "registered" else None,
     }

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from skimage.morphology import skeletonize
 
-from crackseg.changes import GONE, LONGER, MERGED, NEW, SPLIT, UNCHANGED, WIDER, measure_date, match
+from crackseg.changes import GONE, LONGER, MERGED, NEW, NOT_SEEN, SHORTER, SPLIT, UNCHANGED, WIDER, measure_date, match
 from crackseg.measure import find_cracks
 from crackseg.registration import Alignment
 
@@ -51,6 +51,12 @@ def _draw(strokes) -> np.ndarray:
             distance = np.hypot(yy - start[0] - t * along[0], xx - start[1] - t * along[1])
             mask[low[0] : high[0], low[1] : high[1]] |= distance < width / 2
     return mask
+
+
+def _disc(centre, radius: float) -> np.ndarray:
+    """A mask of the pixels whose centre lies within ``radius`` of ``centre`` (row, col): a blob-shaped crack."""
+    rows, cols = np.indices(SIZE)
+    return (rows - centre[0]) ** 2 + (cols - centre[1]) ** 2 <= radius**2
 
 
 def _before(*cracks) -> np.ndarray:
@@ -185,3 +191,69 @@ def test_empty_masks_on_either_side():
     assert [(c.status, c.before.id) for c in gone] == [(GONE, 1), (GONE, 2), (GONE, 3)]
     assert all(c.scale == pytest.approx(1.04) for c in gone)
     assert match(empty, empty, VIEW) == []
+
+
+SHIFTED = _similarity(2.0, 1.0, (-100.0, 0.0))  # the camera moved 100 px to the right (and turned 2 degrees)
+
+
+def test_cracks_outside_the_view_both_dates_share_are_not_seen():
+    """P leaves the view and Q comes into it: neither is gone nor new. S runs out of the AFTER frame, so AFTER sees
+    60 px less of it: the frame cut it, it did not get shorter."""
+    p, r, s = ([(60, 20), (120, 70)], 3), ([(150, 150), (200, 300)], 3), ([(260, 40), (270, 200)], 3)
+    q = ([(200, 250), (280, 300)], 3)  # AFTER px: 350-400 px right of BEFORE's left edge
+    before = _measure(_before(p, r, s))
+    after = _measure(_after(r, s, alignment=SHIFTED) | _draw([q]))
+    changes = match(before, after, SHIFTED)
+    by_before = {c.before.id: c for c in changes if c.before}
+    by_after = {c.after.id: c for c in changes if c.after}
+    out, come_in = by_before[_crack_at(before, _before(p))], by_after[_crack_at(after, _draw([q]))]
+    assert (out.status, out.after) == (NOT_SEEN, None) and (come_in.status, come_in.before) == (NOT_SEEN, None)
+    assert out.box_after[3] < 0  # left of the AFTER image, where the alignment puts it: not clipped
+    assert come_in.box_after == come_in.after.bbox and out.length_growth_px is None
+    for crack in (r, s):
+        assert by_before[_crack_at(before, _before(crack))].status == UNCHANGED
+    assert by_before[_crack_at(before, _before(s))].length_growth_px < -40
+    assert len(changes) == 4
+
+
+def test_unlinked_cracks_at_a_frames_edge_are_judged_by_what_the_other_date_saw():
+    """T runs 100 px out of the AFTER frame and 150 px inside it, where nothing is left: gone, its box clipped to the
+    AFTER image. U shows its last 6 px inside the AFTER frame: too little to tell. V and W hug their own date's
+    frame edge, well inside the other date's frame: gone and new."""
+    t, u, v = ([(60, 50), (80, 250)], 3), ([(200, 90), (205, 106)], 3), ([(100, 318), (200, 318)], 3)
+    w = ([(20, 1), (120, 1)], 3)  # AFTER px: 100 px inside the BEFORE frame
+    before = _measure(_before(t, u, v))
+    changes = match(before, _measure(_draw([w])), SHIFTED)
+    by_before = {c.before.id: c for c in changes if c.before}
+    gone, unseen = by_before[_crack_at(before, _before(t))], by_before[_crack_at(before, _before(u))]
+    assert gone.status == GONE and gone.box_after[1] == 0 and gone.box_after[3] > 100
+    assert unseen.status == NOT_SEEN and unseen.box_after[1] < 0
+    assert by_before[_crack_at(before, _before(v))].status == GONE
+    assert [c.status for c in changes if c.before is None] == [NEW]
+
+
+def test_a_crack_cut_by_the_before_frame_is_not_longer_when_after_sees_it_whole():
+    """BEFORE sees the crack from its own left edge on, 40 px short of its end; AFTER, 60 px further left, sees it whole."""
+    crack = ([(100, -40), (110, 150)], 3)
+    view = _similarity(0.0, 1.0, (60.0, 0.0))
+    (change,) = match(_measure(_before(crack)), _measure(_after(crack, alignment=view)), view)
+    assert change.length_growth_px > 30  # measured longer, as the frame cut it
+    assert change.status == UNCHANGED
+
+
+def test_an_untouched_blob_is_unchanged():
+    """Round blobs as long as the minimum length thin to a centreline of two to four pixels."""
+    blobs = (((160, 100), 7.0), ((80, 200), 6.0))
+    before = _measure(np.logical_or.reduce([_disc(centre, radius) for centre, radius in blobs]))
+    after = _measure(np.logical_or.reduce([_disc(VIEW.map_points([centre])[0], radius * 1.04) for centre, radius in blobs]))
+    assert len(before.cracks) == 2 and max(len(points) for points in before.points.values()) < 5
+    assert [c.status for c in match(before, after, VIEW)] == [UNCHANGED, UNCHANGED]
+
+
+@pytest.mark.parametrize("width_after, status", [(3.0, SHORTER), (7.0, WIDER)])
+def test_a_crack_seen_shorter_is_shorter_unless_it_is_wider(width_after, status):
+    """80 of 220 px lost at one end (a repaired stretch, or faint ends the segmentation lost); widening comes first."""
+    whole, kept = ([(100, 40), (110, 260)], 3), [(100, 40), (103.6, 180)]
+    (change,) = match(_measure(_before(whole)), _measure(_draw([(VIEW.map_points(kept), width_after)])), VIEW)
+    assert change.status == status
+    assert change.length_growth_px == pytest.approx(-80 * 1.04, abs=10)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 from PIL import Image
-from skimage.transform import AffineTransform, ProjectiveTransform, SimilarityTransform, warp
+from skimage.transform import AffineTransform, ProjectiveTransform, SimilarityTransform, rescale, warp
 
 from crackseg.errors import InputError
 from crackseg.registration import _implausible, align_by_map, read_grey, register_photo_files, register_photos
@@ -61,6 +61,18 @@ def test_a_known_warp_is_recovered(pavement, model):
     assert alignment.method == f"orb-{model}"
     assert alignment.inliers >= 20 and alignment.residual_px < 1.5
     assert _worst_error(alignment, TRUTHS[model], pavement.shape) < 1.5
+
+
+def test_keypoints_of_coarse_levels_lie_where_their_level_puts_them(pavement):
+    """AFTER is BEFORE reduced to 0.625x, so their features come from different pyramid levels. Each level is
+    ceil(size / 1.3) px of the one before (512 -> 394, 304, 234 px, not 512 / 1.3**k), and a keypoint taken at
+    level k times 1.3**k is up to 2 px off at BEFORE's far edge; mapped through the level's real size, it is not."""
+    factor = 0.625
+    after = rescale(pavement, factor, anti_aliasing=True)  # 240x320: pixel centre x of BEFORE is (x + 0.5) * factor - 0.5
+    alignment = register_photos(pavement, after)
+    assert alignment.registered, alignment.reason
+    truth = AffineTransform(matrix=np.array([[factor, 0.0, factor / 2 - 0.5], [0.0, factor, factor / 2 - 0.5], [0.0, 0.0, 1.0]]))
+    assert _worst_error(alignment, truth, pavement.shape, after.shape) < 0.5
 
 
 @pytest.mark.parametrize("model", ["similarity", "homography"])

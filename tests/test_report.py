@@ -297,7 +297,7 @@ def test_the_change_report_in_a_real_browser(tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from crackseg.report import CHANGE_ROWS, change_picture, write_change_report
+    from crackseg.report import CHANGE_ROWS, STATUS_COLOURS, change_picture, write_change_report
 
     photo = np.full((64, 96, 3), 170, np.uint8)
     before, after = np.zeros((64, 96), np.int32), np.zeros((64, 96), np.int32)
@@ -353,7 +353,7 @@ def test_the_change_report_in_a_real_browser(tmp_path):
 
         assert "too few feature matches (4)" in text("#pair-1 .registration")
         assert not driver.find_elements(By.CSS_SELECTOR, "#pair-1 table, #pair-1 .legend")
-        assert len(driver.find_elements(By.CSS_SELECTOR, "#pair-0 .legend li")) == 8
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#pair-0 .legend li")) == len(STATUS_COLOURS)
         assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
         driver.get((many / "report.html").as_uri())
