@@ -5,12 +5,14 @@ images pair by their relative name, or by a CSV of before,after paths. Per pair:
 are registered (map coordinates for georeferenced rasters, image features for photos), the
 cracks of both dates are measured as ``predict`` measures them, and matched by their
 centrelines (:mod:`crackseg.changes`). A pair that cannot be registered reliably is listed
-as ``unregistered`` and not compared.
+as ``unregistered`` and not compared; a pair whose files cannot be read is listed as
+``failed`` with the reason, and the other pairs go on. Rasters in two CRSs stop the run:
+every pair would be compared in the wrong place.
 
 Written to ``--out``: ``changes.csv`` (a row per crack), ``pairs.csv`` (a row per pair,
 and per image present on one side only), ``summary.json``; with ``--vectors`` a change
 layer per pair, with ``--report`` report.html; with ``--register`` the site's crack register
-(:mod:`crackseg.history`) is extended.
+(:mod:`crackseg.history`) is extended. What can be refused is refused before any work.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
+import sys
+import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,24 +33,29 @@ from tqdm import tqdm
 from crackseg import changes, history
 from crackseg.config import JOIN_GAP, MIN_LENGTH, parse_length
 from crackseg.data import find_samples
-from crackseg.errors import InputError
+from crackseg.errors import InputError, require
 from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_atomic, write_csv
-from crackseg.images import DECODE_ERRORS, displayed_size, load_image
+from crackseg.images import CRACK_THRESHOLD, DECODE_ERRORS, describe_error, displayed_size, is_zero_one, load_image
 from crackseg.locks import FolderLock
 from crackseg.measure import WidthClasses
 from crackseg.outputs import PredictionsFolder, read_saved_mask
 from crackseg.rasters import RasterSource, rasterio
 from crackseg.registration import UNREGISTERED, Alignment, align_by_map, register_photo_files
-from crackseg.report import change_picture, write_change_report
-from crackseg.vectors import FORMATS, centrelines, require_geo, skeleton_links, write_features
+from crackseg.report import STATUS_COLOURS, change_picture, write_change_report
+from crackseg.vectors import FORMATS, centrelines, skeleton_links, write_features
 
-STATUSES = ("unchanged", "longer", "wider", "longer+wider", "merged", "split", "new", "gone")
+# the statuses of changes, in the order tables list them; a status changes may add later is counted after these
+STATUSES = ("unchanged", "shorter", "longer", "wider", "longer+wider", "merged", "split", "new", "gone", "not seen")
+FAILED = "failed"
+ONLY_BEFORE, ONLY_AFTER = "only before", "only after"
+PAIR_FAILURES = (InputError, OSError)  # a file of one pair that cannot be read fails that pair, not the comparison
 MAX_MASK_PIXELS = 400_000_000  # masks are compared whole: about 10 bytes per pixel while measuring
+_GEOTIFF_TAGS = {33550, 33922, 34264}  # ModelPixelScale, ModelTiepoint, ModelTransformation: a TIFF placed on a map
 
 
 @dataclass(frozen=True)
 class CompareOptions:
-    px_size: float | None = None  # mm per pixel of the AFTER photos (rasters: their own georeferencing)
+    px_size: float | None = None  # mm per pixel of the AFTER photos (rasters: their own georeferencing where it has a scale)
     width_classes: str | None = None
     pairs: Path | None = None  # CSV of before,after paths
     vectors: str | None = None  # geojson or gpkg
@@ -58,31 +68,85 @@ class CompareOptions:
 
 @dataclass(frozen=True)
 class Shot:
-    """One image of one inspection: the name it pairs by, its mask, its photo, how its cracks were measured."""
+    """One image of one inspection: the name it pairs by, its mask, its photo, how its cracks were measured.
+
+    The join gap and minimum length are predict's, in px; for rasters of several pixel sizes measured with
+    lengths in mm predict has no px value (None), and each raster converts the mm value by its own pixel size.
+    """
 
     name: str
     mask: Path
     photo: Path | None
-    join_gap_px: float
-    min_length_px: float
+    join_gap_px: float | None
+    min_length_px: float | None
+    join_gap_mm: float | None = None
+    min_length_mm: float | None = None
 
 
 @dataclass
 class Side:
-    """A shot's mask read whole, where its pixels lie on the map (rasters), and their size."""
+    """A shot's mask read whole, where its pixels lie on the map (rasters), and their own size."""
 
     shot: Shot
     mask: np.ndarray
     georef: tuple[tuple, str] | None = None  # (geotransform, CRS)
-    px_size_mm: float | None = None
+    own_mm: float | None = None  # mm per pixel from the raster's georeferencing; None for photos and rasters without a scale
     cracks: changes.DateCracks | None = None
 
+    def measure(self) -> None:
+        """Measure the cracks as predict measured them, so that ids are those of its cracks.csv."""
+        self.cracks = changes.measure_date(self.mask, self._px(self.shot.join_gap_px, self.shot.join_gap_mm),
+                                           self._px(self.shot.min_length_px, self.shot.min_length_mm))
+
+    def _px(self, px: float | None, mm: float | None) -> float:
+        if px is not None:
+            return px
+        if self.own_mm is None:
+            raise InputError(f"{self.shot.mask}: predict measured it with lengths in mm, and it carries no pixel size to convert them")
+        return mm / self.own_mm
+
+    def mm_per_px(self, px_size: float | None, scale: float | None) -> float | None:
+        """mm per pixel of this side: a raster's own, else ``px_size`` (mm per AFTER px) times ``scale`` (AFTER px per px here)."""
+        if self.own_mm is not None:
+            return self.own_mm
+        return None if px_size is None or scale is None else px_size * scale
+
     def lines(self) -> dict[int, object]:
-        """Each crack's centreline: map coordinates for rasters, else the image's pixel coordinates."""
+        """Each crack's centreline: map coordinates for rasters, else the image's pixel coordinates. A blob whose
+        skeleton is one pixel has no link to draw: its line is empty, as in predict's vectors."""
+        import shapely
+
         skeleton = np.zeros(self.mask.shape, bool)
         for points in self.cracks.points.values():
             skeleton[points[:, 0], points[:, 1]] = True
-        return centrelines(skeleton_links(skeleton, self.cracks.labels), self.georef[0] if self.georef else None)
+        found = centrelines(skeleton_links(skeleton, self.cracks.labels), self.georef[0] if self.georef else None)
+        empty = shapely.from_wkt("MULTILINESTRING EMPTY")
+        return {crack.id: found.get(crack.id, empty) for crack in self.cracks.cracks}
+
+
+@dataclass
+class RegisterRecords:
+    """Cracks of both dates and the links between them, as :func:`crackseg.history.append_comparison` takes them."""
+
+    before: list[dict] = field(default_factory=list)
+    after: list[dict] = field(default_factory=list)
+    links: list[dict] = field(default_factory=list)
+    crs: set = field(default_factory=set)  # each compared pair's CRS (None: pixel coordinates); a register holds one
+
+    def extend(self, other: RegisterRecords) -> None:
+        self.before += other.before
+        self.after += other.after
+        self.links += other.links
+        self.crs |= other.crs
+
+
+@dataclass(frozen=True)
+class PairOutcome:
+    """What one pair adds: its row of pairs.csv (with its report pictures), its rows of changes.csv, its register records."""
+
+    row: dict
+    changes: list[dict] = field(default_factory=list)
+    register: RegisterRecords | None = None
 
 
 @dataclass
@@ -91,41 +155,40 @@ class Comparison:
 
     pairs: list[dict] = field(default_factory=list)
     changes: list[dict] = field(default_factory=list)
-    register: tuple[list[dict], list[dict], list[dict]] = field(default_factory=lambda: ([], [], []))
-    crs: set = field(default_factory=set)
+    register: RegisterRecords = field(default_factory=RegisterRecords)
+
+    def add(self, outcome: PairOutcome) -> None:
+        self.pairs.append(outcome.row)
+        self.changes += outcome.changes
+        if outcome.register is not None:
+            self.register.extend(outcome.register)
 
 
 def compare_inspections(before: Path, after: Path, out: Path, options: CompareOptions) -> dict:
     """Compare two inspections and write the outputs to ``out``; returns the summary."""
     classes = WidthClasses.parse(options.width_classes) if options.width_classes else None
-    if options.vectors or options.register:
-        require_geo()
-    shots = read_visit(before, "BEFORE"), read_visit(after, "AFTER")
-    paired, alone = pair_shots(*shots, options.pairs)
-    dates = _survey_dates(shots, options.dates) if options.register else None
+    _require_geo(options)
+    _refuse_out_in_inspections(Path(out), before, after)
+    visits = read_visit(before, "BEFORE"), read_visit(after, "AFTER")
+    paired, alone = pair_shots(*visits, options.pairs)
+    if classes is not None and options.px_size is None:
+        _require_pixel_sizes(paired)
+    surveys = _surveys(before, after, visits, options) if options.register else None
     outputs = CompareFolder(out, options.vectors)
     outputs.prepare(options.overwrite)
     try:
         found = Comparison()
-        for index, (shot_before, shot_after) in enumerate(tqdm(paired, desc="compare", unit="pair", disable=len(paired) < 2)):
-            _compare_pair(index, (shot_before, shot_after), options, classes, outputs, found)
+        for index, pair in enumerate(tqdm(paired, desc="compare", unit="pair", disable=len(paired) < 2)):
+            found.add(_compare_pair(index, pair, options, classes, outputs))
         for side, shot in alone:
             found.pairs.append({"pair": len(found.pairs), f"name_{side}": shot.name, f"path_{side}": str(shot.photo or shot.mask),
-                                "status": f"only {side}"})
+                                "status": ONLY_BEFORE if side == "before" else ONLY_AFTER})
         summary = _summary(before, after, found, options)
-        write_csv(outputs.changes_csv, found.changes, CHANGE_COLUMNS)
-        write_csv(outputs.pairs_csv, [{k: v for k, v in row.items() if not k.startswith("picture")} for row in found.pairs])
-        write_atomic(outputs.summary_json, json.dumps(summary, indent=1) + "\n")
-        if options.report:
-            write_change_report(outputs.root, summary, found.pairs, found.changes)
+        outputs.write_tables(found, summary, options.report)
+        outputs.remove_stale()
         if options.register:
-            if len(found.crs) > 1:
-                raise InputError(f"--register {options.register}: the pairs lie in several CRSs or mix photos and rasters ({', '.join(sorted(map(str, found.crs)))})")
-            sources = [str(Path(before).resolve()), str(Path(after).resolve())]
-            summary["register"] = history.append_comparison(
-                options.register, history.Survey(dates[0], sources[0]), history.Survey(dates[1], sources[1]),
-                found.register[:2], found.register[2], next(iter(found.crs), None))
-            write_atomic(outputs.summary_json, json.dumps(summary, indent=1) + "\n")
+            summary["register"] = _append_to_register(options.register, surveys, found, summary["registered"])
+            outputs.write_summary(summary)
     finally:
         outputs.release()
     return summary
@@ -136,34 +199,93 @@ CHANGE_COLUMNS = ["path_before", "path_after", "crack_before", "crack_after", "s
 
 
 class CompareFolder:
-    """The files of a comparison folder, and its preparation (one compare at a time, nothing replaced unasked)."""
+    """The files of a comparison folder, their writing, and the folder's preparation: one compare at a time,
+    nothing of an earlier compare replaced unasked, and with --overwrite none of its files left beside the new ones."""
 
     def __init__(self, root: Path, vectors: str | None):
         self.root = Path(root)
         self.changes_csv, self.pairs_csv = self.root / "changes.csv", self.root / "pairs.csv"
         self.summary_json, self.report_html = self.root / "summary.json", self.root / "report.html"
         self.vectors_format = vectors
+        self.written: set[Path] = set()
+        self._earlier: list[Path] = []  # outputs of an earlier compare found by prepare
         self._lock = FolderLock(self.root, "comparison", "--out")
 
-    def vectors(self, name: str) -> Path:
-        return self.root / "vectors" / f"{name}{FORMATS[self.vectors_format][1]}"
-
-    def picture(self, index: int, side: str) -> Path:
-        return self.root / "report" / f"pair{index}-{side}.jpg"
-
     def prepare(self, overwrite: bool) -> None:
+        """Before any work: take the folder's lock, refuse an earlier compare's outputs unless ``overwrite``, clear the
+        temp files an interrupted compare left. The caller calls :meth:`release` at the end."""
         ensure_writable_folder(self.root, "--out")
         self._lock.acquire()
-        existing = [path for path in (self.changes_csv, self.pairs_csv, self.summary_json, self.report_html) if path.exists()]
-        if existing and not overwrite:
-            self._lock.release()
-            raise InputError(f"{existing[0]} already exists; choose another --out or pass --overwrite")
-        for folder in (self.root, self.root / "vectors", self.root / "report"):
-            if folder.is_dir():
+        try:
+            self._earlier = self._outputs_here()
+            if self._earlier and not overwrite:
+                raise InputError(f"{self._earlier[0]} already exists; choose another --out or pass --overwrite")
+            below = [path for sub in ("vectors", "report") for path in (self.root / sub, *(self.root / sub).rglob("*"))]
+            for folder in [self.root, *(path for path in below if path.is_dir())]:
                 remove_orphan_temps(folder)
+        except BaseException:
+            self._lock.release()
+            raise
 
     def release(self) -> None:
         self._lock.release()
+
+    def write_layer(self, name: str, rows: list[dict], geometries: list, crs: str | None) -> None:
+        path = self.root / "vectors" / f"{name}{FORMATS[self.vectors_format][1]}"
+        write_features(path, self.vectors_format, rows, geometries, crs, "changes")
+        self.written.add(path)
+
+    def write_picture(self, index: int, side: str, jpeg: bytes) -> str:
+        """Write a report picture; returns its path relative to the folder, as the report links it."""
+        path = self.root / "report" / f"pair{index}-{side}.jpg"
+        write_atomic(path, jpeg)
+        self.written.add(path)
+        return path.relative_to(self.root).as_posix()
+
+    def write_tables(self, found: Comparison, summary: dict, report: bool) -> None:
+        write_csv(self.changes_csv, found.changes, CHANGE_COLUMNS)
+        write_csv(self.pairs_csv, [{k: v for k, v in row.items() if not k.startswith("picture")} for row in found.pairs])
+        self.written |= {self.changes_csv, self.pairs_csv}
+        self.write_summary(summary)
+        if report:
+            self.written.add(write_change_report(self.root, summary, found.pairs, found.changes))
+
+    def write_summary(self, summary: dict) -> None:
+        write_atomic(self.summary_json, json.dumps(summary, indent=1) + "\n")
+        self.written.add(self.summary_json)
+
+    def remove_stale(self) -> None:
+        """Remove the outputs of the earlier compare (--overwrite) that this one did not write: its pictures, layers and
+        report would otherwise sit beside this comparison's as if they were part of it."""
+        for path in self._earlier:
+            if path not in self.written:
+                path.unlink(missing_ok=True)
+
+    def _outputs_here(self) -> list[Path]:
+        tables = [path for path in (self.changes_csv, self.pairs_csv, self.summary_json, self.report_html) if path.exists()]
+        suffixes = {suffix for _, suffix in FORMATS.values()}
+        layers = sorted(path for path in (self.root / "vectors").rglob("*")
+                        if path.suffix in suffixes and not path.name.startswith(".") and path.is_file())
+        pictures = sorted(path for path in (self.root / "report").glob("pair*.jpg") if path.is_file())
+        return tables + layers + pictures
+
+
+def _require_geo(options: CompareOptions) -> None:
+    """A one-line error before any work when the libraries that --vectors or --register need are missing, naming that flag."""
+    flag = "--vectors" if options.vectors else "--register" if options.register else None
+    if flag:
+        for module in ("shapely", "pyogrio"):
+            require(module, "geo", flag)
+
+
+def _refuse_out_in_inspections(out: Path, before: Path, after: Path) -> None:
+    """--out inside an inspection would mix with its files: a predictions folder's summary.json and report.html are replaced."""
+    target = out.resolve()
+    for flag, folder in (("BEFORE", before), ("AFTER", after)):
+        inspection = Path(folder).resolve()
+        if target == inspection or target.is_relative_to(inspection):
+            raise InputError(f"--out {out}: lies in the {flag} inspection {folder}, whose summary.json and report.html it would "
+                             "replace; choose a folder outside both inspections")
 
 
 def read_visit(folder: Path, flag: str) -> list[Shot]:
@@ -185,23 +307,63 @@ def read_visit(folder: Path, flag: str) -> list[Shot]:
 
 
 def _predicted_shots(folder: PredictionsFolder) -> list[Shot]:
+    lengths = _predicted_lengths(folder)
+    with open(folder.predictions_csv, newline="", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    shots = []
+    for row in rows:
+        relative = _mask_name(folder.root, row.get("mask") or "")
+        if relative is None:
+            raise InputError(f"{folder.predictions_csv}: a row without a mask under masks/ ({row.get('path')!r})")
+        shots.append(Shot(relative.with_suffix("").as_posix(), folder.root / "masks" / relative, _photo_path(folder.root, row.get("path")),
+                          **lengths))
+    return shots
+
+
+def _predicted_lengths(folder: PredictionsFolder) -> dict:
+    """The join gap and minimum length predict measured with (Shot's fields), from its summary.json.
+
+    A null px value means predict had the length in mm for rasters of several pixel sizes: each raster
+    converts the mm value by its own pixel size where the summary records it; else predict's defaults
+    are used, and crack ids may differ from cracks.csv (said once, on stderr).
+    """
     try:
         summary = json.loads(folder.summary_json.read_text())
     except (OSError, ValueError):
         summary = {}
-    gap = summary.get("join_gap_px") if summary.get("join_gap_px") is not None else parse_length(JOIN_GAP)[0]
-    shortest = summary.get("min_length_px") if summary.get("min_length_px") is not None else parse_length(MIN_LENGTH)[0]
-    with open(folder.predictions_csv, newline="") as file:
-        rows = list(csv.DictReader(file))
-    shots = []
-    for row in rows:
-        parts = Path(row.get("mask") or "").parts
-        if "masks" not in parts:
-            raise InputError(f"{folder.predictions_csv}: a row without a mask under masks/ ({row.get('path')!r})")
-        relative = Path(*parts[len(parts) - parts[::-1].index("masks"):])
-        photo = Path(row["path"]) if row.get("path") else None
-        shots.append(Shot(relative.with_suffix("").as_posix(), folder.root / "masks" / relative, photo, float(gap), float(shortest)))
-    return shots
+    summary = summary if isinstance(summary, dict) else {}
+    lengths, unknown = {}, []
+    for key, default in (("join_gap", JOIN_GAP), ("min_length", MIN_LENGTH)):
+        px, mm = summary.get(f"{key}_px"), summary.get(f"{key}_mm")
+        if px is None and mm is None:
+            if f"{key}_px" in summary:
+                unknown.append(f"{key}_px")
+            px = parse_length(default)[0]
+        lengths |= {f"{key}_px": None if px is None else float(px), f"{key}_mm": None if px is not None or mm is None else float(mm)}
+    if unknown:
+        print(f"crackseg: warning: {folder.summary_json}: {' and '.join(unknown)} null (lengths in mm for rasters of several "
+              f"pixel sizes), and no mm value recorded; measuring with predict's defaults, so crack ids may differ from "
+              f"{folder.cracks_csv}", file=sys.stderr)
+    return lengths
+
+
+def _mask_name(root: Path, written: str) -> Path | None:
+    """The mask's path under ROOT/masks, from predictions.csv's mask column (as predict wrote it, from its own working
+    folder): what follows the first ``masks`` component whose rest exists under ROOT/masks, since names may hold a
+    folder called masks too; the last such rest when none exists (the pair then fails on the missing mask)."""
+    parts = Path(written).parts
+    rests = [Path(*parts[index + 1:]) for index, part in enumerate(parts) if part == "masks" and index + 1 < len(parts)]
+    return next((rest for rest in rests if (root / "masks" / rest).exists()), rests[-1] if rests else None)
+
+
+def _photo_path(root: Path, written: str | None) -> Path | None:
+    """predictions.csv's path, written relative to predict's working folder: as given where it exists, else relative to
+    the predictions folder's parent (where predict usually ran); a photo missing both ways fails its pair, naming it."""
+    if not written:
+        return None
+    photo = Path(written)
+    beside = root.parent / photo
+    return beside if not photo.exists() and not photo.is_absolute() and beside.exists() else photo
 
 
 def pair_shots(before: list[Shot], after: list[Shot], pairs_csv: Path | None) -> tuple[list[tuple[Shot, Shot]], list[tuple[str, Shot]]]:
@@ -224,34 +386,105 @@ def _names(shots: list[Shot]) -> str:
 
 
 def _listed_pairs(before: list[Shot], after: list[Shot], path: Path) -> list[tuple[Shot, Shot]]:
-    """Pairs from a CSV with the columns before,after: each a photo path or a shot's name."""
+    """Pairs from a CSV with the columns before,after (UTF-8, with or without Excel's byte order mark), each cell a
+    shot's name or its photo's path; a shot is compared once."""
     try:
-        with open(path, newline="") as file:
-            rows = list(csv.DictReader(file))
+        with open(path, newline="", encoding="utf-8-sig") as file:
+            reader = csv.reader(file)
+            header = [cell.strip() for cell in next(reader, [])]
+            rows = [(reader.line_num, [cell.strip() for cell in cells]) for cells in reader if any(cell.strip() for cell in cells)]
     except OSError as error:
         raise InputError(f"--pairs {path}: {error.strerror or error}") from None
-    if not rows or not {"before", "after"} <= set(rows[0]):
+    except UnicodeDecodeError:
+        raise InputError(f"--pairs {path}: not UTF-8 text; save it as CSV UTF-8") from None
+    except csv.Error as error:
+        raise InputError(f"--pairs {path}: not a readable CSV ({error})") from None
+    if not rows or not {"before", "after"} <= set(header):
         raise InputError(f"--pairs {path}: needs a header line 'before,after' and one row per pair")
+    columns = header.index("before"), header.index("after")
+    sides = ("BEFORE", "AFTER")
+    finders = [_shot_finder(shots, side, path) for shots, side in zip((before, after), sides)]
+    paired, listed = [], {}  # (side, id of a shot) -> the line that paired it
+    for line, cells in rows:
+        where = f"--pairs {path}, line {line}"
+        if len(cells) <= max(columns) or not all(cells[column] for column in columns):
+            raise InputError(f"{where}: needs a before and an after cell")
+        pair = tuple(find(cells[column], where) for find, column in zip(finders, columns))
+        earlier = [listed.get((side, id(shot))) for side, shot in zip(sides, pair)]
+        if earlier[0] is not None and earlier[0] == earlier[1]:
+            raise InputError(f"{where}: the pair {pair[0].name},{pair[1].name} is listed twice (also on line {earlier[0]})")
+        for side, shot, other in zip(sides, pair, earlier):
+            if other is not None:
+                raise InputError(f"{where}: {shot.name} of {side} is already paired on line {other}; each image is compared once")
+            listed[side, id(shot)] = line
+        paired.append(pair)
+    return paired
 
-    def find(shots: list[Shot], text: str, side: str, line: int) -> Shot:
-        wanted = Path(text)
-        for shot in shots:
-            if text == shot.name or (shot.photo is not None and (wanted == shot.photo or wanted.name == shot.photo.name)):
-                return shot
-        raise InputError(f"--pairs {path}, line {line}: {text!r} is not an image of {side.upper()}")
 
-    return [(find(before, row["before"], "before", line), find(after, row["after"], "after", line)) for line, row in enumerate(rows, 2)]
+def _shot_finder(shots: list[Shot], side: str, csv_path: Path):
+    """A function (cell text, where) -> the shot it names: the exact name; else the exact path, relative to the CSV's
+    folder or to the working folder; else the file name, when one shot alone has it."""
+    by_name = {shot.name: shot for shot in shots}
+    by_path, by_file = {}, {}
+    for shot in shots:
+        for file in (shot.photo, shot.mask):
+            if file is not None:
+                by_path.setdefault(file.resolve(), shot)
+        by_file.setdefault((shot.photo or shot.mask).name, []).append(shot)
+
+    def find(text: str, where: str) -> Shot:
+        if text in by_name:
+            return by_name[text]
+        for candidate in ((csv_path.parent / text).resolve(), Path(text).resolve()):
+            if candidate in by_path:
+                return by_path[candidate]
+        named = by_file.get(Path(text).name, [])
+        if len(named) > 1:
+            raise InputError(f"{where}: {text!r} is ambiguous: {side} has {len(named)} images named {Path(text).name} "
+                             f"({_names(named)}); give the name or the path")
+        if not named:
+            raise InputError(f"{where}: {text!r} is not an image of {side}")
+        return named[0]
+
+    return find
 
 
-def _survey_dates(shots: tuple[list[Shot], list[Shot]], given: tuple[str | None, str | None]) -> tuple[str, str]:
+def _require_pixel_sizes(paired: list[tuple[Shot, Shot]]) -> None:
+    """--width-classes classes widths in mm: without --px-size every image must be a raster with its own pixel size (as predict)."""
+    for shot in (shot for pair in paired for shot in pair):
+        try:
+            mapped = _geotiff_of(shot)
+            own = _own_px_size(mapped) if mapped else None
+        except PAIR_FAILURES:
+            continue  # its pair fails on its own, saying why
+        if own is None:
+            kind = "a photo" if mapped is None else "a raster without a projected, square-pixel georeferencing"
+            raise InputError(f"--width-classes needs the pixel size in mm: give --px-size ({shot.photo or shot.mask} is {kind}, "
+                             "which carries none)")
+
+
+def _surveys(before: Path, after: Path, visits: tuple[list[Shot], list[Shot]],
+             options: CompareOptions) -> tuple[history.Survey, history.Survey]:
+    """Both surveys for --register, checked now as the register will check them (dates, their order, what it holds)."""
+    dates = _survey_dates(visits, options.dates)
+    surveys = history.Survey(dates[0], str(Path(before).resolve())), history.Survey(dates[1], str(Path(after).resolve()))
+    history.check_append(options.register, *surveys)
+    return surveys
+
+
+def _survey_dates(visits: tuple[list[Shot], list[Shot]], given: tuple[str | None, str | None]) -> tuple[str, str]:
     """Each inspection's date: the flag, else the earliest EXIF DateTimeOriginal of its photos."""
     dates = []
-    for side, visit, date in zip(("before", "after"), shots, given):
+    for side, visit, date in zip(("before", "after"), visits, given):
         if date is None:
-            taken = [day for shot in visit if shot.photo is not None and (day := _exif_day(shot.photo))]
+            needed = f"--register needs the {side.upper()} inspection's date: its photos"
+            photos = [shot.photo for shot in visit if shot.photo is not None and shot.photo.exists()]
+            if not photos:
+                missing = next((shot.photo for shot in visit if shot.photo is not None), None)
+                raise InputError(f"{needed} were not found{f' (e.g. {missing})' if missing else ''}; give --{side}-date YYYY-MM-DD")
+            taken = [day for photo in photos if (day := _exif_day(photo))]
             if not taken:
-                raise InputError(f"--register needs the {side.upper()} inspection's date: its photos carry no EXIF DateTimeOriginal; "
-                                 f"give --{side}-date YYYY-MM-DD")
+                raise InputError(f"{needed} carry no EXIF DateTimeOriginal; give --{side}-date YYYY-MM-DD")
             date = min(taken)
         dates.append(date)
     return dates[0], dates[1]
@@ -266,100 +499,154 @@ def _exif_day(photo: Path) -> str | None:
         return None
 
 
-def _compare_pair(index: int, shots: tuple[Shot, Shot], options: CompareOptions, classes: WidthClasses | None,
-                  outputs: CompareFolder, found: Comparison) -> None:
-    row = {"pair": index, "name_before": shots[0].name, "name_after": shots[1].name,
-           "path_before": str(shots[0].photo or shots[0].mask), "path_after": str(shots[1].photo or shots[1].mask)}
+def _compare_pair(index: int, pair: tuple[Shot, Shot], options: CompareOptions, classes: WidthClasses | None,
+                  outputs: CompareFolder) -> PairOutcome:
+    """One pair: read, registered, and when registered measured and matched. A file of the pair that cannot be read
+    fails the pair alone; rasters in two CRSs stop the run."""
+    before, after = pair
+    row = {"pair": index, "name_before": before.name, "name_after": after.name,
+           "path_before": str(before.photo or before.mask), "path_after": str(after.photo or after.mask)}
     try:
-        sides = _load_side(shots[0]), _load_side(shots[1])
-    except InputError as error:  # an unreadable mask fails its pair, not the comparison
-        found.pairs.append(row | {"status": "failed", "reason": str(error)})
-        return
-    alignment = _align(sides, options.transform)  # rasters in two CRSs: the whole comparison is wrong, stop in one line
-    row |= {"status": alignment.status, "method": alignment.method, "inliers": alignment.inliers,
-            "residual_px": None if alignment.residual_px is None else round(alignment.residual_px, 3),
-            "error_px": round(alignment.error_px, 3), "reason": alignment.reason}
-    if not alignment.registered:
-        found.pairs.append(row)
-        return
-    for side in sides:
-        side.cracks = changes.measure_date(side.mask, side.shot.join_gap_px, side.shot.min_length_px)
+        sides = _load_side(before), _load_side(after)
+    except PAIR_FAILURES as error:
+        return _failed(row, error)
+    alignment = _map_alignment(*sides)  # raises for two CRSs: every pair of the run would be in the wrong place
+    try:
+        alignment = alignment or _photo_alignment(*sides, options.transform)
+        row |= {"status": alignment.status, "method": alignment.method, "inliers": alignment.inliers,
+                "residual_px": None if alignment.residual_px is None else round(alignment.residual_px, 3),
+                "error_px": round(alignment.error_px, 3) if alignment.registered else None, "reason": alignment.reason}
+        if not alignment.registered:
+            return PairOutcome(row)
+        return _registered_pair(row, sides, alignment, options, classes, outputs)
+    except PAIR_FAILURES as error:
+        return _failed(row, error)
+
+
+def _failed(row: dict, error: Exception) -> PairOutcome:
+    reason = str(error) or type(error).__name__
+    tqdm.write(f"crackseg: error: pair {row['pair']} ({row['name_before']} -> {row['name_after']}): {reason}", file=sys.stderr)
+    return PairOutcome(row | {"status": FAILED, "reason": reason})
+
+
+def _registered_pair(row: dict, sides: tuple[Side, Side], alignment: Alignment, options: CompareOptions,
+                     classes: WidthClasses | None, outputs: CompareFolder) -> PairOutcome:
+    """A registered pair's cracks measured and matched: its rows, report pictures, change layer and register records."""
+    before, after = sides
+    before.measure()
+    after.measure()
     tolerance = changes.MATCH_TOLERANCE_PX + alignment.error_px
-    matched = changes.match(sides[0].cracks, sides[1].cracks, alignment, tolerance)
+    matched = changes.match(before.cracks, after.cracks, alignment, tolerance)
     rows = [_change_row(row, change, sides, options.px_size, classes) for change in matched]
-    counts = {status: sum(r["status"] == status for r in rows) for status in STATUSES}
-    row |= counts | {"length_px_before": round(sum(c.length_px for c in sides[0].cracks.cracks), 2),
-                     "length_px_after": round(sum(c.length_px for c in sides[1].cracks.cracks), 2)}
-    found.pairs.append(row)
-    found.changes += [r | {"pair": index} for r in rows]
-    if options.vectors or options.register:
-        lines = sides[0].lines(), sides[1].lines()
-        if options.vectors:
-            _write_change_layer(outputs, sides, matched, rows, lines, alignment)
-        if options.register:
-            _add_to_register(found, sides, matched, lines)
+    row = row | {"tolerance_px": round(tolerance, 3)} | _status_counts(rows) | {
+        "length_px_before": round(sum(c.length_px for c in before.cracks.cracks), 2),
+        "length_px_after": round(sum(c.length_px for c in after.cracks.cracks), 2)}
     if options.report:
-        row |= _pictures(outputs, index, sides, matched)
+        row |= _pictures(outputs, row["pair"], sides, matched)
+    lines = (before.lines(), after.lines()) if options.vectors or options.register else None
+    if options.vectors:
+        _write_change_layer(outputs, sides, matched, rows, lines, alignment)
+    register = _register_records(sides, matched, lines, options.px_size, classes) if options.register else None
+    return PairOutcome(row, [change | {"pair": row["pair"]} for change in rows], register)
 
 
 def _load_side(shot: Shot) -> Side:
-    """The shot's mask as crack pixels, with the georeferencing of the mask (or of its image, for PNG masks)."""
-    georeferenced = next((path for path in (shot.mask, shot.photo) if path is not None and path.suffix.lower() in (".tif", ".tiff")
-                          and path.exists() and _has_crs(path)), None)
-    if shot.mask.suffix.lower() in (".tif", ".tiff"):
-        rio = rasterio()
-        with rio.open(shot.mask) as raster:
-            if raster.width * raster.height > MAX_MASK_PIXELS:
-                raise InputError(f"{shot.mask}: {raster.width * raster.height / 1e6:,.0f} megapixels; compare reads masks whole, "
-                                 f"up to {MAX_MASK_PIXELS / 1e6:,.0f}")
-            mask = raster.read(1) > 127
-    else:
-        try:
-            mask = read_saved_mask(shot.mask)
-        except (*DECODE_ERRORS, ValueError) as error:
-            raise InputError(f"{shot.mask}: not a readable mask ({error})") from None
-    if georeferenced is None:
+    """The shot's mask as crack pixels (by the project's mask rules), with the georeferencing of the mask, or of its
+    image for a PNG mask of a raster."""
+    mapped = _geotiff_of(shot)
+    mask = _read_geotiff_mask(shot.mask) if mapped == shot.mask else _read_mask(shot.mask)
+    if mapped is None:
         return Side(shot, mask)
-    with RasterSource(georeferenced, max_pixels=MAX_MASK_PIXELS) as source:
+    with RasterSource(mapped, max_pixels=MAX_MASK_PIXELS) as source:
         if (source.height, source.width) != mask.shape:
-            raise InputError(f"{shot.mask}: {mask.shape[1]}x{mask.shape[0]} px, but {georeferenced} is {source.width}x{source.height}")
+            raise InputError(f"{shot.mask}: {mask.shape[1]}x{mask.shape[0]} px, but {mapped} is {source.width}x{source.height}")
         return Side(shot, mask, (tuple(source.transform)[:6], source.crs.to_string()), source.px_size_mm()[0])
 
 
-def _has_crs(path: Path) -> bool:
+def _read_mask(path: Path) -> np.ndarray:
+    try:
+        return read_saved_mask(path)
+    except DECODE_ERRORS as error:
+        raise InputError(f"{path}: not a readable mask ({describe_error(error)})") from None
+
+
+def _read_geotiff_mask(path: Path) -> np.ndarray:
+    """(H, W) bool crack pixels of a georeferenced mask: above CRACK_THRESHOLD, or 1 in a 0/1 mask (as images reads masks)."""
+    with rasterio().open(path) as raster:
+        if raster.width * raster.height > MAX_MASK_PIXELS:
+            raise InputError(f"{path}: {raster.width * raster.height / 1e6:,.0f} megapixels; compare reads masks whole, "
+                             f"up to {MAX_MASK_PIXELS / 1e6:,.0f}")
+        levels = raster.read(1)
+    return levels > 0 if is_zero_one(levels) else levels > CRACK_THRESHOLD
+
+
+def _geotiff_of(shot: Shot) -> Path | None:
+    """The shot's mask, else its image, where it is a georeferenced raster; None for photos."""
+    return next((path for path in (shot.mask, shot.photo) if _georeferenced(path)), None)
+
+
+def _georeferenced(path: Path | None) -> bool:
+    """Whether ``path`` is a TIFF placed on a map (a CRS and a geotransform). Pillow reads the tags first, so that a
+    plain TIFF needs no rasterio."""
+    if path is None or path.suffix.lower() not in (".tif", ".tiff") or not path.exists():
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # only the header is read here
+            with Image.open(path) as image:
+                tags = set(getattr(image, "tag_v2", {}))
+        if not _GEOTIFF_TAGS & tags:
+            return False
+    except DECODE_ERRORS:
+        pass  # a TIFF that Pillow cannot open (too large, BigTIFF) may still be a raster: rasterio decides
     with rasterio().open(path) as raster:
         return raster.crs is not None and not raster.transform.is_identity
 
 
-def _align(sides: tuple[Side, Side], transform: str) -> Alignment:
-    before, after = sides
-    if before.georef and after.georef:
-        return align_by_map(before.georef, after.georef)
+def _own_px_size(raster: Path) -> float | None:
+    with RasterSource(raster, max_pixels=MAX_MASK_PIXELS) as source:
+        return source.px_size_mm()[0]
+
+
+def _map_alignment(before: Side, after: Side) -> Alignment | None:
+    """Two georeferenced rasters aligned by their map coordinates; None unless both are."""
+    return align_by_map(before.georef, after.georef) if before.georef and after.georef else None
+
+
+def _photo_alignment(before: Side, after: Side, transform: str) -> Alignment:
+    """Two photos registered by their features; unregistered when only one side is on a map or a mask does not fit its photo."""
     if before.georef or after.georef:
         return Alignment(status=UNREGISTERED, method="none", reason="one side is georeferenced and the other is not")
-    for side in sides:
-        if side.shot.photo is None or not side.shot.photo.exists():
-            return Alignment(status=UNREGISTERED, method="none", reason=f"photo not found: {side.shot.photo}")
+    for side in (before, after):
+        photo = side.shot.photo
+        if photo is None or not photo.exists():
+            raise InputError(f"photo not found: {photo}" if photo else f"{side.shot.mask}: no photo listed for this mask")
         try:
-            with Image.open(side.shot.photo) as image:
+            with Image.open(photo) as image:
                 size = displayed_size(image)
         except DECODE_ERRORS as error:
-            return Alignment(status=UNREGISTERED, method="none", reason=f"{side.shot.photo}: not readable ({error})")
+            raise InputError(f"{photo}: {describe_error(error)}") from None
         if size != (side.mask.shape[1], side.mask.shape[0]):
             return Alignment(status=UNREGISTERED, method="none",
                              reason=f"{side.shot.mask} is {side.mask.shape[1]}x{side.mask.shape[0]} px, its photo {size[0]}x{size[1]}")
     return register_photo_files(before.shot.photo, after.shot.photo, transform)
 
 
+def _status_counts(rows: list[dict]) -> dict[str, int]:
+    """Cracks per status: each of STATUSES, then any other status that occurs."""
+    counts = Counter(row["status"] for row in rows)
+    return {status: counts[status] for status in [*STATUSES, *sorted(set(counts) - set(STATUSES))]}
+
+
 def _change_row(pair: dict, change: changes.Change, sides: tuple[Side, Side], px_size: float | None,
                 classes: WidthClasses | None) -> dict:
     """A row of changes.csv: the crack's ids, status and measurements of both dates, its box in the AFTER image."""
+    before, after = sides
     row = {"path_before": pair["path_before"], "path_after": pair["path_after"],
            "crack_before": change.before.id if change.before else None, "crack_after": change.after.id if change.after else None,
            "status": change.status}
-    # mm per pixel of each date: rasters their own; photos the AFTER pixel size given, the BEFORE pixels through the registration's scale
-    before_mm = sides[0].px_size_mm if sides[0].georef else (px_size * change.scale if px_size else None)
-    after_mm = sides[1].px_size_mm if sides[1].georef else px_size
+    # mm per pixel of each date: a raster's own, else --px-size for AFTER, and BEFORE's pixels through the registration's scale
+    before_mm, after_mm = before.mm_per_px(px_size, change.scale), after.mm_per_px(px_size, 1.0)
     for when, crack, mm in (("before", change.before, before_mm), ("after", change.after, after_mm)):
         for key in ("length", "mean_width", "max_width"):
             value = getattr(crack, f"{key}_px") if crack else None
@@ -373,8 +660,8 @@ def _change_row(pair: dict, change: changes.Change, sides: tuple[Side, Side], px
                 "class_changed": bool(before_class and after_class and before_class != after_class)}
     top, left, bottom, right = change.box_after
     row |= {"top": top, "left": left, "bottom": bottom, "right": right}
-    if sides[1].georef:
-        a, b, c, d, e, f = sides[1].georef[0]
+    if after.georef:
+        a, b, c, d, e, f = after.georef[0]
         xs, ys = zip(*((a * x + b * y + c, d * x + e * y + f) for y in (top, bottom) for x in (left, right)))
         row |= {"x_min": min(xs), "y_min": min(ys), "x_max": max(xs), "y_max": max(ys)}
     return row
@@ -385,6 +672,8 @@ def _write_change_layer(outputs: CompareFolder, sides: tuple[Side, Side], matche
     """The pair's change layer: AFTER centrelines with their status; gone cracks with their BEFORE centreline, in the AFTER frame."""
     import shapely
 
+    before, after = sides
+
     def into_after(x: np.ndarray) -> np.ndarray:  # BEFORE pixel-centre (x, y) -> AFTER
         rows_cols = alignment.map_points(np.column_stack([x[:, 1] - 0.5, x[:, 0] - 0.5]))
         return np.column_stack([rows_cols[:, 1] + 0.5, rows_cols[:, 0] + 0.5])
@@ -393,55 +682,81 @@ def _write_change_layer(outputs: CompareFolder, sides: tuple[Side, Side], matche
     for change in matched:
         if change.after is not None:
             geometries.append(lines[1][change.after.id])
-        elif sides[0].georef:
+        elif before.georef:
             geometries.append(lines[0][change.before.id])  # map coordinates already
         else:
             geometries.append(shapely.transform(lines[0][change.before.id], into_after))
-    crs = sides[1].georef[1] if sides[1].georef else None
-    write_features(outputs.vectors(sides[1].shot.name), outputs.vectors_format, rows, geometries, crs, "changes")
+    outputs.write_layer(after.shot.name, rows, geometries, after.georef[1] if after.georef else None)
 
 
-def _add_to_register(found: Comparison, sides: tuple[Side, Side], matched: list[changes.Change], lines: tuple[dict, dict]) -> None:
-    """The pair's cracks of both dates and the links between them, for the site's register."""
-    found.crs.add(sides[1].georef[1] if sides[1].georef else None)
-    for side, (records, crack_lines) in zip(sides, zip(found.register[:2], lines)):
-        for crack in side.cracks.cracks:
-            record = {"image": side.shot.name, "crack": crack.id, "length_px": crack.length_px, "mean_width_px": crack.mean_width_px,
-                      "max_width_px": crack.max_width_px, "geometry": crack_lines[crack.id]}
-            if side.px_size_mm:
-                record |= {f"{key}_mm": getattr(crack, f"{key}_px") * side.px_size_mm for key in ("length", "mean_width", "max_width")}
-            records.append(record)
-    found.register[2].extend(
-        {"before_image": sides[0].shot.name, "before_crack": change.before.id, "after_image": sides[1].shot.name,
-         "after_crack": change.after.id, "status": change.status}
-        for change in matched if change.before is not None and change.after is not None)
+def _register_records(sides: tuple[Side, Side], matched: list[changes.Change], lines: tuple[dict, dict], px_size: float | None,
+                      classes: WidthClasses | None) -> RegisterRecords:
+    """The pair's cracks of both dates, with mm and width class as changes.csv gives them, and the links between them."""
+    before, after = sides
+    scales = {change.before.id: change.scale for change in matched if change.before is not None}  # AFTER px per BEFORE px
+    return RegisterRecords(
+        before=[_crack_record(before, crack, lines[0][crack.id], before.mm_per_px(px_size, scales.get(crack.id)), classes)
+                for crack in before.cracks.cracks],
+        after=[_crack_record(after, crack, lines[1][crack.id], after.mm_per_px(px_size, 1.0), classes) for crack in after.cracks.cracks],
+        links=[{"before_image": before.shot.name, "before_crack": change.before.id, "after_image": after.shot.name,
+                "after_crack": change.after.id, "status": change.status}
+               for change in matched if change.before is not None and change.after is not None],
+        crs={after.georef[1] if after.georef else None})
+
+
+def _crack_record(side: Side, crack, line, mm_per_px: float | None, classes: WidthClasses | None) -> dict:
+    record = {"image": side.shot.name, "crack": crack.id, "length_px": crack.length_px, "mean_width_px": crack.mean_width_px,
+              "max_width_px": crack.max_width_px, "geometry": line}
+    if mm_per_px is not None:
+        record |= {f"{key}_mm": getattr(crack, f"{key}_px") * mm_per_px for key in ("length", "mean_width", "max_width")}
+        if classes is not None:
+            record["max_width_class"] = classes.classify(record["max_width_mm"])
+    return record
 
 
 def _pictures(outputs: CompareFolder, index: int, sides: tuple[Side, Side], matched: list[changes.Change]) -> dict:
     """Both photos with their cracks coloured by status, for the report (none for rasters: too large to picture whole)."""
-    if sides[0].georef or sides[1].georef:
+    if any(side.georef for side in sides):
         return {"picture_before": None, "picture_after": None}
-    statuses = ({c.before.id: c.status for c in matched if c.before}, {c.after.id: c.status for c in matched if c.after})
-    names = {}
+    coloured = [change for change in matched if change.status in STATUS_COLOURS]  # a status without a colour: as photographed
+    statuses = ({c.before.id: c.status for c in coloured if c.before}, {c.after.id: c.status for c in coloured if c.after})
+    pictures = {}
     for side, when, colours in zip(sides, ("before", "after"), statuses):
-        photo = load_image(side.shot.photo).permute(1, 2, 0).numpy()
-        path = outputs.picture(index, when)
-        write_atomic(path, change_picture(photo, side.cracks.labels, colours))
-        names[f"picture_{when}"] = path.relative_to(outputs.root).as_posix()
-    return names
+        try:
+            photo = load_image(side.shot.photo).permute(1, 2, 0).numpy()
+        except DECODE_ERRORS as error:
+            raise InputError(f"{side.shot.photo}: {describe_error(error)}") from None
+        pictures[f"picture_{when}"] = outputs.write_picture(index, when, change_picture(photo, side.cracks.labels, colours))
+    return pictures
 
 
 def _summary(before: Path, after: Path, found: Comparison, options: CompareOptions) -> dict:
-    pairs = [row for row in found.pairs if row["status"] in ("registered", "unregistered", "failed")]
+    def names(status: str, side: str = "after") -> list[str]:
+        return [row[f"name_{side}"] for row in found.pairs if row["status"] == status]
+
     return {
         "before": str(before), "after": str(after),
-        "pairs": len(pairs),
-        "registered": sum(row["status"] == "registered" for row in pairs),
-        "unregistered": [row["name_after"] for row in pairs if row["status"] != "registered"],
-        "only_before": [row["name_before"] for row in found.pairs if row["status"] == "only before"],
-        "only_after": [row["name_after"] for row in found.pairs if row["status"] == "only after"],
-        "cracks": {status: sum(row["status"] == status for row in found.changes) for status in STATUSES},
+        "pairs": sum(row["status"] not in (ONLY_BEFORE, ONLY_AFTER) for row in found.pairs),
+        "registered": len(names("registered")),
+        "unregistered": names(UNREGISTERED),
+        "failed": names(FAILED),  # pairs.csv gives each one's reason
+        "only_before": names(ONLY_BEFORE, "before"),
+        "only_after": names(ONLY_AFTER),
+        "cracks": _status_counts(found.changes),
         "px_size_mm": options.px_size,
-        "tolerance_px": changes.MATCH_TOLERANCE_PX,
         "transform": options.transform,
     }
+
+
+def _append_to_register(register: Path, surveys: tuple[history.Survey, history.Survey], found: Comparison, registered: int) -> dict:
+    """Append the comparison to the site's register; nothing when no pair was registered (surveys without cracks
+    would say the site had none)."""
+    if not registered:
+        print(f"nothing appended to {register}: no pair was registered")
+        return {"appended": False, "reason": "no pair was registered"}
+    records = found.register
+    if len(records.crs) > 1:
+        raise InputError(f"--register {register}: the pairs lie in several CRSs or mix photos and rasters "
+                         f"({', '.join(sorted(map(str, records.crs)))})")
+    added = history.append_comparison(register, *surveys, (records.before, records.after), records.links, next(iter(records.crs)))
+    return {"appended": True, **added}

@@ -10,12 +10,14 @@ Tables (GIS tools list all three; ``surveys`` and ``links`` are attribute tables
   unknown) and ``max_width_class`` (NULL without width classes). Geometries are in the register's one CRS for
   georeferenced rasters, else in pixels of the survey's own image (x right, y down; no CRS).
 - ``links``: ``before_key`` -> ``after_key``, a crack and its successor in the next survey, with ``status``
-  (one of :data:`LINK_STATUSES`). A crack without a successor is gone; one without a predecessor is new.
+  (the change between them as changes.csv gives it: unchanged, longer, wider, merged, ...). A crack without a
+  successor is gone (or outside the view both dates share); one without a predecessor is new.
 
 A comparison appends its AFTER survey, and its BEFORE survey unless the previous comparison registered it as
 its AFTER (then BEFORE's registered cracks are linked). Visits are appended in date order. Each append is
-written to a copy beside the register that replaces it only when complete: an error or an interruption
-leaves the register byte for byte as it was.
+written to a copy beside the register that replaces it only when complete and on disk (fsynced): an error, an
+interruption or a power loss leaves the register byte for byte as it was. A lock file beside the register
+(``.<name>.lock``) keeps a second compare from appending at the same time, which would lose one of the two.
 
 Needs the geo extra: ``pip install 'crackseg[geo]'``.
 """
@@ -23,11 +25,13 @@ Needs the geo extra: ``pip install 'crackseg[geo]'``.
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import sqlite3
 import warnings
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import date as calendar_date
 from pathlib import Path
@@ -37,7 +41,6 @@ import numpy as np
 from crackseg.errors import InputError, require
 from crackseg.files import PendingFile, readable
 
-LINK_STATUSES = ("unchanged", "longer", "wider", "longer+wider", "merged", "split")
 _MEASURES = ("length_px", "mean_width_px", "max_width_px", "length_mm", "mean_width_mm", "max_width_mm")
 _SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
 
@@ -85,23 +88,33 @@ def append_comparison(register: Path, before: Survey, after: Survey, cracks: tup
     before_image, before_crack, after_image, after_crack and status.
     """
     register = Path(register)
-    _check_date(before.date, "--before-date")
-    _check_date(after.date, "--after-date")
-    if after.date <= before.date:
-        raise InputError(f"--after-date {after.date}: not later than --before-date {before.date}")
-    pending = PendingFile(register, suffix=".gpkg")
-    try:
-        if register.exists():
-            shutil.copyfile(register, pending.temp)
-        else:
-            pending.temp.unlink()  # GDAL creates the file itself
-        added = _append(pending.temp, register, (before, after), cracks, links, crs)
-        pending.commit()
-    except BaseException:
-        for side in ("", *_SQLITE_SIDE_FILES):
-            Path(f"{pending.temp}{side}").unlink(missing_ok=True)
-        raise
+    _check_dates(before, after)
+    with _locked(register):
+        pending = PendingFile(register, suffix=".gpkg")
+        try:
+            if register.exists():
+                shutil.copyfile(register, pending.temp)
+            else:
+                pending.temp.unlink()  # GDAL creates the file itself
+            added = _append(pending.temp, register, (before, after), cracks, links, crs)
+            with open(pending.temp, "rb") as file:
+                os.fsync(file.fileno())  # the copy's bytes on disk before the rename makes it the register
+            pending.commit(durable=True)
+        except BaseException:
+            for side in ("", *_SQLITE_SIDE_FILES):
+                Path(f"{pending.temp}{side}").unlink(missing_ok=True)
+            raise
     return added
+
+
+def check_append(register: Path, before: Survey, after: Survey) -> None:
+    """Refuse now, before a comparison's work, what :func:`append_comparison` would refuse from the surveys alone:
+    dates that are not YYYY-MM-DD or not in order, a file that is not a register, AFTER registered already, BEFORE
+    older than the register's latest survey. (The CRS and the cracks are known only once the pairs are compared.)"""
+    register = Path(register)
+    _check_dates(before, after)
+    if register.exists():
+        _registered_before(register, _registered_surveys(register, register), before, after)
 
 
 def width_history(register: Path, date: str, image: str, crack: int) -> list[dict]:
@@ -114,6 +127,31 @@ def width_history(register: Path, date: str, image: str, crack: int) -> list[dic
             return [dict(row) for row in db.execute(WIDTH_HISTORY, {"date": date, "image": image, "crack": crack})]
     except sqlite3.DatabaseError as error:
         raise InputError(f"{register}: not a crack register ({error})") from None
+
+
+@contextmanager
+def _locked(register: Path) -> Iterator[None]:
+    """Hold ``.<name>.lock`` beside ``register`` while appending: created exclusively, removed at the end."""
+    lock = register.with_name(f".{register.name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        raise InputError(f"{register}: another crackseg compare is appending to it (lock file {lock}); wait for it to finish, "
+                         f"or delete {lock} if none is running") from None
+    try:
+        with os.fdopen(descriptor, "w") as file:
+            file.write(f"{os.getpid()}\n")  # who holds it, for a person who finds it left behind
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _check_dates(before: Survey, after: Survey) -> None:
+    _check_date(before.date, "--before-date")
+    _check_date(after.date, "--after-date")
+    if after.date <= before.date:
+        raise InputError(f"--after-date {after.date}: not later than --before-date {before.date}")
 
 
 def _check_date(text: str, flag: str) -> None:
@@ -131,7 +169,7 @@ def _append(path: Path, register: Path, surveys: tuple[Survey, Survey], cracks: 
     """Append to ``path``, the working copy of ``register`` (missing for a new register); errors name ``register``."""
     before, after = surveys
     existing = path.exists()
-    registered = [_Registered(*row) for row in _read(path, register, "SELECT survey, date, source FROM surveys")] if existing else []
+    registered = _registered_surveys(path, register) if existing else []
     reused = _registered_before(register, registered, before, after)
     if existing:
         _check_crs(register, require("pyogrio", "geo", "--register").read_info(path, layer="cracks")["crs"], crs)
@@ -157,6 +195,10 @@ def _append(path: Path, register: Path, surveys: tuple[Survey, Survey], cracks: 
     _write_layer(path, "cracks", existing, *_crack_columns(new_cracks), geometry=_geometries(new_cracks), crs=crs)
     _write_layer(path, "links", existing, *_link_columns(links, before_keys, after_keys))
     return {"surveys": len(new_surveys), "cracks": sum(len(rows) for _, rows, _ in new_cracks), "links": len(links)}
+
+
+def _registered_surveys(path: Path, register: Path) -> list[_Registered]:
+    return [_Registered(*row) for row in _read(path, register, "SELECT survey, date, source FROM surveys")]
 
 
 def _registered_before(register: Path, registered: list[_Registered], before: Survey, after: Survey) -> int | None:
@@ -234,9 +276,6 @@ def _geometries(batches: list[tuple[int, list[dict], int]]) -> np.ndarray:
 
 
 def _link_columns(links: list[dict], before_keys: dict, after_keys: dict) -> tuple[list[str], list[np.ndarray]]:
-    unknown = {link["status"] for link in links} - set(LINK_STATUSES)
-    if unknown:
-        raise ValueError(f"link statuses {sorted(unknown)} are none of {LINK_STATUSES}")
     return ["before_key", "after_key", "status"], [
         np.array([before_keys[readable(link["before_image"]), int(link["before_crack"])] for link in links], np.int64),
         np.array([after_keys[readable(link["after_image"]), int(link["after_crack"])] for link in links], np.int64),
@@ -262,8 +301,9 @@ def _write_layer(path: Path, layer: str, append: bool, fields: list[str], data: 
 
 
 def _read(path: Path, register: Path, sql: str, parameters: tuple = ()) -> list[tuple]:
+    """Rows of ``sql`` on ``path`` (the register or its working copy), opened read-only; errors name ``register``."""
     try:
-        with closing(sqlite3.connect(path)) as db:
+        with closing(sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)) as db:
             return db.execute(sql, parameters).fetchall()
     except sqlite3.DatabaseError as error:
         raise InputError(f"{register}: not a crack register ({error}); give a register written by crackseg compare, "

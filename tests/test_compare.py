@@ -1,11 +1,13 @@
 """crackseg compare end to end: inspections with known truth (a crack extended, one widened, one added,
-one removed, the camera moved), GeoTIFF pairs with different origins, the register over three visits."""
+one removed, the camera moved), GeoTIFF pairs with different origins, the register over three visits; and what
+is refused before any work, what fails one pair only, and the files that predict and datasets really hold."""
 
 from __future__ import annotations
 
 import csv
 import json
 import sqlite3
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +103,7 @@ def test_a_moved_camera_gives_the_true_changes_and_leaves_the_untouched_crack_un
     pairs = _rows(out / "pairs.csv")
     assert len(pairs) == 1 and pairs[0]["status"] == "registered" and pairs[0]["method"] == "orb-similarity"
     assert int(pairs[0]["inliers"]) >= 20 and float(pairs[0]["residual_px"]) < 2 and float(pairs[0]["error_px"]) < 2
+    assert float(pairs[0]["tolerance_px"]) == pytest.approx(3 + float(pairs[0]["error_px"]), abs=2e-3)  # the pair's own
     found = _by_status(_rows(out / "changes.csv"))
     assert sorted(found) == ["gone", "longer", "new", "unchanged", "wider"], found.keys()
     assert all(len(rows) == 1 for rows in found.values())
@@ -118,6 +121,7 @@ def test_a_moved_camera_gives_the_true_changes_and_leaves_the_untouched_crack_un
     assert float(longer["length_mm_before"]) == pytest.approx(float(longer["length_px_before"]) * 0.5 * 1.04, rel=0.01)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["registered"] == 1 and summary["cracks"]["new"] == 1 and summary["cracks"]["gone"] == 1
+    assert "tolerance_px" not in summary
 
 
 def test_predictions_folders_compare_with_the_ids_of_their_cracks_csv(two_visits, dark_checkpoint, tmp_path):
@@ -163,7 +167,8 @@ def test_a_pair_without_features_is_unregistered_and_not_compared(tmp_path, two_
     out = tmp_path / "out"
     assert main(["compare", str(before), str(after), "--out", str(out)]) == 0
     pair = _rows(out / "pairs.csv")[0]
-    assert pair["status"] == "unregistered" and pair["reason"]
+    assert pair["status"] == "unregistered" and pair["reason"] and pair["error_px"] == ""  # no mapping, so no error either
+    assert json.loads((out / "summary.json").read_text())["unregistered"] == ["wall"]
     assert _rows(out / "changes.csv") == []
     assert "0 of 1 pairs compared" in capsys.readouterr().out
 
@@ -340,3 +345,313 @@ def test_the_report_of_a_comparison_renders_in_a_real_browser(two_visits, tmp_pa
         assert not [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
     finally:
         driver.quit()
+
+
+# --pairs: which shot a cell names, and the CSVs that are refused in one line naming the line.
+
+
+def _shots(root: Path, names: list[str]) -> list:
+    from crackseg.compare import Shot
+
+    return [Shot(name, root / "masks" / f"{name}.png", root / "images" / f"{name}.png", 10.0, 10.0) for name in names]
+
+
+def test_pairs_csv_cells_name_a_shot_by_name_then_path_then_a_file_name_only_one_shot_has(tmp_path, monkeypatch):
+    """An Excel CSV (byte order mark, spaces): a path relative to the CSV's folder or to the working folder is that
+    file, not the first shot with its file name."""
+    from crackseg.compare import pair_shots
+
+    before, after = _shots(tmp_path / "v1", ["a/wall", "b/wall", "c/kerb"]), _shots(tmp_path / "v2", ["a/wall", "b/wall", "c/kerb"])
+    (tmp_path / "lists").mkdir()
+    listed = tmp_path / "lists" / "pairs.csv"
+    listed.write_text("before , after\n../v1/images/b/wall.png , b/wall\nv1/images/a/wall.png,v2/images/a/wall.png\n"
+                      " kerb.png ,c/kerb\n", encoding="utf-8-sig")
+    monkeypatch.chdir(tmp_path)
+    paired, alone = pair_shots(before, after, listed)
+    assert [(b.name, a.name) for b, a in paired] == [("b/wall", "b/wall"), ("a/wall", "a/wall"), ("c/kerb", "c/kerb")]
+    assert alone == []
+
+
+@pytest.mark.parametrize("content, message", [
+    ("before,after\nwall.png,a/wall\n", "line 2: 'wall.png' is ambiguous: BEFORE has 2 images named wall.png (a/wall, b/wall)"),
+    ("before,after\na/wall\n", "line 2: needs a before and an after cell"),
+    ("before,after\n\na/wall,\n", "line 3: needs a before and an after cell"),
+    ("before,after\na/wall,a/wall\nb/wall,b/wall\na/wall,a/wall\n", "line 4: the pair a/wall,a/wall is listed twice (also on line 2)"),
+    ("before,after\na/wall,a/wall\na/wall,b/wall\n", "line 3: a/wall of BEFORE is already paired on line 2"),
+    (b"before,after\n\xe9,a/wall\n", "not UTF-8 text"),
+])
+def test_a_pairs_csv_that_is_not_one_pair_per_line_is_one_line_naming_it(tmp_path, content, message):
+    from crackseg.compare import pair_shots
+    from crackseg.errors import InputError
+
+    listed = tmp_path / "pairs.csv"
+    listed.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(InputError) as error:
+        pair_shots(_shots(tmp_path / "v1", ["a/wall", "b/wall"]), _shots(tmp_path / "v2", ["a/wall", "b/wall"]), listed)
+    assert str(error.value).startswith(f"--pairs {listed}") and message in str(error.value) and "\n" not in str(error.value)
+
+
+# A pair that cannot be read fails alone; the run goes on.
+
+
+def _copy_visit(source: Path, target: Path, names: list[str]) -> Path:
+    for kind in ("images", "masks"):
+        (target / kind).mkdir(parents=True, exist_ok=True)
+        for name in names:
+            (target / kind / f"{name}.png").write_bytes((source / kind / "wall.png").read_bytes())
+    return target
+
+
+def test_a_pair_whose_photo_cannot_be_decoded_fails_alone_and_the_others_are_compared(tmp_path, two_visits, capsys):
+    before = _copy_visit(two_visits[0], tmp_path / "v1", ["wall", "broken"])
+    after = _copy_visit(two_visits[0], tmp_path / "v2", ["wall", "broken"])
+    (after / "images" / "broken.png").unlink()
+    photo = Image.open(after / "images" / "wall.png")
+    photo.save(after / "images" / "broken.jpg", quality=90)
+    whole = (after / "images" / "broken.jpg").read_bytes()
+    (after / "images" / "broken.jpg").write_bytes(whole[: len(whole) // 3])  # the header reads, the pixels do not
+    out = tmp_path / "out"
+    assert main(["compare", str(before), str(after), "--out", str(out), "--report"]) == 0
+    pairs = {row["name_after"]: row for row in _rows(out / "pairs.csv")}
+    assert pairs["wall"]["status"] == "registered" and pairs["broken"]["status"] == "failed"
+    assert "broken.jpg" in pairs["broken"]["reason"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"] == ["broken"] and summary["unregistered"] == [] and summary["registered"] == 1
+    assert "broken.jpg" in capsys.readouterr().err
+
+
+# Masks are read by the project's mask rules, whatever their format.
+
+
+@pytest.mark.parametrize("georeferenced", [False, True])
+def test_zero_one_tiff_masks_are_read_as_masks_are_everywhere(tmp_path, monkeypatch, georeferenced):
+    """A TIFF mask of 0 and 1 is a 0/1 mask (as images.py reads masks), not an empty one; a plain TIFF needs no rasterio."""
+    mask = _draw([A, B])
+    if georeferenced:
+        visit = _geo_visit(tmp_path / "v", [A, B], (500_000, 6_000_000), 0.01)
+        _write_geotiff(visit / "masks" / "ortho.tif", mask.astype(np.uint8), (500_000, 6_000_000), 0.01)
+    else:
+        visit = _write_visit(tmp_path / "v", _photo(_texture(), mask), mask)
+        (visit / "masks" / "wall.png").unlink()
+        Image.fromarray(mask.astype(np.uint8)).save(visit / "masks" / "wall.tif")
+
+        def no_rasterio():
+            raise AssertionError("a plain TIFF was read with rasterio")
+
+        monkeypatch.setattr("crackseg.compare.rasterio", no_rasterio)
+    out = tmp_path / "out"
+    assert main(["compare", str(visit), str(visit), "--out", str(out)]) == 0
+    assert [row["status"] for row in _rows(out / "changes.csv")] == ["unchanged", "unchanged"]
+
+
+def test_a_blob_without_a_centreline_link_goes_into_the_layer_and_the_register(tmp_path):
+    """A round blob's skeleton is one pixel: no link, so no line; its feature and register row get an empty geometry."""
+    pyogrio = pytest.importorskip("pyogrio")
+    from skimage.draw import disk
+
+    mask = _draw([A, B])
+    mask[disk((400, 400), 7)] = True
+    visit = _write_visit(tmp_path / "v", _photo(_texture(), mask), mask)
+    out, register = tmp_path / "out", tmp_path / "site.gpkg"
+    assert main(["compare", str(visit), str(visit), "--out", str(out), "--vectors", "gpkg", "--register", str(register),
+                 "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    assert len({row["crack_after"] for row in _rows(out / "changes.csv") if row["crack_after"]}) == 3
+    geometries = pyogrio.raw.read(out / "vectors" / "wall.gpkg", layer="changes")[2]
+    assert len(geometries) >= 3
+    with sqlite3.connect(register) as db:
+        assert db.execute("SELECT count(*) FROM cracks").fetchone()[0] == 6
+
+
+# The register: refused before any work, nothing appended without a compared pair, mm and classes of photos.
+
+
+@pytest.mark.parametrize("case", ["after registered", "not a register", "exif dates out of order"])
+def test_what_the_register_would_refuse_is_refused_before_any_work(tmp_path, two_visits, case, capsys):
+    before, after = two_visits
+    register = tmp_path / "site.gpkg"
+    dates = ["--before-date", "2024-01-01", "--after-date", "2025-01-01"]
+    if case == "after registered":
+        assert main(["compare", str(before), str(after), "--out", str(tmp_path / "first"), "--register", str(register), *dates]) == 0
+    elif case == "not a register":
+        register.write_text("survey,date\n")
+    else:
+        exifs = []
+        for visit, taken in ((before, "2025:06:01 10:00:00"), (after, "2024:06:01 10:00:00")):
+            exif = Image.Exif()
+            exif.get_ifd(0x8769)[36867] = taken
+            target = _copy_visit(visit, tmp_path / f"exif-{visit.name}", [])
+            Image.open(visit / "images" / "wall.png").save(target / "images" / "wall.jpg", quality=95, exif=exif)
+            (target / "masks" / "wall.png").write_bytes((visit / "masks" / "wall.png").read_bytes())
+            exifs.append(target)
+        before, after, dates = *exifs, []
+    original = register.read_bytes() if register.exists() else None
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", str(before), str(after), "--out", str(out), "--register", str(register), *dates])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert {"after registered": "is already registered", "not a register": "not a crack register",
+            "exif dates out of order": "--after-date 2024-06-01: not later than --before-date 2025-06-01"}[case] in err
+    assert not out.exists() and (register.read_bytes() if register.exists() else None) == original
+
+
+def test_a_comparison_without_a_registered_pair_appends_nothing(tmp_path, two_visits, capsys):
+    before, _ = two_visits
+    after = _write_visit(tmp_path / "after", np.full((SIZE, SIZE, 3), 128, np.uint8), _draw([A]))
+    out, register = tmp_path / "out", tmp_path / "site.gpkg"
+    assert main(["compare", str(before), str(after), "--out", str(out), "--register", str(register),
+                 "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    assert not register.exists()
+    assert json.loads((out / "summary.json").read_text())["register"] == {"appended": False, "reason": "no pair was registered"}
+    assert f"nothing appended to {register}: no pair was registered" in capsys.readouterr().out
+
+
+def test_the_register_of_photos_has_mm_and_width_classes_with_a_pixel_size(tmp_path):
+    """BEFORE cracks in mm through the registration's scale, as changes.csv gives them; AFTER ones by --px-size."""
+    texture = _texture()
+    visits = []
+    for number, width in enumerate([3, 7]):
+        mask = _draw([A, B[:4] + (width,)])
+        visits.append(_write_visit(tmp_path / f"v{number}", _photo(texture, mask), mask))
+    register, out = tmp_path / "site.gpkg", tmp_path / "out"
+    assert main(["compare", *map(str, visits), "--out", str(out), "--register", str(register), "--px-size", "0.5",
+                 "--width-classes", "bre251", "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    changed = {(row["crack_before"], row["crack_after"]): row for row in _rows(out / "changes.csv")}
+    with sqlite3.connect(register) as db:
+        rows = db.execute("SELECT survey, crack, max_width_px, max_width_mm, max_width_class FROM cracks").fetchall()
+    assert len(rows) == 4 and all(mm is not None and width_class for _, _, _, mm, width_class in rows)
+    for survey, crack, _, mm, width_class in rows:
+        side = "before" if survey == 1 else "after"
+        row = next(row for key, row in changed.items() if key[survey - 1] == str(crack))
+        assert mm == pytest.approx(float(row[f"max_width_mm_{side}"]), abs=1e-3)
+        assert width_class == row[f"max_width_class_{side}"]
+
+
+def test_the_register_names_itself_when_the_geo_libraries_are_missing(tmp_path, two_visits, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyogrio", None)  # import pyogrio raises ImportError
+    with pytest.raises(SystemExit):
+        main(["compare", *map(str, two_visits), "--out", str(tmp_path / "out"), "--register", str(tmp_path / "site.gpkg")])
+    assert "--register needs pyogrio; pip install 'crackseg[geo]'" in capsys.readouterr().err
+
+
+# --out and what is in it.
+
+
+def test_out_inside_an_inspection_is_refused(two_visits, capsys):
+    before, after = two_visits
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", str(before), str(after), "--out", str(before / "changes")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "lies in the BEFORE inspection" in err
+    assert not (before / "changes").exists()
+
+
+def test_layers_and_pictures_of_an_earlier_compare_are_refused_and_replaced_with_overwrite_only(tmp_path, two_visits, capsys):
+    before, _ = two_visits
+    out = tmp_path / "out"
+    layer, picture = out / "vectors" / "old.geojson", out / "report" / "pair7-before.jpg"
+    temp = out / "vectors" / "site" / ".wall.gpkg.0a1b.crackseg-tmp.gpkg"  # left by an interrupted compare
+    for path in (layer, picture, temp):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"earlier")
+    for path in (layer, picture):
+        with pytest.raises(SystemExit) as stop:
+            main(["compare", str(before), str(before), "--out", str(out)])
+        assert stop.value.code == 2 and f"{path} already exists" in capsys.readouterr().err
+        path.rename(tmp_path / path.name)
+    for path in (layer, picture):
+        (tmp_path / path.name).rename(path)
+    assert main(["compare", str(before), str(before), "--out", str(out), "--report", "--overwrite"]) == 0
+    assert not any(path.exists() for path in (layer, picture, temp))
+    assert (out / "report" / "pair0-before.jpg").exists() and (out / "report.html").exists()
+    assert main(["compare", str(before), str(before), "--out", str(out), "--overwrite"]) == 0  # no --report this time
+    assert not (out / "report.html").exists() and not list((out / "report").glob("*.jpg"))
+
+
+def test_the_out_lock_is_released_when_preparing_the_folder_fails(tmp_path, two_visits, monkeypatch, capsys):
+    def fail(folder):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr("crackseg.compare.remove_orphan_temps", fail)
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", *map(str, two_visits), "--out", str(tmp_path / "out")])
+    assert stop.value.code == 1 and "disk gone" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "lock").exists()
+
+
+# Pixel sizes.
+
+
+def test_width_classes_without_any_pixel_size_are_refused_before_any_work(tmp_path, two_visits, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", *map(str, two_visits), "--out", str(tmp_path / "out"), "--width-classes", "bre251"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "--width-classes needs the pixel size in mm: give --px-size" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_px_size_gives_mm_to_rasters_whose_crs_has_no_scale(tmp_path):
+    """Degrees have no size in mm: --px-size does, as for photos."""
+    mask, visit = _draw([A, B]), tmp_path / "v"
+    _write_geotiff(visit / "images" / "ortho.tif", _photo(_texture(), mask), (10.0, 50.0), 1e-7, "EPSG:4326")
+    _write_geotiff(visit / "masks" / "ortho.tif", mask.astype(np.uint8) * 255, (10.0, 50.0), 1e-7, "EPSG:4326")
+    out = tmp_path / "out"
+    assert main(["compare", str(visit), str(visit), "--out", str(out), "--px-size", "2", "--width-classes", "bre251"]) == 0
+    rows = _rows(out / "changes.csv")
+    assert rows and all(float(row["length_mm_after"]) == pytest.approx(2 * float(row["length_px_after"]), rel=1e-4) for row in rows)
+    assert all(row["max_width_class_after"] for row in rows)
+
+
+# Predictions folders: the paths predictions.csv gives, the settings summary.json gives.
+
+
+def _predictions(root: Path, visit: Path, name: str, photo: str, summary: dict) -> Path:
+    """A predictions folder as predict writes it when run from ``root.parent`` with --out ROOT.name."""
+    mask = root / "masks" / f"{name}.png"
+    mask.parent.mkdir(parents=True)
+    mask.write_bytes((visit / "masks" / "wall.png").read_bytes())
+    (root / "predictions.csv").write_text(f"path,mask,status\n{photo},{root.name}/masks/{name}.png,ok\n")
+    (root / "summary.json").write_text(json.dumps(summary))
+    return root
+
+
+def test_predictions_folders_find_their_photos_and_names_as_predict_wrote_them(tmp_path, two_visits, monkeypatch, capsys):
+    """predict ran in run/ (paths relative to it), names hold a folder called masks, lengths were in mm."""
+    run = tmp_path / "run"
+    (run / "photos").mkdir(parents=True)
+    (run / "photos" / "wall.png").write_bytes((two_visits[0] / "images" / "wall.png").read_bytes())
+    predicted = _predictions(run / "preds", two_visits[0], "site/masks/wall", "photos/wall.png", {"join_gap_px": None, "min_length_px": None})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["compare", str(predicted), str(predicted), "--out", "out"]) == 0
+    pair = _rows(elsewhere / "out" / "pairs.csv")[0]
+    assert pair["name_after"] == "site/masks/wall" and pair["status"] == "registered"
+    assert "crack ids may differ from" in capsys.readouterr().err
+
+
+def test_a_predicted_photo_that_is_nowhere_fails_its_pair_and_dates_say_so(tmp_path, two_visits, capsys):
+    predicted = _predictions(tmp_path / "preds", two_visits[0], "wall", "gone/wall.png", {})
+    out = tmp_path / "out"
+    assert main(["compare", str(predicted), str(predicted), "--out", str(out)]) == 0
+    pair = _rows(out / "pairs.csv")[0]
+    assert pair["status"] == "failed" and pair["reason"] == "photo not found: gone/wall.png"
+    with pytest.raises(SystemExit):
+        main(["compare", str(predicted), str(predicted), "--out", str(tmp_path / "out2"), "--register", str(tmp_path / "site.gpkg")])
+    assert "its photos were not found (e.g. gone/wall.png)" in capsys.readouterr().err
+
+
+def test_lengths_predict_gave_in_mm_are_converted_by_each_raster_own_pixel_size(tmp_path, monkeypatch):
+    from crackseg import changes
+
+    visit = _geo_visit(tmp_path / "v", [A], (500_000, 6_000_000), 0.01)  # 10 mm pixels
+    root = tmp_path / "preds"
+    (root / "masks").mkdir(parents=True)
+    (root / "masks" / "ortho.tif").write_bytes((visit / "masks" / "ortho.tif").read_bytes())
+    (root / "predictions.csv").write_text(f"path,mask,status\n{visit / 'images' / 'ortho.tif'},{root / 'masks' / 'ortho.tif'},ok\n")
+    (root / "summary.json").write_text(json.dumps({"join_gap_px": None, "join_gap_mm": 50, "min_length_px": None, "min_length_mm": 100}))
+    measured = []
+    measure = changes.measure_date
+    monkeypatch.setattr(changes, "measure_date", lambda mask, gap, shortest: measured.append((gap, shortest)) or measure(mask, gap, shortest))
+    assert main(["compare", str(root), str(root), "--out", str(tmp_path / "out")]) == 0
+    assert measured == [(5.0, 10.0), (5.0, 10.0)]

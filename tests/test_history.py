@@ -3,8 +3,10 @@ in the sqlite3 shell, map coordinates, and appends that are refused or interrupt
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
+import stat
 import subprocess
 from pathlib import Path
 
@@ -14,7 +16,7 @@ pyogrio = pytest.importorskip("pyogrio")
 shapely = pytest.importorskip("shapely")
 
 from crackseg.errors import InputError  # noqa: E402
-from crackseg.history import WIDTH_HISTORY, Survey, append_comparison, width_history  # noqa: E402
+from crackseg.history import WIDTH_HISTORY, Survey, append_comparison, check_append, width_history  # noqa: E402
 
 VISITS = [Survey("2023-04-01", "visits/2023"), Survey("2024-04-01", "visits/2024"), Survey("2025-04-01", "visits/2025")]
 
@@ -161,6 +163,52 @@ def test_dates_are_iso_dates_in_order(tmp_path, before, after, message):
     with pytest.raises(InputError, match=message):
         append_comparison(tmp_path / "site.gpkg", Survey(before, "b"), Survey(after, "a"), ([], []), [], None)
     assert not list(tmp_path.iterdir())
+
+
+def test_check_append_refuses_what_the_append_would_before_any_work_and_writes_nothing(tmp_path):
+    register = tmp_path / "site.gpkg"
+    check_append(register, VISITS[0], VISITS[1])  # a new register: nothing to refuse
+    assert not register.exists()
+    _compare(register, 0)
+    original = register.read_bytes()
+    check_append(register, VISITS[1], VISITS[2])
+    for before, after, message in [(VISITS[0], VISITS[1], "is already registered"), (Survey("2024-01-01", "x"), VISITS[2], "date order"),
+                                   (VISITS[1], Survey("2024-04-01", "y"), "not later than")]:
+        with pytest.raises(InputError, match=message):
+            check_append(register, before, after)
+    (tmp_path / "notes.gpkg").write_text("not a database")
+    with pytest.raises(InputError, match="not a crack register"):
+        check_append(tmp_path / "notes.gpkg", VISITS[0], VISITS[1])
+    assert register.read_bytes() == original and sorted(p.name for p in tmp_path.iterdir()) == ["notes.gpkg", "site.gpkg"]
+
+
+def test_a_register_another_compare_is_appending_to_is_refused_naming_its_lock(tmp_path):
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    original = register.read_bytes()
+    lock = tmp_path / ".site.gpkg.lock"
+    lock.write_text("12345\n")
+    with pytest.raises(InputError, match=f"^{register}: another crackseg compare is appending to it \\(lock file {lock}\\)"):
+        _compare(register, 1)
+    assert register.read_bytes() == original and lock.exists()
+    lock.unlink()
+    _compare(register, 1)
+    assert not lock.exists()
+
+
+def test_the_new_register_is_on_disk_before_it_replaces_the_old_one(tmp_path, monkeypatch):
+    """fsync of the written copy and of the folder after the rename: a power loss leaves the old register or the new."""
+    synced = []
+    fsync = os.fsync
+
+    def record(descriptor):
+        mode = os.fstat(descriptor).st_mode
+        synced.append("file" if stat.S_ISREG(mode) else "folder" if stat.S_ISDIR(mode) else "other")
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", record)
+    _compare(tmp_path / "site.gpkg", 0)
+    assert synced[-2:] == ["file", "folder"]
 
 
 def test_the_readme_gives_the_width_history_query_as_the_register_runs_it():
