@@ -1,0 +1,45 @@
+"""Pairing two inspections' images: which image a --pairs cell names, and the CSVs that are refused in one line
+naming the line. Reading inspection folders is tested end to end in test_compare.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from crackseg.errors import InputError
+from crackseg.inspections import Shot, pair_shots
+
+
+def _shots(root: Path, names: list[str]) -> list[Shot]:
+    return [Shot(name, root / "masks" / f"{name}.png", root / "images" / f"{name}.png", 10.0, 10.0) for name in names]
+
+
+def test_pairs_csv_cells_name_a_shot_by_name_then_path_then_a_file_name_only_one_shot_has(tmp_path, monkeypatch):
+    """An Excel CSV (byte order mark, spaces): a path relative to the CSV's folder or to the working folder is that
+    file, not the first shot with its file name."""
+    before, after = _shots(tmp_path / "v1", ["a/wall", "b/wall", "c/kerb"]), _shots(tmp_path / "v2", ["a/wall", "b/wall", "c/kerb"])
+    (tmp_path / "lists").mkdir()
+    listed = tmp_path / "lists" / "pairs.csv"
+    listed.write_text("before , after\n../v1/images/b/wall.png , b/wall\nv1/images/a/wall.png,v2/images/a/wall.png\n"
+                      " kerb.png ,c/kerb\n", encoding="utf-8-sig")
+    monkeypatch.chdir(tmp_path)
+    paired, alone = pair_shots(before, after, listed)
+    assert [(b.name, a.name) for b, a in paired] == [("b/wall", "b/wall"), ("a/wall", "a/wall"), ("c/kerb", "c/kerb")]
+    assert alone == []
+
+
+@pytest.mark.parametrize("content, message", [
+    ("before,after\nwall.png,a/wall\n", "line 2: 'wall.png' is ambiguous: BEFORE has 2 images named wall.png (a/wall, b/wall)"),
+    ("before,after\na/wall\n", "line 2: needs a before and an after cell"),
+    ("before,after\n\na/wall,\n", "line 3: needs a before and an after cell"),
+    ("before,after\na/wall,a/wall\nb/wall,b/wall\na/wall,a/wall\n", "line 4: the pair a/wall,a/wall is listed twice (also on line 2)"),
+    ("before,after\na/wall,a/wall\na/wall,b/wall\n", "line 3: a/wall of BEFORE is already paired on line 2"),
+    (b"before,after\n\xe9,a/wall\n", "not UTF-8 text"),
+])
+def test_a_pairs_csv_that_is_not_one_pair_per_line_is_one_line_naming_it(tmp_path, content, message):
+    listed = tmp_path / "pairs.csv"
+    listed.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(InputError) as error:
+        pair_shots(_shots(tmp_path / "v1", ["a/wall", "b/wall"]), _shots(tmp_path / "v2", ["a/wall", "b/wall"]), listed)
+    assert str(error.value).startswith(f"--pairs {listed}") and message in str(error.value) and "\n" not in str(error.value)
