@@ -14,9 +14,9 @@ Only the view both dates share can tell: the BEFORE frame mapped into the AFTER 
 the AFTER frame. An unlinked crack that lies outside the other date's frame, or inside it by too
 little to have been seen there (fewer than ``MATCH_MIN_POINTS`` centreline pixels away from its
 edge), is ``not seen``, never ``gone`` or ``new``. A group of linked cracks that reaches the
-shared view's edge is cut there on one date or both: its lengths are those of the parts each
-date sees, so it is only ``wider`` (by its mean width: its widest place may lie where one date
-does not look) or ``unchanged``.
+shared view's edge is cut there on one date or both: its lengths are compared over the parts of
+it both dates see (each crack's length times the share of its centreline well inside that view),
+and it is wider by its mean width only (its widest place may lie where one date does not look).
 
 Sizes are compared in AFTER pixels: BEFORE lengths and widths are multiplied by the mapping's
 local scale at the crack.
@@ -157,7 +157,8 @@ def match(before: DateCracks, after: DateCracks, alignment: Alignment, tolerance
     margins = {("before", c.id): tolerance_px + 0.5 * c.max_width_px * scales[c.id] for c in before.cracks}
     margins |= {("after", c.id): tolerance_px + 0.5 * c.max_width_px for c in after.cracks}
     seen = {key: np.count_nonzero(inset >= margins[key]) >= min(MATCH_MIN_POINTS, len(inset)) for key, inset in insets.items()}
-    at_edge = {key: _inset(points, view).min() < margins[key] for key, points in centrelines.items()}
+    shared = {key: _inset(points, view) >= margins[key] for key, points in centrelines.items()}  # well inside the view both share
+    at_edge = {key: not inside.all() for key, inside in shared.items()}
     overlaps = _links(before, after, mapped, insets, scales, tolerance_px)
     groups = DisjointSet([("before", c.id) for c in before.cracks] + [("after", c.id) for c in after.cracks])
     for b, a in overlaps:
@@ -173,8 +174,12 @@ def match(before: DateCracks, after: DateCracks, alignment: Alignment, tolerance
         elif not olds:
             changes.append(_new(news[0], after.points[news[0].id], alignment, seen["after", news[0].id]))
         else:
-            growth = _growth(olds, news, scales)
-            status = _growth_status(olds, news, scales, growth, any(at_edge[key] for key in group))
+            cut = any(at_edge[key] for key in group)
+            # a group cut by the view's edge is measured on the parts both dates see: its lengths times the share of
+            # its centreline well inside that view
+            seen_share = {key: float(shared[key].mean()) if cut and len(shared[key]) else 1.0 for key in group}
+            growth = _growth(olds, news, scales, seen_share)
+            status = _growth_status(olds, news, scales, growth, seen_share, cut)
             changes += [Change(status, old, new, scales[old.id], new.bbox, *growth, overlaps[old.id, new.id])
                         for old in olds for new in news if (old.id, new.id) in overlaps]
     return sorted(changes, key=lambda c: (c.after.id if c.after else math.inf, c.before.id if c.before else 0))
@@ -249,19 +254,21 @@ def _stacked(points: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([points[i] for i in ids]).astype(np.float64), np.repeat(ids, [len(points[i]) for i in ids])
 
 
-def _growth(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int, float]) -> tuple[float, float, float]:
-    """(length, mean width, max width) growth in AFTER px from the BEFORE cracks of a group to its AFTER cracks."""
-    old_lengths = np.array([c.length_px * scales[c.id] for c in olds])
+def _growth(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int, float],
+            seen_share: dict[tuple[str, int], float]) -> tuple[float, float, float]:
+    """(length, mean width, max width) growth in AFTER px from the BEFORE cracks of a group to its AFTER cracks;
+    lengths counted over the ``seen_share`` of each crack that both dates see."""
+    old_lengths = np.array([c.length_px * scales[c.id] * seen_share["before", c.id] for c in olds])
     old_widths = np.array([c.mean_width_px * scales[c.id] for c in olds])
-    new_lengths = np.array([c.length_px for c in news])
+    new_lengths = np.array([c.length_px * seen_share["after", c.id] for c in news])
     new_widths = np.array([c.mean_width_px for c in news])
     return (float(new_lengths.sum() - old_lengths.sum()),
-            float(np.average(new_widths, weights=new_lengths) - np.average(old_widths, weights=old_lengths)),
+            float(np.average(new_widths, weights=new_lengths + 1e-9) - np.average(old_widths, weights=old_lengths + 1e-9)),
             float(max(c.max_width_px for c in news) - max(c.max_width_px * scales[c.id] for c in olds)))
 
 
 def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int, float],
-                   growth: tuple[float, float, float], cut: bool) -> str:
+                   growth: tuple[float, float, float], seen_share: dict[tuple[str, int], float], cut: bool) -> str:
     """The status of a group of linked cracks (see the module's thresholds), from the group's totals.
 
     Several BEFORE cracks in one AFTER crack are ``merged`` only when the group grew longer: cracks joined
@@ -270,17 +277,16 @@ def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: d
     other places (a faint stretch above or below the threshold), and the group gets its growth status.
     One crack that got as much shorter is ``shorter``, unless it is wider: widening is the change to act
     on, and its length growth says that it got shorter. A group ``cut`` by the shared view's edge is
-    ``wider`` by its mean width or ``unchanged``: its lengths and widest places are those of the parts
-    each date sees.
+    measured on the parts of it both dates see, and is wider by its mean width only: its widest place
+    may lie where one date does not look.
     """
     length, mean_width, max_width = growth
-    if cut:
-        return WIDER if mean_width > WIDER_MEAN_PX else UNCHANGED
-    before_lengths = [c.length_px * scales[c.id] for c in olds]
-    larger_mean_width = np.average([c.mean_width_px * scales[c.id] for c in olds], weights=before_lengths) + max(mean_width, 0.0)
+    before_lengths = [c.length_px * scales[c.id] * seen_share["before", c.id] for c in olds]
+    larger_mean_width = np.average([c.mean_width_px * scales[c.id] for c in olds], weights=np.add(before_lengths, 1e-9)) \
+        + max(mean_width, 0.0)
     beyond = max(LONGER_MIN_PX, LONGER_SHARE * sum(before_lengths) + larger_mean_width)
     longer, shorter = length > beyond, -length > beyond
-    wider = mean_width > WIDER_MEAN_PX or max_width > WIDER_MAX_PX
+    wider = mean_width > WIDER_MEAN_PX or (max_width > WIDER_MAX_PX and not cut)
     if len(olds) > 1 and longer:
         return MERGED
     if len(news) > 1 and shorter:
