@@ -3,6 +3,7 @@
     python benchmarks/recipe.py run --dataset cfd --variant bce --seed 0
     python benchmarks/recipe.py cross --train cfd --test crack500 --seed 0
     python benchmarks/recipe.py table
+    python benchmarks/recipe.py protocols --variant bce+dice-sqrt-bf16cl
 
 Every run trains a ResNet18 UNet from scratch with 2 gloo processes on the CPU (the budget of
 docs/results.md: about half an hour here), validates on a seeded 10% of ``train.txt``, and is
@@ -28,14 +29,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DATASETS = {"cfd": ("cfd", 60), "crack500": ("crack500-subset", 15)}  # name: (folder, epochs)
 VARIANTS = {  # every flag that differs spelled out, so that a run means the same whatever the defaults
-    "bce": ["--loss", "bce", "--pos-weight", "auto"],  # the defaults until the comparison of docs/results.md
-    "bce+dice-sqrt": ["--loss", "bce+dice", "--pos-weight", "sqrt"],  # the defaults since
-    "bce+dice-sqrt-ema": ["--loss", "bce+dice", "--pos-weight", "sqrt", "--ema", "0.99"],  # about the last 100 of 480 steps
+    "bce": ["--loss", "bce", "--pos-weight", "auto", "--amp", "off"],  # the defaults until the comparison of docs/results.md
+    "bce+dice-sqrt": ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "off"],  # the loss defaults since, in float32
+    "bce+dice-sqrt-ema": ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "off", "--ema", "0.99"],  # about the last 100 of 480 steps
+    "bce+dice-sqrt-bf16cl": ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "bf16", "--channels-last"],
 }
-BASELINES = {"bce+dice-sqrt": "bce", "bce+dice-sqrt-ema": "bce+dice-sqrt"}  # a variant is compared with the one it changes
+BASELINES = {"bce+dice-sqrt": "bce", "bce+dice-sqrt-ema": "bce+dice-sqrt", "bce+dice-sqrt-bf16cl": "bce+dice-sqrt"}  # a variant is compared with the one it changes
 BUDGET = ["--encoder", "resnet18", "--encoder-weights", "none", "--crop-size", "320", "--batch-size", "4", "--lr", "1e-3",
           "--workers", "0", "--device", "cpu"]
 TOLERANCES = (0, 2)
+PROTOCOLS = ("scsegamba", "deepsegmentor", "omnicrack")
 
 
 def _crackseg() -> list[str]:
@@ -50,10 +53,23 @@ def _score(checkpoint: Path, data: Path, out: Path) -> None:
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
 
 
+def _score_protocols(checkpoint: Path, data: Path, out: Path) -> None:
+    """The literature's protocols on the test split (crackseg's own is the tolerance-0 scoring)."""
+    for protocol in PROTOCOLS:
+        if (out / f"protocol-{protocol}" / "report.json").exists():
+            continue
+        command = [*_crackseg(), "evaluate", "--checkpoint", str(checkpoint), "--data", str(data), "--split", "test",
+                   "--device", "cpu", "--protocol", protocol, "--out", str(out / f"protocol-{protocol}"), "--overwrite"]
+        print(" ".join(command), flush=True)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
 def run(args: argparse.Namespace) -> None:
     folder, epochs = DATASETS[args.dataset]
     data = args.root / folder
-    run_dir = args.runs / f"{args.dataset}-{args.variant}-s{args.seed}"
+    longer = f"-e{args.epochs}" if args.epochs and args.epochs != epochs else ""  # another budget is another variant
+    run_dir = args.runs / f"{args.dataset}-{args.variant}{longer}-s{args.seed}"
+    epochs = args.epochs or epochs
     command = [str(ROOT / "launch.sh"), "--nproc", "2", "train", "--data", str(data), "--run", str(run_dir), *BUDGET,
                "--epochs", str(epochs), "--seed", str(args.seed), *VARIANTS[args.variant]]
     print(" ".join(command), flush=True)
@@ -61,6 +77,7 @@ def run(args: argparse.Namespace) -> None:
     subprocess.run(command, check=True, env={**os.environ, "PYTHON": sys.executable})
     (run_dir / "wall_clock_s.txt").write_text(f"{time.time() - start:.0f}\n")
     _score(run_dir / "best.pt", data, run_dir / "test")
+    _score_protocols(run_dir / "best.pt", data, run_dir / "test")
 
 
 def cross(args: argparse.Namespace) -> None:
@@ -155,6 +172,31 @@ def table(args: argparse.Namespace) -> None:
         print(json.dumps(row))
 
 
+def protocols(args: argparse.Namespace) -> None:
+    """Score every finished run of ``--variant`` under every protocol (what is missing), then tabulate mean ± sd."""
+    table_rows = []
+    for run_dir in sorted(args.runs.glob(f"*-{args.variant}-s*")):
+        if not (run_dir / "test" / "tol0" / "report.json").exists():
+            continue
+        dataset = run_dir.name.split("-", 1)[0]
+        _score_protocols(run_dir / "best.pt", args.root / DATASETS[dataset][0], run_dir / "test")
+        own = json.loads((run_dir / "test" / "tol0" / "report.json").read_text())
+        other = {p: json.loads((run_dir / "test" / f"protocol-{p}" / "report.json").read_text()) for p in PROTOCOLS}
+        table_rows.append((dataset, {
+            "crackseg F1": own["dataset"]["f1"], "crackseg ODS": own["ods"]["f1"], "crackseg OIS": own["ois"]["f1"],
+            "crackseg mIoU": own["dataset"]["miou"],
+            "SCSegamba ODS": other["scsegamba"]["ods"]["f1"], "SCSegamba OIS": other["scsegamba"]["ois"]["f1"],
+            "SCSegamba mIoU": other["scsegamba"]["miou"]["miou"],
+            "DeepSegmentor F (ODS)": other["deepsegmentor"]["ods"]["f1"], "DeepSegmentor I/U": other["deepsegmentor"]["miou"]["miou"],
+            "OmniCrack30k clIoU": other["omnicrack"]["cliou"]}))
+    keys = list(table_rows[0][1]) if table_rows else []
+    print("| dataset | seeds | " + " | ".join(keys) + " |\n" + "|---" * (len(keys) + 2) + "|")
+    for dataset in DATASETS:
+        members = [figures for name, figures in table_rows if name == dataset]
+        if members:
+            print(f"| {dataset} | {len(members)} | " + " | ".join(_spread([m[key] for m in members]) for key in keys) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=ROOT.parent / "shared" / "datasets", help="folder holding the datasets")
@@ -164,14 +206,17 @@ def main() -> None:
     one.add_argument("--dataset", choices=DATASETS, required=True)
     one.add_argument("--variant", choices=VARIANTS, required=True)
     one.add_argument("--seed", type=int, required=True)
+    one.add_argument("--epochs", type=int, help="another budget than the dataset's (e.g. what a faster variant does in the same time)")
     other = commands.add_parser("cross", help="score a trained run on the other dataset's test split")
     other.add_argument("--train", choices=DATASETS, required=True)
     other.add_argument("--test", choices=DATASETS, required=True)
     other.add_argument("--variant", choices=VARIANTS, default="bce+dice-sqrt")
     other.add_argument("--seed", type=int, default=0)
     commands.add_parser("table", help="mean and spread over seeds of every finished run")
+    scored = commands.add_parser("protocols", help="every finished run of a variant under every evaluation protocol")
+    scored.add_argument("--variant", choices=VARIANTS, default="bce+dice-sqrt")
     args = parser.parse_args()
-    {"run": run, "cross": cross, "table": table}[args.command](args)
+    {"run": run, "cross": cross, "table": table, "protocols": protocols}[args.command](args)
 
 
 if __name__ == "__main__":

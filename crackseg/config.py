@@ -210,7 +210,8 @@ class TrainConfig:
     seed: int = option(0, "seed of the split, initialization, order and augmentation", "optimization", valid=NON_NEGATIVE)
     # speed and memory
     device: str = option("auto", "auto (CUDA when present, one GPU per process by LOCAL_RANK), cuda or cpu", "speed and memory")
-    amp: str = option("auto", "mixed precision; auto = bf16 on GPUs that support it, else off", "speed and memory", choices=AMP_CHOICES)
+    amp: str = option("auto", "mixed precision; auto = bf16 on GPUs that support it, and bf16 with channels_last on CPUs that compute "
+                              "bf16 in hardware (AVX512-BF16, AMX, Arm BF16), else off", "speed and memory", choices=AMP_CHOICES)
     channels_last: bool = option(False, "NHWC memory layout (faster convolutions on tensor cores)", "speed and memory")
     compile: bool = option(False, "torch.compile the model (slow first steps)", "speed and memory")
     sync_bn: bool = option(False, "synchronize BatchNorm statistics across GPUs (small per-GPU batches)", "speed and memory")

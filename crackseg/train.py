@@ -114,7 +114,9 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
             folder.log(f"{folder.path}: all {config.epochs} epochs are done; nothing to train (raise --epochs to continue)")
             return {"run": str(folder.path), "best": payload["best"], "epochs_run": 0}
 
-        model, model_without_ddp, ema = build_training_model(config, env, payload)
+        # --amp auto's CPU recipe is bf16 with NHWC convolutions (docs/results.md); the recorded options stay as given
+        layout = config.channels_last or (config.amp == "auto" and resolved.amp == "bf16" and env.device.type == "cpu")
+        model, model_without_ddp, ema = build_training_model(dataclasses.replace(config, channels_last=layout), env, payload)
         saved = model_without_ddp if ema is None else ema.module  # what is validated and written as the run's model
         train_sampler, train_loader, val_loader = _make_loaders(config, env, prepared)
         steps_per_epoch = len(train_loader) // config.grad_accum
@@ -134,7 +136,7 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
             start_epoch, global_step, best = payload["epoch"] + 1, payload["global_step"], payload["best"]
         context = StepContext(
             env=env, loss_fn=CrackLoss(resolved.pos_weight, dice=config.loss == "bce+dice"), amp_dtype=amp_dtype, scaler=scaler,
-            grad_accum=config.grad_accum, channels_last=config.channels_last, clip_grad=config.clip_grad,
+            grad_accum=config.grad_accum, channels_last=layout, clip_grad=config.clip_grad,
             log_every=config.log_every, on_log=folder.log_step, epochs=config.epochs, jitter=PhotometricJitter(), ema=ema,
         )
         folder.open_events(global_step)
@@ -142,6 +144,7 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
         folder.log(
             f"{env.world_size} process(es) on {env.device.type}; {len(split['train'])} train / {len(split['val'])} val images; "
             f"global batch {resolved.global_batch}, lr {resolved.lr:.3g}, pos_weight {pos_weight}, amp {resolved.amp}"
+            + (", channels_last" if layout else "")
             + (f", weights averaged (EMA {config.ema:g})" if ema is not None else "")
         )
 
@@ -224,7 +227,7 @@ def _resolve(config: TrainConfig, env: distributed.Environment, train_masks: lis
     global_batch = config.batch_size * config.grad_accum * env.world_size
     ratio = global_batch / config.base_batch
     lr = config.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[config.lr_scaling]
-    amp = distributed.amp_name(distributed.resolve_amp(config.amp, env.device))
+    amp = distributed.amp_name(distributed.resolve_amp(config.amp, env.device, training=True))
     return Resolved(pos_weight, global_batch, lr, amp, env.world_size, _workers(config), crackseg.__version__, str(torch.__version__))
 
 
