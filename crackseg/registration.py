@@ -298,8 +298,8 @@ def register_photo_files(before: Path, after: Path, model: str = "similarity", m
     """Register two photo files on copies reduced to ``max_side`` px; matrix and residual are in full-resolution
     pixels of the photos as displayed (EXIF orientation applied), a reason's px in those of the copies.
 
-    640 px: a 12-megapixel pair takes about 0.4 s of one CPU core, and the fit is within about 2 px of the
-    truth at full resolution (1024 px: about 1 px, for 2.5 times the time).
+    640 px: a 12-megapixel pair takes about 0.4 s of one CPU core, and the fit is within about 1 px of the
+    truth at full resolution; 1024 px is no more accurate and takes 2.5 times as long (docs/benchmarks.md).
     """
     grey_before, factor_before = read_grey(before, max_side)
     grey_after, factor_after = read_grey(after, max_side)
