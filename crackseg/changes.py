@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +57,7 @@ from crackseg.registration import Alignment
 
 UNCHANGED, LONGER, WIDER, LONGER_WIDER, SHORTER = "unchanged", "longer", "wider", "longer+wider", "shorter"
 NEW, GONE, MERGED, SPLIT, NOT_SEEN = "new", "gone", "merged", "split", "not seen"
+STATUSES = (UNCHANGED, SHORTER, LONGER, WIDER, LONGER_WIDER, MERGED, SPLIT, NEW, GONE, NOT_SEEN)  # as tables and summaries list them
 
 WIDER_MEAN_PX = 1.0  # mean width: two edges, each within half a pixel
 WIDER_MAX_PX = 2.0  # maximum width: one place, two quantised edges on each date
@@ -102,6 +105,12 @@ class Change:
     mean_width_growth_px: float | None
     max_width_growth_px: float | None
     overlap: float  # share of the shorter centreline (inside the other date's frame) lying along the other one; 0 when unlinked
+
+
+def count_statuses(statuses: Iterable[str]) -> dict[str, int]:
+    """Cracks per status: each of STATUSES (zero included), then any other status that occurs."""
+    counts = Counter(statuses)
+    return {status: counts[status] for status in [*STATUSES, *sorted(set(counts) - set(STATUSES))]}
 
 
 def measure_date(mask: np.ndarray, join_gap_px: float, min_length_px: float) -> DateCracks:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import sys
 import warnings
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,18 +30,17 @@ from tqdm import tqdm
 from crackseg import changes, history
 from crackseg.errors import InputError, require
 from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_atomic, write_csv
-from crackseg.images import CRACK_THRESHOLD, DECODE_ERRORS, describe_error, displayed_size, is_zero_one, load_image
+from crackseg.images import CRACK_THRESHOLD, DECODE_ERRORS, describe_error, displayed_size, image_pixels, is_zero_one
 from crackseg.inspections import Shot, pair_shots, read_visit, survey_dates
 from crackseg.locks import FolderLock
 from crackseg.measure import WidthClasses
 from crackseg.outputs import read_saved_mask
-from crackseg.rasters import RasterSource, rasterio
+from crackseg.rasters import RasterSource, on_map, rasterio
 from crackseg.registration import UNREGISTERED, Alignment, align_by_map, register_photo_files
 from crackseg.report import STATUS_COLOURS, change_picture, write_change_report
 from crackseg.vectors import FORMATS, centrelines, skeleton_links, write_features
 
 # the statuses of changes, in the order tables list them; a status changes may add later is counted after these
-STATUSES = ("unchanged", "shorter", "longer", "wider", "longer+wider", "merged", "split", "new", "gone", "not seen")
 FAILED = "failed"
 ONLY_BEFORE, ONLY_AFTER = "only before", "only after"
 PAIR_FAILURES = (InputError, OSError)  # a file of one pair that cannot be read fails that pair, not the comparison
@@ -212,7 +210,7 @@ class CompareFolder:
 
     def write_layer(self, name: str, rows: list[dict], geometries: list, crs: str | None) -> None:
         path = self.root / "vectors" / f"{name}{FORMATS[self.vectors_format][1]}"
-        write_features(path, self.vectors_format, rows, geometries, crs, "changes")
+        write_features(path, rows, geometries, crs, "changes")
         self.written.add(path)
 
     def write_picture(self, index: int, side: str, jpeg: bytes) -> str:
@@ -330,7 +328,7 @@ def _registered_pair(row: dict, sides: tuple[Side, Side], alignment: Alignment, 
     tolerance = changes.MATCH_TOLERANCE_PX + alignment.error_px
     matched = changes.match(before.cracks, after.cracks, alignment, tolerance)
     rows = [_change_row(row, change, sides, options.px_size, classes) for change in matched]
-    row = row | {"tolerance_px": round(tolerance, 3)} | _status_counts(rows) | {
+    row = row | {"tolerance_px": round(tolerance, 3)} | changes.count_statuses(row["status"] for row in rows) | {
         "length_px_before": round(sum(c.length_px for c in before.cracks.cracks), 2),
         "length_px_after": round(sum(c.length_px for c in after.cracks.cracks), 2)}
     if options.report:
@@ -392,7 +390,7 @@ def _georeferenced(path: Path | None) -> bool:
     except DECODE_ERRORS:
         pass  # a TIFF that Pillow cannot open (too large, BigTIFF) may still be a raster: rasterio decides
     with rasterio().open(path) as raster:
-        return raster.crs is not None and not raster.transform.is_identity
+        return on_map(raster)
 
 
 def _own_px_size(raster: Path) -> float | None:
@@ -422,12 +420,6 @@ def _photo_alignment(before: Side, after: Side, transform: str) -> Alignment:
             return Alignment(status=UNREGISTERED, method="none",
                              reason=f"{side.shot.mask} is {side.mask.shape[1]}x{side.mask.shape[0]} px, its photo {size[0]}x{size[1]}")
     return register_photo_files(before.shot.photo, after.shot.photo, transform)
-
-
-def _status_counts(rows: list[dict]) -> dict[str, int]:
-    """Cracks per status: each of STATUSES, then any other status that occurs."""
-    counts = Counter(row["status"] for row in rows)
-    return {status: counts[status] for status in [*STATUSES, *sorted(set(counts) - set(STATUSES))]}
 
 
 def _change_row(pair: dict, change: changes.Change, sides: tuple[Side, Side], px_size: float | None,
@@ -515,7 +507,7 @@ def _pictures(outputs: CompareFolder, index: int, sides: tuple[Side, Side], matc
     pictures = {}
     for side, when, colours in zip(sides, ("before", "after"), statuses):
         try:
-            photo = load_image(side.shot.photo).permute(1, 2, 0).numpy()
+            photo = image_pixels(side.shot.photo)
         except DECODE_ERRORS as error:
             raise InputError(f"{side.shot.photo}: {describe_error(error)}") from None
         pictures[f"picture_{when}"] = outputs.write_picture(index, when, change_picture(photo, side.cracks.labels, colours))
@@ -534,7 +526,7 @@ def _summary(before: Path, after: Path, found: Comparison, options: CompareOptio
         "failed": names(FAILED),  # pairs.csv gives each one's reason
         "only_before": names(ONLY_BEFORE, "before"),
         "only_after": names(ONLY_AFTER),
-        "cracks": _status_counts(found.changes),
+        "cracks": changes.count_statuses(row["status"] for row in found.changes),
         "px_size_mm": options.px_size,
         "transform": options.transform,
     }

@@ -145,6 +145,11 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) ->
     write_atomic(path, readable(buffer.getvalue()))
 
 
+def cell_number(value) -> float | None:
+    """A table cell as a number, None when empty: rows come as written (numbers) or read back from a CSV (text, "")."""
+    return None if value is None or value == "" else float(value)
+
+
 def readable(text: str) -> str:
     """``text`` as valid UTF-8: the bytes of a file name that are not UTF-8 become ``\\xNN``."""
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import sqlite3
-import warnings
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -39,7 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from crackseg.errors import InputError, require
-from crackseg.files import PendingFile, readable
+from crackseg.files import PendingFile, cell_number, readable
+from crackseg.vectors import write_layer
 
 _MEASURES = ("length_px", "mean_width_px", "max_width_px", "length_mm", "mean_width_mm", "max_width_mm")
 _SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
@@ -191,9 +191,9 @@ def _append(path: Path, register: Path, surveys: tuple[Survey, Survey], cracks: 
     new_surveys.append((next_survey, after))
     new_cracks.append((next_survey, cracks[1], next_key))
 
-    _write_layer(path, "surveys", existing, *_survey_columns(new_surveys))
-    _write_layer(path, "cracks", existing, *_crack_columns(new_cracks), geometry=_geometries(new_cracks), crs=crs)
-    _write_layer(path, "links", existing, *_link_columns(links, before_keys, after_keys))
+    write_layer(path, "surveys", _survey_columns(new_surveys), append=existing)
+    write_layer(path, "cracks", _crack_columns(new_cracks), _geometries(new_cracks), crs, append=existing)
+    write_layer(path, "links", _link_columns(links, before_keys, after_keys), append=existing)
     return {"surveys": len(new_surveys), "cracks": sum(len(rows) for _, rows, _ in new_cracks), "links": len(links)}
 
 
@@ -232,9 +232,9 @@ def _registered_keys(path: Path, register: Path, survey: int, cracks: list[dict]
     """{(image, crack): crack_key} of a registered survey's images, once their cracks are found to be those of ``cracks``,
     and the crack dicts of images the survey does not hold yet (an image no earlier comparison registered)."""
     rows = _read(path, register, "SELECT image, crack, crack_key, length_px, max_width_px FROM cracks WHERE survey = ?", (survey,))
-    found = {(image, crack): (_number(length), _number(width)) for image, crack, _, length, width in rows}
+    found = {(image, crack): (cell_number(length), cell_number(width)) for image, crack, _, length, width in rows}
     images = {image for image, _ in found}
-    given = {(readable(row["image"]), int(row["crack"])): (_number(row["length_px"]), _number(row["max_width_px"]))
+    given = {(readable(row["image"]), int(row["crack"])): (cell_number(row["length_px"]), cell_number(row["max_width_px"]))
              for row in cracks if readable(row["image"]) in images}
     compared = {image for image, _ in given}  # registered images this comparison holds too
     here = {key: value for key, value in found.items() if key[0] in compared}
@@ -252,20 +252,20 @@ def _numbered(cracks: list[dict], first_key: int) -> dict[tuple[str, int], int]:
     return {(readable(row["image"]), int(row["crack"])): first_key + index for index, row in enumerate(cracks)}
 
 
-def _survey_columns(surveys: list[tuple[int, Survey]]) -> tuple[list[str], list[np.ndarray]]:
-    return ["survey", "date", "source"], [np.array([number for number, _ in surveys], np.int64),
-                                          np.array([survey.date for _, survey in surveys], object),
-                                          np.array([readable(str(survey.source)) for _, survey in surveys], object)]
+def _survey_columns(surveys: list[tuple[int, Survey]]) -> dict[str, np.ndarray]:
+    return {"survey": np.array([number for number, _ in surveys], np.int64),
+            "date": np.array([survey.date for _, survey in surveys], object),
+            "source": np.array([readable(str(survey.source)) for _, survey in surveys], object)}
 
 
-def _crack_columns(batches: list[tuple[int, list[dict], int]]) -> tuple[list[str], list[np.ndarray]]:
+def _crack_columns(batches: list[tuple[int, list[dict], int]]) -> dict[str, np.ndarray]:
     """Columns of the crack features of ``batches``: (survey id, crack dicts, key of the first)."""
     rows = [(survey, key + index, row) for survey, cracks, key in batches for index, row in enumerate(cracks)]
-    data = [np.array([key for _, key, _ in rows], np.int64), np.array([survey for survey, _, _ in rows], np.int64),
-            np.array([readable(row["image"]) for _, _, row in rows], object), np.array([int(row["crack"]) for _, _, row in rows], np.int64),
-            *(np.array([_number(row.get(name)) for _, _, row in rows], np.float64) for name in _MEASURES),
-            np.array([row.get("max_width_class") or None for _, _, row in rows], object)]
-    return ["crack_key", "survey", "image", "crack", *_MEASURES, "max_width_class"], data
+    return {"crack_key": np.array([key for _, key, _ in rows], np.int64), "survey": np.array([survey for survey, _, _ in rows], np.int64),
+            "image": np.array([readable(row["image"]) for _, _, row in rows], object),
+            "crack": np.array([int(row["crack"]) for _, _, row in rows], np.int64),
+            **{name: np.array([cell_number(row.get(name)) for _, _, row in rows], np.float64) for name in _MEASURES},
+            "max_width_class": np.array([row.get("max_width_class") or None for _, _, row in rows], object)}
 
 
 def _geometries(batches: list[tuple[int, list[dict], int]]) -> np.ndarray:
@@ -275,29 +275,10 @@ def _geometries(batches: list[tuple[int, list[dict], int]]) -> np.ndarray:
     return np.asarray(shapely.to_wkb(lines), dtype=object) if lines else np.array([], dtype=object)
 
 
-def _link_columns(links: list[dict], before_keys: dict, after_keys: dict) -> tuple[list[str], list[np.ndarray]]:
-    return ["before_key", "after_key", "status"], [
-        np.array([before_keys[readable(link["before_image"]), int(link["before_crack"])] for link in links], np.int64),
-        np.array([after_keys[readable(link["after_image"]), int(link["after_crack"])] for link in links], np.int64),
-        np.array([link["status"] for link in links], object)]
-
-
-def _number(value) -> float:
-    """A measurement as a float; None or "" (unknown) as NaN, which the register stores as NULL."""
-    return math.nan if value is None or value == "" else float(value)
-
-
-def _write_layer(path: Path, layer: str, append: bool, fields: list[str], data: list[np.ndarray],
-                 geometry: np.ndarray | None = None, crs: str | None = None) -> None:
-    pyogrio = require("pyogrio", "geo", "--register")
-    shape = {} if geometry is None else {"geometry_type": "MultiLineString", "promote_to_multi": True, "crs": crs}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "'crs' was not provided")  # photos: pixel coordinates have no CRS
-        try:
-            pyogrio.raw.write(path, geometry=geometry, field_data=data, fields=fields, layer=layer, driver="GPKG",
-                              append=append, **shape)
-        except pyogrio.errors.DataSourceError as error:  # GDAL could not write it: the machine's fault, like an OSError
-            raise OSError(f"{path}: {str(error).splitlines()[0][-200:]}") from None
+def _link_columns(links: list[dict], before_keys: dict, after_keys: dict) -> dict[str, np.ndarray]:
+    return {"before_key": np.array([before_keys[readable(link["before_image"]), int(link["before_crack"])] for link in links], np.int64),
+            "after_key": np.array([after_keys[readable(link["after_image"]), int(link["after_crack"])] for link in links], np.int64),
+            "status": np.array([link["status"] for link in links], object)}
 
 
 def _read(path: Path, register: Path, sql: str, parameters: tuple = ()) -> list[tuple]:

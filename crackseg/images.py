@@ -16,10 +16,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+if TYPE_CHECKING:
+    import torch
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff")
 CRACK_THRESHOLD = 127  # mask grey levels above this are crack
@@ -95,15 +98,20 @@ def _refuse_colours(image: Image.Image) -> None:
                              f"{CRACK_THRESHOLD} = crack): save the crack colour as white on black")
 
 
-def load_image(path: Path) -> torch.Tensor:
-    """(3, H, W) uint8 RGB as displayed; grey, palette, RGBA, CMYK and 16-bit files are converted."""
+def image_pixels(path: Path) -> np.ndarray:
+    """(H, W, 3) uint8 RGB as displayed; grey, palette, RGBA, CMYK and 16-bit files are converted."""
     with Image.open(path) as image:
         image = _upright(image)
         if image.mode.startswith("I"):
-            array = np.repeat(_grey_levels(image)[..., None], 3, axis=2)
-        else:
-            array = np.asarray(image.convert("RGB"))
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)
+            return np.repeat(_grey_levels(image)[..., None], 3, axis=2)
+        return np.asarray(image.convert("RGB")).copy()
+
+
+def load_image(path: Path) -> torch.Tensor:
+    """:func:`image_pixels` as the (3, H, W) uint8 tensor a model takes."""
+    import torch  # here, so that what reads images without a model (compare) starts without loading torch
+
+    return torch.from_numpy(image_pixels(path)).permute(2, 0, 1)
 
 
 def mask_levels(path: Path) -> np.ndarray:
@@ -121,14 +129,23 @@ def is_zero_one(levels: np.ndarray) -> bool:
     return bool(levels.max(initial=0) == 1)
 
 
+def crack_pixels(path: Path) -> np.ndarray:
+    """(H, W) bool, True = crack: the rule every mask is read by."""
+    return mask_levels(path) > CRACK_THRESHOLD
+
+
 def load_mask(path: Path) -> torch.Tensor:
     """(1, H, W) uint8, 1 = crack, 0 = background."""
-    return torch.from_numpy((mask_levels(path) > CRACK_THRESHOLD).astype(np.uint8))[None]
+    import torch
+
+    return torch.from_numpy(crack_pixels(path).astype(np.uint8))[None]
 
 
 def read_probability(path: Path) -> torch.Tensor:
     """(H, W) float32 in [0, 1] from a predicted mask (0/255 or 0/1), an 8- or 16-bit probability map, or a
     floating-point one (a TIFF of probabilities in [0, 1])."""
+    import torch
+
     with Image.open(path) as image:
         _refuse_colours(image)
         image = _upright(image)

@@ -22,7 +22,6 @@ from pathlib import Path
 from PIL import Image
 
 from crackseg.config import JOIN_GAP, MIN_LENGTH, parse_length
-from crackseg.data import find_samples
 from crackseg.errors import InputError
 from crackseg.images import DECODE_ERRORS
 from crackseg.outputs import PredictionsFolder
@@ -54,6 +53,8 @@ def read_visit(folder: Path, flag: str) -> list[Shot]:
     if predictions.predictions_csv.exists():
         shots = _predicted_shots(predictions)
     elif (folder / "images").is_dir() and (folder / "masks").is_dir():
+        from crackseg.data import find_samples  # data loads torch, which compare needs for dataset folders only
+
         gap, shortest = parse_length(JOIN_GAP)[0], parse_length(MIN_LENGTH)[0]
         shots = [Shot(sample.stem, sample.mask, sample.image, gap, shortest) for sample in find_samples(folder / "images", folder / "masks")[0]]
     else:

@@ -20,19 +20,22 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from PIL import Image, ImageDraw, ImageFont
 from skimage.morphology import skeletonize
 from tqdm import tqdm
 
 from crackseg.errors import InputError
 from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_atomic, write_csv
-from crackseg.images import load_mask
+from crackseg.images import crack_pixels
 from crackseg.locks import FolderLock
 from crackseg.measure import CrackMeasure, WidthClasses, find_cracks
 from crackseg.vectors import FORMATS, centrelines, skeleton_links, write_vectors
+
+if TYPE_CHECKING:
+    import torch
 
 _TINT = np.array([255.0, 30.0, 30.0], np.float32)
 
@@ -143,7 +146,7 @@ class PredictionsFolder:
 
 def read_saved_mask(path: Path) -> np.ndarray:
     """(H, W) bool crack pixels of a mask PNG that predict wrote, read by the one mask reader."""
-    return load_mask(path)[0].numpy().astype(bool)
+    return crack_pixels(path)
 
 
 @dataclass
@@ -187,11 +190,11 @@ def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image:
         counts |= uncertainty(levels.astype(np.float32) / float(np.iinfo(levels.dtype).max), threshold)  # as rank reads the file
     labels, cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px) if spec.measure else (None, [])
     if spec.overlay:
-        write_atomic(folder.overlay(name), overlay_jpeg(image, mask if labels is None else labels > 0, cracks))
+        write_atomic(folder.overlay(name), overlay_jpeg(image.permute(1, 2, 0).numpy(), mask if labels is None else labels > 0, cracks))
     row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, "ok")
     if spec.vectors:
         lines = centrelines(skeleton_links(skeletonize(labels > 0), labels))
-        write_vectors(folder.vectors(name, spec.vectors), spec.vectors, crack_rows, lines, None)
+        write_vectors(folder.vectors(name, spec.vectors), crack_rows, lines, None)
     return row, crack_rows
 
 
@@ -297,9 +300,9 @@ def write_summary(folder: PredictionsFolder, rows: list[dict], crack_rows: list[
     return summary
 
 
-def overlay_jpeg(image: torch.Tensor, cracks_mask: np.ndarray, cracks: list[CrackMeasure]) -> bytes:
-    """The photo with crack pixels tinted red and each crack's id written at it, for people to look at."""
-    photo = image.permute(1, 2, 0).numpy().astype(np.float32)
+def overlay_jpeg(photo: np.ndarray, cracks_mask: np.ndarray, cracks: list[CrackMeasure]) -> bytes:
+    """The (H, W, 3) photo with crack pixels tinted red and each crack's id written at it, for people to look at."""
+    photo = photo.astype(np.float32)
     photo[cracks_mask] = 0.35 * photo[cracks_mask] + 0.65 * _TINT
     picture = Image.fromarray(photo.round().astype(np.uint8))
     if cracks:

@@ -20,14 +20,16 @@ from __future__ import annotations
 import errno
 import math
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import torch
 
 from crackseg.config import MAX_PIXELS
 from crackseg.errors import InputError, require
 from crackseg.files import PendingFile
+
+if TYPE_CHECKING:
+    import torch
 
 BLOCK = 512  # px: the side of an output GeoTIFF's tiles
 READ_AHEAD = 4096  # px: columns read from a raster at once (a run of 1024 rows holds 16 MB)
@@ -36,6 +38,12 @@ READ_AHEAD = 4096  # px: columns read from a raster at once (a run of 1024 rows 
 def rasterio():
     """rasterio, or a one-line error naming the extra that installs it."""
     return require("rasterio", "geo", "reading and writing GeoTIFFs")
+
+
+def on_map(raster) -> bool:
+    """Whether a raster (a rasterio dataset or a RasterSource) is georeferenced: a CRS, and a geotransform other
+    than the identity GDAL gives a plain TIFF."""
+    return raster.crs is not None and not raster.transform.is_identity
 
 
 def gdal_reason(error: Exception) -> str:
@@ -99,7 +107,7 @@ class RasterSource:
 
     @property
     def georeferenced(self) -> bool:
-        return self.crs is not None and not self.transform.is_identity
+        return on_map(self)
 
     def px_size_mm(self) -> tuple[float | None, str | None]:
         """(millimetres per pixel, None), or (None, why not) when the georeferencing gives no usable scale."""
@@ -127,6 +135,8 @@ class RasterSource:
         run = self._run
         if run is None or (run.top, run.rows) != (top, rows) or not run.left <= left <= left + cols <= run.right:
             self._run = run = self._read_run(top, rows, left, cols)
+        import torch  # here, so that what only opens rasters (compare) starts without loading torch
+
         start = left - run.left
         return torch.from_numpy(run.pixels[:, :, start : start + cols]), run.valid[:, start : start + cols]
 
@@ -254,5 +264,7 @@ def gdal_settings():
     default, 5% of RAM, would let memory grow with the raster up to that), no .aux.xml files
     written beside the inputs (statistics stay in memory), and tiles decoded by as many threads
     as torch computes with: reading and the model take turns, so the cores would idle otherwise."""
+    import torch
+
     return rasterio().Env(GDAL_TIFF_INTERNAL_MASK=True, GDAL_CACHEMAX=64, GDAL_PAM_ENABLED="NO",
                           GDAL_NUM_THREADS=str(torch.get_num_threads()))

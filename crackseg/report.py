@@ -30,8 +30,8 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from crackseg.errors import InputError
-from crackseg.files import write_atomic
-from crackseg.images import DECODE_ERRORS, load_image
+from crackseg.files import cell_number, write_atomic
+from crackseg.images import DECODE_ERRORS, image_pixels
 from crackseg.measure import find_cracks
 from crackseg.outputs import PredictionsFolder, overlay_jpeg, read_saved_mask
 
@@ -103,7 +103,7 @@ def _pictures(folder: PredictionsFolder, name: str, photo_path: Path, mask_path:
     if mask_path.suffix.lower() == ".tif":
         return {}  # a raster predicted by windows: too large to picture whole; the table still lists it
     try:
-        image = load_image(photo_path)
+        image = image_pixels(photo_path)
     except DECODE_ERRORS:
         return {}  # the photo moved since prediction: the table still lists the image
     saved_overlay = folder.overlay(name)
@@ -112,7 +112,7 @@ def _pictures(folder: PredictionsFolder, name: str, photo_path: Path, mask_path:
     else:
         labels, cracks = find_cracks(read_saved_mask(mask_path), summary.get("join_gap_px", 0.0), summary.get("min_length_px", 0.0))
         overlay = Image.open(io.BytesIO(overlay_jpeg(image, labels > 0, cracks)))
-    photo = Image.fromarray(image.permute(1, 2, 0).numpy())
+    photo = Image.fromarray(image)
     for kind, picture, side in (("photos", photo, VIEW_PX), ("overlays", overlay, VIEW_PX), ("thumbs", overlay, THUMB_PX)):
         copy = picture.copy()
         copy.thumbnail((side, side))
@@ -246,15 +246,15 @@ def write_change_report(out: Path, summary: dict, pairs: list[dict], changes: li
 
 def _pair_entry(pair: dict, rows: list[dict]) -> dict:
     """One pair's row of the pairs table and its section: registration, picture URLs, changes in its unit."""
-    unit = "mm" if any(_number(row.get(f"length_mm_{side}")) is not None for row in rows for side in _SIDES) else "px"
+    unit = "mm" if any(cell_number(row.get(f"length_mm_{side}")) is not None for row in rows for side in _SIDES) else "px"
     changes = [_change_entry(row, unit) for row in rows]
     lengths = {side: _total_length(rows, side, unit) for side in _SIDES}
-    inliers = _number(pair.get("inliers"))
+    inliers = cell_number(pair.get("inliers"))
     return {
         "index": int(pair["pair"]), "name_before": str(pair.get("name_before") or ""), "name_after": str(pair.get("name_after") or ""),
         "status": str(pair["status"]), "section": pair["status"] not in _UNPAIRED,
         "method": str(pair.get("method") or ""), "reason": str(pair.get("reason") or ""),
-        "inliers": None if inliers is None else int(inliers), "residual_px": _number(pair.get("residual_px")),
+        "inliers": None if inliers is None else int(inliers), "residual_px": cell_number(pair.get("residual_px")),
         **{f"picture_{side}": _url(Path(pair[f"picture_{side}"])) if pair.get(f"picture_{side}") else None for side in _SIDES},
         "unit": unit, "changes": changes,
         "changed": sum(change["status"] not in ("unchanged", "not seen") for change in changes),
@@ -272,23 +272,18 @@ def _change_entry(row: dict, unit: str) -> dict:
         entry[side] = int(row[f"crack_{side}"]) if row.get(f"crack_{side}") not in (None, "") else None
         entry[f"class_{side}"] = str(row.get(f"max_width_class_{side}") or "")
         for measure in ("length", "max_width"):
-            entry[f"{measure}_{side}"] = _number(row.get(f"{measure}_{unit}_{side}"))
+            entry[f"{measure}_{side}"] = cell_number(row.get(f"{measure}_{unit}_{side}"))
     for measure in ("length", "max_width"):
-        given = _number(row.get(f"{measure}_growth_{unit}"))
+        given = cell_number(row.get(f"{measure}_growth_{unit}"))
         entry[f"{measure}_growth"] = given if given is not None else (entry[f"{measure}_after"] or 0.0) - (entry[f"{measure}_before"] or 0.0)
     return entry
 
 
 def _total_length(rows: list[dict], side: str, unit: str) -> float:
     """The length of one side's cracks in a pair, each counted once (a merged or split crack is in several rows)."""
-    lengths = {row[f"crack_{side}"]: _number(row.get(f"length_{unit}_{side}")) or 0.0
+    lengths = {row[f"crack_{side}"]: cell_number(row.get(f"length_{unit}_{side}")) or 0.0
                for row in rows if row.get(f"crack_{side}") not in (None, "")}
     return sum(lengths.values())
-
-
-def _number(value) -> float | None:
-    """A table cell as a number: rows come as written (numbers) or as read back from a CSV (text, "" when empty)."""
-    return None if value is None or value == "" else float(value)
 
 
 def _page(template: str, title: str, data: dict) -> str:

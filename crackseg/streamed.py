@@ -34,7 +34,7 @@ from crackseg.files import temp_path
 from crackseg.inference import Predictor, part_rows
 from crackseg.measure import CrackMeasure, crack_measure, crack_parts
 from crackseg.outputs import OutputSpec, PredictionsFolder, Records, probability_levels, table_rows
-from crackseg.rasters import BLOCK, RasterSink, RasterSource, gdal_settings, rasterio
+from crackseg.rasters import BLOCK, RasterSink, RasterSource, gdal_settings, on_map, rasterio
 from crackseg.vectors import centrelines, skeleton_links, write_vectors
 
 
@@ -172,7 +172,7 @@ def _raster_rows(raster: Raster, folder: PredictionsFolder, status: str,
             xs, ys = zip(*(transform @ (col, row) for row in (item["top"], item["bottom"]) for col in (item["left"], item["right"])))
             item |= {"x_min": min(xs), "y_min": min(ys), "x_max": max(xs), "y_max": max(ys)}
     if spec.vectors:
-        write_vectors(folder.vectors(raster.name, spec.vectors), spec.vectors, crack_rows, centrelines(links, transform),
+        write_vectors(folder.vectors(raster.name, spec.vectors), crack_rows, centrelines(links, transform),
                       counts["crs"] or None)
     return row, crack_rows
 
@@ -282,7 +282,7 @@ def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: floa
     rio = rasterio()
     halo = HALO + math.ceil(join_gap)
     with rio.open(mask_path) as raster:
-        georeferenced = raster.crs is not None and not raster.transform.is_identity
+        georeferenced = on_map(raster)
         transform = raster.transform if georeferenced else None
         crs = raster.crs.to_string() if raster.crs else ""
         height, width = raster.height, raster.width

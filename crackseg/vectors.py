@@ -20,6 +20,7 @@ from crackseg.errors import require
 from crackseg.files import PendingFile, readable
 
 FORMATS = {"geojson": ("GeoJSON", ".geojson"), "gpkg": ("GPKG", ".gpkg")}
+_DRIVERS = {suffix: driver for driver, suffix in FORMATS.values()}
 
 
 def require_geo() -> None:
@@ -71,18 +72,17 @@ def centrelines(links: np.ndarray, transform=None) -> dict[int, object]:
     return lines
 
 
-def write_vectors(path: Path, fmt: str, rows: list[dict], lines: dict[int, object], crs: str | None) -> None:
+def write_vectors(path: Path, rows: list[dict], lines: dict[int, object], crs: str | None) -> None:
     """One feature per row of ``rows`` (cracks.csv rows of one image) with its centreline; replaces ``path`` whole."""
     shapely = _require("shapely")
     empty = shapely.from_wkt("MULTILINESTRING EMPTY")
     features = [{**{k: v for k, v in row.items() if k != "path"}, "source": readable(row["path"])} for row in rows]
-    write_features(path, fmt, features, [lines.get(row["crack"], empty) for row in rows], crs, "cracks")
+    write_features(path, features, [lines.get(row["crack"], empty) for row in rows], crs, "cracks")
 
 
-def write_features(path: Path, fmt: str, rows: list[dict], geometries: list, crs: str | None, layer: str) -> None:
-    """One (multi)line feature per row, its attributes the row's values; replaces ``path`` whole."""
-    pyogrio, shapely = _require("pyogrio"), _require("shapely")
-    driver, _ = FORMATS[fmt]
+def write_features(path: Path, rows: list[dict], geometries: list, crs: str | None, layer: str) -> None:
+    """One (multi)line feature per row, its attributes the row's values, in the format of ``path``'s suffix; replaces ``path`` whole."""
+    shapely = _require("shapely")
     columns = list(rows[0]) if rows else ["crack"]
     data = []
     for column in columns:
@@ -92,10 +92,20 @@ def write_features(path: Path, fmt: str, rows: list[dict], geometries: list, crs
     geometry = shapely.to_wkb([shapely.force_2d(line) for line in geometries]) if rows else np.array([], dtype=object)
     with PendingFile(Path(path), suffix=Path(path).suffix) as pending:  # GDAL picks the driver by the suffix
         pending.temp.unlink()  # GDAL creates the file itself
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "'crs' was not provided")  # photos: pixel coordinates have no CRS
-            try:
-                pyogrio.raw.write(pending.temp, geometry=np.asarray(geometry, dtype=object), field_data=data, fields=columns,
-                                  driver=driver, geometry_type="MultiLineString", crs=crs, promote_to_multi=True, layer=layer)
-            except pyogrio.errors.DataSourceError as error:  # GDAL could not write it: the machine's fault, like an OSError
-                raise OSError(f"{path}: {str(error).splitlines()[0][-200:]}") from None
+        write_layer(pending.temp, layer, dict(zip(columns, data)), np.asarray(geometry, dtype=object), crs, named=path)
+
+
+def write_layer(path: Path, layer: str, columns: dict[str, np.ndarray], geometry: np.ndarray | None = None,
+                crs: str | None = None, append: bool = False, named: Path | None = None) -> None:
+    """Write one layer with pyogrio in the format of ``path``'s suffix (or add it to ``path`` with ``append``):
+    (multi)line features, or an attribute table when ``geometry`` is None. GDAL's failures are the machine's,
+    an OSError naming ``named`` (default ``path``)."""
+    pyogrio = require("pyogrio", "geo")
+    shape = {} if geometry is None else {"geometry_type": "MultiLineString", "promote_to_multi": True, "crs": crs}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "'crs' was not provided")  # photos: pixel coordinates have no CRS
+        try:
+            pyogrio.raw.write(path, geometry=geometry, field_data=list(columns.values()), fields=list(columns), layer=layer,
+                              driver=_DRIVERS[Path(path).suffix.lower()], append=append, **shape)
+        except pyogrio.errors.DataSourceError as error:
+            raise OSError(f"{named or path}: {str(error).splitlines()[0][-200:]}") from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
@@ -611,3 +612,24 @@ def test_lengths_predict_gave_in_mm_are_converted_by_each_raster_own_pixel_size(
     monkeypatch.setattr(changes, "measure_date", lambda mask, gap, shortest: measured.append((gap, shortest)) or measure(mask, gap, shortest))
     assert main(["compare", str(root), str(root), "--out", str(tmp_path / "out")]) == 0
     assert measured == [(5.0, 10.0), (5.0, 10.0)]
+
+
+def test_comparing_prediction_folders_does_not_load_torch(tmp_path, two_visits):
+    """compare uses no model: importing torch would triple the start-up of a small job."""
+    run = tmp_path / "run"
+    (run / "photos").mkdir(parents=True)
+    (run / "photos" / "wall.png").write_bytes((two_visits[0] / "images" / "wall.png").read_bytes())
+    predicted = _predictions(run / "preds", two_visits[0], "wall", str(run / "photos" / "wall.png"), {})
+    code = ("import sys; from crackseg.cli import main; "
+            f"code = main(['compare', {str(predicted)!r}, {str(predicted)!r}, '--out', {str(tmp_path / 'out')!r}, '--report', '--vectors', 'gpkg']); "
+            "sys.exit(10 + code if 'torch' in sys.modules else code)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    assert _rows(tmp_path / "out" / "pairs.csv")[0]["status"] == "registered"
+
+
+def test_every_change_status_has_a_colour_in_the_report():
+    """report sits above changes in the layout, so it names the statuses itself: the two lists must agree."""
+    from crackseg.changes import STATUSES
+    from crackseg.report import STATUS_COLOURS
+
+    assert sorted(STATUS_COLOURS) == sorted(STATUSES)

@@ -43,7 +43,7 @@ def test_cracks_get_ids_classes_and_joined_lengths(tmp_path):
 
 
 def test_overlay_writes_each_id_beside_its_crack():
-    image = torch.full((3, 120, 200), 90, dtype=torch.uint8)
+    image = np.full((120, 200, 3), 90, dtype=np.uint8)
     from crackseg.measure import find_cracks
 
     mask = (_crack_probability() >= 0.5).numpy()
