@@ -111,6 +111,9 @@ def check_device_options(env: Environment, strategy: str, sync_bn: bool, amp: st
         raise InputError("--strategy dp runs as one process driving every GPU; start it with crackseg train, not torchrun")
     if sync_bn and env.device.type != "cuda":
         raise InputError("--sync-bn needs CUDA devices (SyncBatchNorm has no CPU implementation)")
+    if sync_bn and strategy == "dp":
+        raise InputError("--sync-bn synchronizes BatchNorm across torchrun processes; --strategy dp cannot, "
+                         "so start the run with launch.sh (torchrun, DDP) instead")
     resolve_amp(amp, env.device)
 
 

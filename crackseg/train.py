@@ -146,6 +146,8 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
             f"global batch {resolved.global_batch}, lr {resolved.lr:.3g}, pos_weight {pos_weight}, amp {resolved.amp}"
             + (", channels_last" if layout else "")
             + (f", weights averaged (EMA {config.ema:g})" if ema is not None else "")
+            + ((", BatchNorm synchronized" if env.distributed else ", --sync-bn unused: one process's BatchNorm already sees its whole batch")
+               if config.sync_bn else "")
         )
 
         for epoch in range(start_epoch, config.epochs + 1):

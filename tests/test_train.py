@@ -234,6 +234,17 @@ def test_dataparallel_strategy_runs(synth_root, tmp_path):
     assert result["epochs_run"] == 1 and (tmp_path / "dp" / "best.pt").exists()
 
 
+def test_sync_bn_is_refused_where_it_could_not_synchronize():
+    """SyncBatchNorm works across DDP processes only: DataParallel would silently keep per-GPU statistics."""
+    gpus = distributed.Environment(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0))
+    with pytest.raises(InputError, match="--sync-bn synchronizes BatchNorm across torchrun processes; --strategy dp cannot"):
+        distributed.check_device_options(gpus, "dp", sync_bn=True, amp="off")
+    distributed.check_device_options(gpus, "ddp", sync_bn=True, amp="off")
+    cpu = distributed.Environment(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
+    with pytest.raises(InputError, match="--sync-bn needs CUDA devices"):
+        distributed.check_device_options(cpu, "ddp", sync_bn=True, amp="off")
+
+
 def test_contradicting_a_saved_run_is_an_error(finished_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
