@@ -22,7 +22,10 @@ tests/test_labels.py pins it):
   (0 = left or top edge, 100 = right or bottom edge), then placed as COCO places them, as
   label-studio-converter's COCO export does; a brush is that tool's RLE of the RGBA canvas (a
   32-bit value count, a 5-bit word size, four 4-bit run-length sizes, then repeat or literal
-  runs), the crack in the alpha channel (above 127, as crackseg reads any mask).
+  runs), the crack where alpha is above 0, as label-studio-converter's brush export and its
+  ls_rle_to_coco_rle read it, so a brush imports as the tool's own exports give it.
+  A ``<Polygon>`` or ``<Brush>`` next to a ``<Labels>`` tag gives ``labels`` results that hold
+  the shape; a task's annotation is its ground truth, else its newest.
 
 Lines are drawn ``line_width`` px wide through the points with PIL (edge coordinates moved
 half a pixel onto centres). Exported polygons are Douglas-Peucker simplified by at most
@@ -41,13 +44,14 @@ import math
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from urllib.parse import parse_qs, unquote, urlparse
 from xml.etree import ElementTree
 
 import numpy as np
-from PIL import Image, ImageDraw, UnidentifiedImageError
+from PIL import Image, ImageDraw
 from scipy import ndimage
 from scipy.spatial import cKDTree
 from skimage.measure import find_contours
@@ -84,6 +88,7 @@ class LabelledImage:
     name: str  # as the file names it: a path, a URL, a Label Studio upload
     size: tuple[int, int] | None  # (width, height) as the file states it
     shapes: list[Shape] = field(default_factory=list)
+    embedded_in: Path | None = None  # labelme: the .json whose imageData holds the photo itself (read on demand)
 
 
 @dataclass
@@ -91,18 +96,27 @@ class Annotations:
     images: list[LabelledImage]
     labels: set[str]  # label names the file defines or uses
     unlabelled: int = 0  # Label Studio tasks without a submitted annotation (not imported)
+    cancelled: int = 0  # Label Studio annotations cancelled or skipped (not imported)
+    several: int = 0  # Label Studio tasks with several submitted annotations, of which one was imported
+    other_json: int = 0  # .json files in a labelme folder that are not labelme annotations (no shapes list)
 
 
-def read_annotations(path: Path, fmt: str) -> Annotations:
-    """The images and shapes of an annotation file (a labelme folder: every .json below it)."""
-    readers = {"coco": _read_coco, "labelme": _read_labelme, "cvat": _read_cvat, "labelstudio": _read_labelstudio}
+_EXPECTED = {"coco": "a COCO .json file", "cvat": "a CVAT for images 1.1 .xml file", "labelstudio": "a Label Studio JSON export (.json)"}
+
+
+def read_annotations(path: Path, fmt: str, skip: Path | None = None) -> Annotations:
+    """The images and shapes of an annotation file (a labelme folder: every labelme .json below it but ``skip``, the
+    labels.json of the dataset being written)."""
+    readers = {"coco": _read_coco, "cvat": _read_cvat, "labelstudio": _read_labelstudio}
     if fmt not in LABEL_FORMATS:
         raise InputError(f"--format must be one of {', '.join(LABEL_FORMATS)}, got {fmt!r}")
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file")
+    if path.is_dir() and fmt != "labelme":
+        raise InputError(f"{path} is a folder; --format {fmt} expects {_EXPECTED[fmt]}")
     try:
-        return readers[fmt](path)
+        return _read_labelme(path, skip) if fmt == "labelme" else readers[fmt](path)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as error:
         reason = f"missing {error}" if isinstance(error, KeyError) else str(error)
         raise InputError(f"{path}: not a valid {fmt} file: {reason}") from None
@@ -129,12 +143,13 @@ def _read_coco(path: Path) -> Annotations:
         if item.get("category_id") not in categories:
             raise InputError(f"{where} has category_id {item.get('category_id')!r}, which the categories list lacks")
         label, segmentation = categories[item["category_id"]], item.get("segmentation")
-        if isinstance(segmentation, list):
+        if isinstance(segmentation, list) and segmentation:
+            # a polygon of two points covers no pixel (pycocotools 2.0.11 fails on [[x1, y1, x2, y2]], it draws no box)
             image.shapes += [Shape(label, "polygon", _pairs(polygon)) for polygon in segmentation]
         elif isinstance(segmentation, dict):
             image.shapes.append(Shape(label, "mask", rle=_read_coco_rle(segmentation, image, where)))
-        else:
-            image.shapes.append(Shape(label, "box"))  # a bounding box without an outline
+        else:  # a bounding box without an outline: no segmentation, or [] (Label Studio's export of a rectangle)
+            image.shapes.append(Shape(label, "box"))
     return Annotations(list(images.values()), set(categories.values()))
 
 
@@ -167,43 +182,64 @@ def _read_coco_rle(segmentation: dict, image: LabelledImage, where: str) -> dict
     return rle
 
 
-def _read_labelme(path: Path) -> Annotations:
-    files, root = (sorted(path.rglob("*.json")), path) if path.is_dir() else ([path], path.parent)
-    if not files:
-        raise InputError(f"{path}: holds no labelme .json files")
-    images, labels = [], set()
+def _read_labelme(path: Path, skip: Path | None) -> Annotations:
+    """One labelme file, or those of a folder: its other .json files (a classes.json, a tool's settings) are counted
+    and passed over, and ``skip`` is not read."""
+    folder = path.is_dir()
+    files, root = (sorted(path.rglob("*.json")), path) if folder else ([path], path.parent)
+    if skip is not None:
+        files = [file for file in files if file.resolve() != Path(skip).resolve()]
+    found = Annotations([], set())
     for file in files:
         document = _load_json(file)
-        if not (isinstance(document, dict) and "shapes" in document and "imagePath" in document):
+        if folder and not (isinstance(document, dict) and isinstance(document.get("shapes"), list)):
+            found.other_json += 1
+            continue
+        if not (isinstance(document, dict) and isinstance(document.get("shapes"), list) and "imagePath" in document):
             raise InputError(f"{file}: not a labelme file (it needs shapes and imagePath)")
-        folder = file.parent.relative_to(root).as_posix()  # imagePath is relative to the .json file
-        name = os.path.normpath(os.path.join(folder, PureWindowsPath(document["imagePath"]).as_posix())).replace(os.sep, "/")
-        image = LabelledImage(name, _size(document.get("imageWidth"), document.get("imageHeight")))
-        for item in document["shapes"]:
+        place = file.parent.relative_to(root).as_posix()  # imagePath is relative to the .json file
+        name = os.path.normpath(os.path.join(place, PureWindowsPath(document["imagePath"]).as_posix())).replace(os.sep, "/")
+        image = LabelledImage(name, _size(document.get("imageWidth"), document.get("imageHeight")),
+                              embedded_in=file if document.get("imageData") else None)
+        for number, item in enumerate(document["shapes"]):
             kind, label = item.get("shape_type") or "polygon", str(item["label"])
-            labels.add(label)
+            found.labels.add(label)
             points = np.asarray(item["points"], dtype=np.float64).reshape(-1, 2)
             if kind == "mask":
-                image.shapes.append(_labelme_mask(item, points, label, file))
+                image.shapes.append(_labelme_mask(item, points, label, f"{file}: shape {number} (label {label!r})"))
             elif kind in ("polygon", "line", "linestrip"):
                 image.shapes.append(Shape(label, "polygon" if kind == "polygon" else "line", points, centres=True))
             else:
                 image.shapes.append(Shape(label, kind))
-        images.append(image)
-    return Annotations(images, labels)
+        found.images.append(image)
+    if not found.images:
+        others = f" ({found.other_json} other .json files, without a shapes list)" if found.other_json else ""
+        raise InputError(f"{path}: holds no labelme .json files{others}")
+    return found
 
 
-def _labelme_mask(item: dict, points: np.ndarray, label: str, file: Path) -> Shape:
+def _labelme_mask(item: dict, points: np.ndarray, label: str, where: str) -> Shape:
+    if not isinstance(item.get("mask"), str) or not item["mask"]:
+        raise InputError(f"{where}: a mask shape without its mask (labelme stores a base64 PNG there)")
     try:
         with Image.open(io.BytesIO(base64.b64decode(item["mask"]))) as picture:
             patch = np.asarray(picture).astype(bool)
-    except UnidentifiedImageError:
-        raise InputError(f"{file}: a mask shape (label {label!r}) whose data is not a PNG") from None
+    except (ValueError, OSError):  # bad base64 (binascii.Error), not an image
+        raise InputError(f"{where}: its mask is not a base64 PNG") from None
     (left, top), (right, bottom) = points[:2].astype(int)  # as labelme reads them (truncated)
     if patch.ndim != 2 or patch.shape != (bottom - top + 1, right - left + 1):
-        raise InputError(f"{file}: a mask of {patch.shape[-1]}x{patch.shape[0]} px in a box of "
-                         f"{right - left + 1}x{bottom - top + 1} px (label {label!r})")
+        raise InputError(f"{where}: a mask of {patch.shape[-1]}x{patch.shape[0]} px in a box of {right - left + 1}x{bottom - top + 1} px")
     return Shape(label, "mask", patch=patch, origin=(int(left), int(top)))
+
+
+def embedded_photo(image: LabelledImage) -> bytes:
+    """The photo a labelme file holds in imageData (the image file's bytes, base64), which labelme shows when the
+    photo itself is absent; read from the file again, so that photos are in memory one at a time."""
+    data = _load_json(image.embedded_in).get("imageData")
+    try:
+        return base64.b64decode(data)
+    except (ValueError, TypeError):
+        raise InputError(f"{image.embedded_in}: its imageData is not base64 data") from None
 
 
 def _read_cvat(path: Path) -> Annotations:
@@ -261,33 +297,88 @@ def _read_labelstudio(path: Path) -> Annotations:
     tasks = [document] if isinstance(document, dict) else document
     if not (isinstance(tasks, list) and all(isinstance(task, dict) and isinstance(task.get("data"), dict) for task in tasks)):
         raise InputError(f"{path}: not a Label Studio JSON export (a list of tasks with data; JSON-MIN and CSV exports hold no shapes)")
-    images, labels, unlabelled = [], set(), 0
+    found = Annotations([], set())
     for task in tasks:
-        done = [item for item in task.get("annotations") or [] if not item.get("was_cancelled")]
+        listed = task.get("annotations") or task.get("completions") or []  # "completions" before Label Studio 1.0
+        done = [item for item in listed if not (item.get("was_cancelled") or item.get("skipped"))]
+        found.cancelled += len(listed) - len(done)
         if not done:
-            unlabelled += 1
+            found.unlabelled += 1
             continue
+        found.several += len(done) > 1
         image = LabelledImage(_task_image(task, path), None)
-        for result in done[-1].get("result") or []:  # the latest submitted annotation
-            kind, value = str(result.get("type", "")), result.get("value") or {}
-            names = [str(name) for name in value.get(kind) or []] if isinstance(value.get(kind), list) else [kind]
-            labels.update(names)
-            if kind in ("polygonlabels", "brushlabels"):
-                size = (int(result["original_width"]), int(result["original_height"]))
-                if image.size not in (None, size):
-                    raise InputError(f"{path}: results of {image.name} give two image sizes, {image.size} and {size}")
-                image.size = size
-            for name in names:
-                if kind == "polygonlabels":  # percent -> px, rounded off the float error of the percentages
-                    points = np.round(np.asarray(value["points"], dtype=np.float64).reshape(-1, 2) * np.asarray(size) / 100.0, 6)
-                    image.shapes.append(Shape(name, "polygon", points))
-                elif kind == "brushlabels":
-                    patch = brush_decode(value.get("rle") or result["rle"], *size, path)
-                    image.shapes.append(Shape(name, "mask", patch=patch))
-                else:
-                    image.shapes.append(Shape(name, kind))
-        images.append(image)
-    return Annotations(images, labels, unlabelled)
+        _read_results(_chosen_annotation(done).get("result") or [], image, found.labels, path)
+        found.images.append(image)
+    return found
+
+
+def _chosen_annotation(annotations: list[dict]) -> dict:
+    """The annotation of a task to import: the one marked ground truth, else the newest (updated_at, else
+    created_at), else the last listed."""
+    marked = [item for item in annotations if item.get("ground_truth")] or annotations
+    times = [_timestamp(item.get("updated_at")) or _timestamp(item.get("created_at")) for item in marked]
+    if None in times:
+        return marked[-1]
+    return marked[max(range(len(marked)), key=lambda number: (times[number], number))]
+
+
+def _timestamp(text) -> datetime | None:
+    """An ISO 8601 time (a trailing Z is UTC; one without a zone is taken as UTC), or None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(re.sub(r"[Zz]$", "+00:00", text.strip()))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _read_results(results: list[dict], image: LabelledImage, labels: set[str], path: Path) -> None:
+    """An annotation's results as ``image``'s shapes, region by region: all results of a region share its id, so a
+    ``<Polygon>`` or ``<Brush>`` beside a ``<Labels>`` tag gives one shape (from the result that holds points or an
+    RLE) with the labels of its ``labels`` result. A shape without labels is labelled by its type (polygon, brush)."""
+    regions: dict[tuple, list[dict]] = {}
+    for number, result in enumerate(results):
+        regions.setdefault(("id", result["id"]) if result.get("id") is not None else ("result", number), []).append(result)
+    for region in regions.values():
+        outlined = [result for result in region if _outline(result) != (None, None)]
+        labelling = [result for result in region if str(result.get("type", "")).endswith("labels")] if outlined else []
+        shape_results = {id(result) for result in outlined + labelling}
+        for result in region:  # rectangles, points, choices, texts: counted under their values, not drawn
+            if id(result) not in shape_results:
+                kind = str(result.get("type", ""))
+                names = _names(result) or [kind]
+                labels.update(names)
+                image.shapes += [Shape(name, kind) for name in names]
+        if not outlined:
+            continue
+        names = [name for result in labelling for name in _names(result)] or [str(outlined[0].get("type", ""))]
+        labels.update(names)
+        size = (int(outlined[0]["original_width"]), int(outlined[0]["original_height"]))
+        if image.size not in (None, size):
+            raise InputError(f"{path}: results of {image.name} give two image sizes, {image.size} and {size}")
+        image.size = size
+        points, rle = _outline(outlined[0])
+        if points is not None:  # percent -> px, rounded off the float error of the percentages
+            shape = Shape("", "polygon", np.round(np.asarray(points, dtype=np.float64).reshape(-1, 2) * np.asarray(size) / 100.0, 6))
+        else:
+            shape = Shape("", "mask", patch=brush_decode(rle, *size, path))
+        image.shapes += [replace(shape, label=name) for name in names]
+
+
+def _names(result: dict) -> list[str]:
+    """The values a result gives under its type: labels, choices."""
+    value = result.get("value") or {}
+    found = value.get(str(result.get("type", "")))
+    return [str(name) for name in found] if isinstance(found, list) else []
+
+
+def _outline(result: dict) -> tuple[list | None, list | None]:
+    """A result's (polygon points in percent, brush RLE); (None, None) for shapes without an outline."""
+    value = result.get("value") or {}
+    if value.get("points") is not None:
+        return value["points"], None
+    return None, value.get("rle") or result.get("rle")
 
 
 def _task_image(task: dict, path: Path) -> str:
@@ -308,9 +399,16 @@ def upload_names(name: str) -> list[str]:
     return [name] + ([_UPLOAD_PREFIX.sub("", base)] if _UPLOAD_PREFIX.match(base) else [])
 
 
+def stored_upload_name(file_name: str) -> str:
+    """The name Label Studio stores an uploaded file under, after its prefix: Django's storage cleans it
+    (get_valid_filename: stripped, spaces to underscores, characters other than letters, digits, - _ . dropped),
+    so ``my photo (1).png`` becomes ``my_photo_1.png``."""
+    return re.sub(r"[^-\w.]", "", file_name.strip().replace(" ", "_"))
+
+
 class _Bits:
     def __init__(self, data: list[int]):
-        self.bits, self.at = np.unpackbits(np.asarray(data, dtype=np.uint8)).astype(np.int64), 0
+        self.bits, self.at = np.unpackbits(np.asarray(data, dtype=np.uint8)), 0  # one byte a bit
 
     def read(self, count: int, size: int = 1) -> np.ndarray:
         """``size`` values of ``count`` bits each, most significant bit first."""
@@ -326,19 +424,23 @@ class _Bits:
 
 
 def brush_decode(rle: list[int], width: int, height: int, path: Path) -> np.ndarray:
-    """(height, width) bool from a Label Studio brush: its RGBA values, the crack in the alpha channel."""
+    """(height, width) bool from a Label Studio brush of RGBA values: crack where alpha > 0, as label-studio-converter
+    reads brushes. Only the alpha values are kept (value 4k + 3 is pixel k's), never the whole canvas."""
     bits = _Bits(rle)
     count, word = bits.one(32), bits.one(5) + 1
     sizes = [bits.one(4) + 1 for _ in range(4)]
     if count != width * height * 4:
         raise InputError(f"{path}: a brush of {count} values on a {width}x{height} image ({width * height * 4} expected)")
-    values, at = np.zeros(count, np.int64), 0
+    crack, at = np.zeros(width * height, bool), 0
     while at < count:
         repeat = bits.one(1)
-        stop = at + 1 + bits.one(sizes[bits.one(2)])
-        values[at:stop] = bits.one(word) if repeat else bits.read(word, min(stop, count) - at)
+        stop = min(at + 1 + bits.one(sizes[bits.one(2)]), count)
+        if repeat:
+            crack[at // 4 : stop // 4] = bits.one(word) > 0
+        else:  # literal values at..stop-1: the alpha ones from the first index that is 3 mod 4
+            crack[at // 4 : stop // 4] = bits.read(word, stop - at)[(3 - at) % 4 :: 4] > 0
         at = stop
-    return values.reshape(height, width, 4)[:, :, 3] > 127
+    return crack.reshape(height, width)
 
 
 def brush_encode(mask: np.ndarray) -> list[int]:

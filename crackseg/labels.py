@@ -4,8 +4,9 @@
   coordinates, :mod:`crackseg.label_formats`), finds its images in a folder (EXIF orientation
   applied, as every tool shows them) and writes ``DATASET/images/``, ``DATASET/masks/<stem>.png``
   (0/255) and ``DATASET/labels.json``: the source, the format, the labels used and every count
-  (shapes per kind, clipped, zero-area, labels left out, images not listed). Nothing is dropped
-  without being counted there.
+  (shapes per kind, clipped, zero-area, labels left out, images not listed, annotations passed
+  over). Nothing is dropped without being counted there. A labelme file whose photo the folder
+  lacks gives the photo it embeds (imageData), as labelme shows it.
 - :func:`export_labels` turns a predictions folder's masks into pre-annotations a person corrects
   in the labelling tool.
 - :func:`rank_predictions` orders a predictions folder's photos by how unsure the model was
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -31,10 +33,12 @@ from crackseg.label_formats import (
     LabelledImage,
     coco_document,
     cvat_document,
+    embedded_photo,
     labelme_document,
     labelstudio_document,
     paint_all,
     read_annotations,
+    stored_upload_name,
     upload_names,
 )
 from crackseg.outputs import PredictionsFolder, read_saved_mask, uncertainty, write_png
@@ -53,14 +57,14 @@ def import_labels(annotations: Path, fmt: str, images: Path, out: Path, options:
     """Write the crackseg dataset ``out`` from an annotation file and the photos in ``images``; returns labels.json's content."""
     if fmt != "labelme":  # before any work: polygons and COCO RLE are drawn by pycocotools
         require("pycocotools.mask", "labels", f"reading {fmt} files")
-    found = read_annotations(annotations, fmt)
+    found = read_annotations(annotations, fmt, skip=Path(out) / "labels.json")
     wanted = {name.lower() for name in options.labels}
     known = {name.lower() for name in found.labels}
     unmatched = sorted(wanted - known)
     if known and unmatched:
         raise InputError(f"--label {unmatched[0]} matches no label in {annotations} (its labels: {', '.join(sorted(found.labels))})")
     photos = _photos(Path(images), Path(out))
-    matched = _match(found.images, photos, annotations)
+    matched = _match(found.images, _PhotoIndex(photos), annotations, Path(out))
     lines = sum(s.kind == "line" and s.width is None and s.label.lower() in wanted for image in matched.values() for s in image.shapes)
     if lines and options.line_width is None:
         raise InputError(f"{annotations} holds {lines} lines (polylines, linestrips): give --line-width PX, the crack width to draw them")
@@ -71,16 +75,22 @@ def import_labels(annotations: Path, fmt: str, images: Path, out: Path, options:
         mask = _draw(image, sizes[photo], wanted, options.line_width, tally)
         tally["crack_free"] += not mask.any()
         write_png(Path(out) / "masks" / f"{photo.stem}.png", mask.astype(np.uint8) * 255)
-        link_atomic(photo, Path(out) / "images" / photo.name)
+        if image.embedded_in is None:
+            link_atomic(photo, Path(out) / "images" / photo.name)
+        else:
+            write_atomic(photo, embedded_photo(image))
     stems = sorted(photo.stem for photo in matched)
     _remove_leftovers(Path(out), set(previous) | set(stems), {photo.name for photo in matched} | {f"{stem}.png" for stem in stems})
-    listed = {photo.relative_to(Path(images)).as_posix() for photo in matched}
+    listed = {photo.relative_to(Path(images)).as_posix() for photo, image in matched.items() if image.embedded_in is None}
     provenance = {
         "source": str(Path(annotations).resolve()), "format": fmt, "images_folder": str(Path(images).resolve()),
         "crackseg": __version__, "labels": dict(tally["labels"]), "left_out_labels": dict(tally["left_out"]),
         "images": len(matched), "crack_free": tally["crack_free"], "shapes": dict(tally["shapes"]),
         "not_drawn": dict(tally["not_drawn"]), "clipped": tally["clipped"], "zero_area": tally["zero_area"],
         "line_width_px": options.line_width, "unlabelled_tasks": found.unlabelled,
+        "cancelled_annotations": found.cancelled, "tasks_with_several_annotations": found.several,
+        "json_files_skipped": found.other_json,
+        "photos_from_image_data": sorted(photo.name for photo, image in matched.items() if image.embedded_in is not None),
         "images_not_listed": sorted(set(photos) - listed), "stems": stems,
     }
     write_atomic(Path(out) / "labels.json", json.dumps(provenance, indent=1) + "\n")
@@ -100,6 +110,15 @@ def import_summary(provenance: dict, out: Path) -> str:
         lines.append(f"{len(provenance['images_not_listed'])} images in the folder are not in the file and were not imported")
     if provenance["unlabelled_tasks"]:
         lines.append(f"{provenance['unlabelled_tasks']} tasks without a submitted annotation were not imported")
+    if provenance["cancelled_annotations"]:
+        lines.append(f"{provenance['cancelled_annotations']} cancelled or skipped annotations were not imported")
+    if provenance["tasks_with_several_annotations"]:
+        lines.append(f"{provenance['tasks_with_several_annotations']} tasks had several annotations: "
+                     "the one marked ground truth, else the newest, was imported")
+    if provenance["json_files_skipped"]:
+        lines.append(f"skipped {provenance['json_files_skipped']} JSON files that are not labelme annotations")
+    if provenance["photos_from_image_data"]:
+        lines.append(f"{len(provenance['photos_from_image_data'])} photos not in --images were taken from their labelme files' imageData")
     return "\n".join(lines + [f"details: {Path(out) / 'labels.json'}"])
 
 
@@ -112,22 +131,70 @@ def _photos(folder: Path, out: Path) -> dict[str, Path]:
             if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and path.parent.resolve() not in written}
 
 
-def _match(listed: list[LabelledImage], photos: dict[str, Path], source: Path) -> dict[Path, LabelledImage]:
-    """Each listed image's photo (an image listed twice gets the shapes of both), by the longest tail of its name."""
-    by_name: dict[str, list[str]] = {}
-    for key in photos:
-        by_name.setdefault(PurePosixPath(key).name, []).append(key)
+class _PhotoIndex:
+    """--images' photos by path relative to it, file name, the name Label Studio stores an upload under, and stem."""
+
+    def __init__(self, photos: dict[str, Path]):
+        self.photos = photos
+        self.by_name: dict[str, list[str]] = {}
+        self.by_upload: dict[str, list[str]] = {}
+        self.by_stem: dict[str, list[str]] = {}
+        for key in photos:
+            name = PurePosixPath(key).name
+            self.by_name.setdefault(name, []).append(key)
+            self.by_upload.setdefault(stored_upload_name(name), []).append(key)
+            self.by_stem.setdefault(PurePosixPath(key).stem, []).append(key)
+
+    def find(self, name: str, source: Path) -> Path | None:
+        """The photo ``name`` refers to: the longest tail of its path, else the one photo of its file name (with and
+        without a Label Studio upload prefix), else the one whose name Label Studio stores as that upload, else, for a
+        name without an image suffix (CVAT's video frames: frame_000000), the one photo of that stem."""
+        names = upload_names(name)
+        for candidate in names:
+            parts = PurePosixPath(candidate.replace("\\", "/")).parts
+            for start in range(len(parts)):
+                if "/".join(parts[start:]) in self.photos:
+                    return self.photos["/".join(parts[start:])]
+            found = self._one(self.by_name, parts[-1] if parts else "", name, "give the folder the names are relative to", source)
+            if found is not None:
+                return found
+        if len(names) > 1:
+            advice = f"Label Studio stores an upload of each as {names[1]}: rename all but one"
+            found = self._one(self.by_upload, names[1], name, advice, source)
+            if found is not None:
+                return found
+        base = PurePosixPath(name.replace("\\", "/")).name
+        if PurePosixPath(base).suffix.lower() not in IMAGE_SUFFIXES:
+            return self._one(self.by_stem, base, name, "the name has no image suffix: keep one photo of that stem", source)
+        return None
+
+    def _one(self, index: dict[str, list[str]], key: str, name: str, advice: str, source: Path) -> Path | None:
+        same = index.get(key, [])
+        if len(same) > 1:
+            raise InputError(f"{source}: {name} could be any of {', '.join(same[:3])} in --images; {advice}")
+        return self.photos[same[0]] if same else None
+
+
+def _match(listed: list[LabelledImage], index: _PhotoIndex, source: Path, out: Path) -> dict[Path, LabelledImage]:
+    """Each listed image's photo (an image listed twice gets the shapes of both); a labelme image whose photo
+    --images lacks is the photo its file embeds, keyed by where it will be written (``out``/images/)."""
     matched: dict[Path, LabelledImage] = {}
     missing = []
     for image in listed:
-        photo = _find(image.name, photos, by_name, source)
+        photo = index.find(image.name, source)
+        embedded_in = image.embedded_in if photo is None else None  # the photo itself, when there is one
+        if photo is None and embedded_in is not None:
+            photo = out / "images" / PurePosixPath(image.name).name
+            if photo in matched and matched[photo].name != image.name:
+                raise InputError(f"{source}: {matched[photo].name} and {image.name} embed photos of one name, {photo.name}, and "
+                                 "--images has neither; a dataset pairs masks by stem: give the folder holding them")
         if photo is None:
             missing.append(image.name)
         elif photo in matched:
             matched[photo].shapes += image.shapes
             matched[photo].size = matched[photo].size or image.size
         else:
-            matched[photo] = LabelledImage(image.name, image.size, list(image.shapes))
+            matched[photo] = LabelledImage(image.name, image.size, list(image.shapes), embedded_in)
     if missing:
         raise InputError(f"{source} refers to {len(missing)} images that are not in --images (e.g. {missing[0]}); "
                          "give the folder holding them")
@@ -138,30 +205,17 @@ def _match(listed: list[LabelledImage], photos: dict[str, Path], source: Path) -
     return matched
 
 
-def _find(name: str, photos: dict[str, Path], by_name: dict[str, list[str]], source: Path) -> Path | None:
-    for candidate in upload_names(name):
-        parts = PurePosixPath(candidate.replace("\\", "/")).parts
-        for start in range(len(parts)):
-            if "/".join(parts[start:]) in photos:
-                return photos["/".join(parts[start:])]
-        same = by_name.get(parts[-1] if parts else "", [])
-        if len(same) > 1:
-            raise InputError(f"{source}: {name} could be any of {', '.join(same[:3])} in --images; give the folder the names are relative to")
-        if same:
-            return photos[same[0]]
-    return None
-
-
 def _size(photo: Path, image: LabelledImage, source: Path) -> tuple[int, int]:
     """The photo's (width, height) as shown, which must be the size the file states."""
+    shown_as = f"the photo in {image.embedded_in}'s imageData" if image.embedded_in is not None else str(photo)
     try:
-        with Image.open(photo) as picture:
+        with Image.open(io.BytesIO(embedded_photo(image)) if image.embedded_in is not None else photo) as picture:
             shown, stored, turn = displayed_size(picture), picture.size, orientation(picture)
     except DECODE_ERRORS as error:
-        raise InputError(f"{photo}: {describe_error(error)}") from None
+        raise InputError(f"{shown_as}: {describe_error(error)}") from None
     if image.size is None or tuple(image.size) == shown:
         return shown
-    message = f"{source}: {image.name} is {image.size[0]}x{image.size[1]} px there but {photo} is {shown[0]}x{shown[1]} as shown"
+    message = f"{source}: {image.name} is {image.size[0]}x{image.size[1]} px there but {shown_as} is {shown[0]}x{shown[1]} as shown"
     if turn != 1 and tuple(image.size) == stored:
         message += (f"; its EXIF orientation tag ({turn}) explains it: it was labelled on the stored, unturned pixels "
                     "(label the photo as viewers show it, or remove the tag)")

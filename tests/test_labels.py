@@ -1,8 +1,8 @@
 """crackseg labels: each format's coordinates pinned by one-pixel examples, round trips, counts, one-line errors, rank.
 
 Every annotation file here is written by the test from its format's documentation (COCO's data
-format, CVAT's XML annotation format, labelme's shape_to_mask, label-studio-converter's brush RLE);
-none comes from a labelling tool's repository.
+format, CVAT's XML annotation format, labelme's shape_to_mask and imageData, Label Studio's JSON
+export and label-studio-converter's brush RLE); none comes from a labelling tool's repository.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from PIL import Image
 
 from crackseg.cli import main
 from crackseg.data import open_dataset
+from crackseg.errors import InputError
 from crackseg.images import load_mask
-from crackseg.labels import ImportOptions, export_labels, import_labels, rank_predictions
+from crackseg.label_formats import brush_decode, brush_encode
+from crackseg.labels import ImportOptions, export_labels, import_labels, import_summary, rank_predictions
 from crackseg.outputs import OutputSpec, PredictionsFolder, Records, write_image_outputs
 
 pytest.importorskip("pycocotools")
@@ -76,11 +78,11 @@ def _cvat(tmp_path, shapes: str, name="a.png", size=(W, H)) -> object:
     return path
 
 
-def _labelme(tmp_path, shapes, image="a.png", size=(W, H)) -> object:
+def _labelme(tmp_path, shapes, image="a.png", size=(W, H), image_data=None) -> object:
     folder = tmp_path / "labelme"
     folder.mkdir(exist_ok=True)
     document = {"version": "5.5.0", "flags": {}, "shapes": [{"group_id": None, "flags": {}, "description": "", **shape} for shape in shapes],
-                "imagePath": f"../photos/{image}", "imageData": None, "imageWidth": size[0], "imageHeight": size[1]}
+                "imagePath": f"../photos/{image}", "imageData": image_data, "imageWidth": size[0], "imageHeight": size[1]}
     (folder / f"{image.rsplit('.', 1)[0]}.json").write_text(json.dumps(document))
     return folder
 
@@ -184,13 +186,31 @@ def _brush(values: list[int]) -> list[int]:
     return [int(bits[i : i + 8], 2) for i in range(0, len(bits), 8)]
 
 
-def test_labelstudio_brushes_hold_the_crack_in_the_alpha_channel(tmp_path):
+def test_labelstudio_brushes_hold_the_crack_where_alpha_is_above_zero(tmp_path):
+    """As label-studio-converter reads a brush (its brush export, ls_rle_to_coco_rle): alpha > 0 is the mask."""
     _photo(tmp_path / "photos", size=(3, 2))
-    rgba = [[0, 0, 0, 0], [255, 0, 0, 255], [0, 0, 0, 0], [0, 0, 0, 0], [255, 0, 0, 100], [255, 0, 0, 200]]
+    rgba = [[0, 0, 0, 0], [255, 0, 0, 255], [255, 0, 0, 0], [0, 0, 0, 0], [255, 0, 0, 1], [255, 0, 0, 200]]
     brush = {"type": "brushlabels", "original_width": 3, "original_height": 2,
              "value": {"format": "rle", "rle": _brush([v for pixel in rgba for v in pixel]), "brushlabels": ["crack"]}}
     masks, _ = _imported(tmp_path, "labelstudio", _labelstudio(tmp_path, [brush]))
-    assert masks["a"].tolist() == [[False, True, False], [False, False, True]]  # alpha 100: below half, not crack
+    assert masks["a"].tolist() == [[False, True, False], [False, True, True]]  # alpha 1 is crack, red at alpha 0 is not
+
+
+def test_a_brush_is_decoded_without_holding_its_rgba_canvas():
+    """A 12 MP photo's brush: 48 million RGBA values, 384 MB as int64; only the alpha values are kept, as bools."""
+    import tracemalloc
+
+    mask = np.zeros((3000, 4000), bool)
+    mask[1000:1010] = True
+    mask[2000, 5::7] = True
+    rle = brush_encode(mask)
+    tracemalloc.start()
+    try:
+        decoded = brush_decode(rle, 4000, 3000, "brush.json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert np.array_equal(decoded, mask) and peak < 2 * mask.size
 
 
 def test_lines_are_drawn_line_width_wide_and_a_cvat_width_attribute_wins(tmp_path):
@@ -254,6 +274,8 @@ def _cli(*args) -> tuple[int, str]:
     ("not json", "not readable JSON"),
     ("lines", "holds 1 lines (polylines, linestrips): give --line-width PX"),
     ("unknown category", "has category_id 9, which the categories list lacks"),
+    ("mask without data", "labelme/a.json: shape 1 (label 'crack'): a mask shape without its mask"),
+    ("mask not base64", "labelme/a.json: shape 0 (label 'crack'): its mask is not a base64 PNG"),
 ])
 def test_bad_input_is_one_line_naming_the_file(tmp_path, case, message):
     photos = tmp_path / "photos"
@@ -276,6 +298,10 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, case, message):
         path.write_text("{not json")
     elif case == "lines":
         fmt, path = "cvat", _cvat(tmp_path, '<polyline label="crack" points="1,1;5,5"/>')
+    elif case.startswith("mask"):
+        polygon = {"label": "crack", "shape_type": "polygon", "points": [[3, 1], [3, 6], [4, 6]]}
+        mask = {"label": "crack", "shape_type": "mask", "points": [[1, 1], [2, 2]], "mask": None if case == "mask without data" else "no%data"}
+        fmt, path = "labelme", _labelme(tmp_path, [polygon, mask] if case == "mask without data" else [mask])
     else:
         path = _coco(tmp_path, [(9, [[0, 0, 1, 0, 1, 1]])])
     code, err = _cli("import", path, "--format", fmt, "--images", photos, "--out", tmp_path / "out", *extra)
@@ -292,6 +318,167 @@ def test_missing_pycocotools_names_the_extra(monkeypatch, tmp_path):
     _photo(tmp_path / "photos")
     with pytest.raises(InputError, match=r"pip install 'crackseg\[labels\]'"):
         _imported(tmp_path, "coco", _coco(tmp_path, [(1, [[3, 1, 4, 1, 4, 7, 3, 7]])]))
+
+
+@pytest.mark.parametrize("fmt", ["coco", "cvat", "labelstudio"])
+def test_a_folder_given_for_an_annotation_file_is_one_line(tmp_path, fmt):
+    _photo(tmp_path / "photos")
+    code, err = _cli("import", tmp_path / "photos", "--format", fmt, "--images", tmp_path / "photos", "--out", tmp_path / "out")
+    assert code == 2 and err.count("\n") == 1 and f"{tmp_path / 'photos'} is a folder; --format {fmt} expects a" in err, err
+
+
+# Exports as the tools write them
+
+
+def _ls_result(kind, value, region="r1", size=(W, H)):
+    """One result of a region, as Label Studio's JSON export writes it (all results of a region share its id)."""
+    return {"id": region, "type": kind, "from_name": kind, "to_name": "image", "original_width": size[0], "original_height": size[1],
+            "image_rotation": 0, "value": value}
+
+
+def _ls_column(x, label="crack"):
+    """A polygonlabels result over pixel column x."""
+    return _ls_polygon([(x, 0), (x + 1, 0), (x + 1, H), (x, H)], label)
+
+
+def _ls_tasks(tmp_path, tasks) -> object:
+    path = tmp_path / "labelstudio.json"
+    path.write_text(json.dumps([{"id": number, "data": {"image": image}, key: annotations}
+                                for number, (image, key, annotations) in enumerate(tasks, 1)]))
+    return path
+
+
+def test_labelstudio_reads_older_completions_and_counts_cancelled_or_skipped_annotations(tmp_path):
+    """Label Studio before 1.0 exported a task's annotations as "completions"; cancelled (was_cancelled) and
+    skipped annotations are passed over and counted."""
+    for name in ("a.png", "b.png"):
+        _photo(tmp_path / "photos", name)
+    path = _ls_tasks(tmp_path, [
+        ("a.png", "completions", [{"id": 1, "result": [_ls_column(3)]}, {"id": 2, "skipped": True, "result": [_ls_column(6)]}]),
+        ("b.png", "annotations", [{"id": 3, "was_cancelled": True, "result": [_ls_column(5)]}]),
+    ])
+    masks, provenance = _imported(tmp_path, "labelstudio", path)
+    assert sorted(masks) == ["a"] and _columns(masks["a"]) == [3]
+    assert provenance["cancelled_annotations"] == 2 and provenance["unlabelled_tasks"] == 1
+    assert "2 cancelled or skipped annotations were not imported" in import_summary(provenance, tmp_path / "dataset")
+
+
+def test_labelstudio_takes_the_ground_truth_else_the_newest_annotation_and_says_so(tmp_path):
+    names = ("truth.png", "updated.png", "created.png", "untimed.png")
+    for name in names:
+        _photo(tmp_path / "photos", name)
+
+    def annotation(x, **fields):
+        return {"result": [_ls_column(x)], **fields}
+
+    path = _ls_tasks(tmp_path, [
+        ("truth.png", "annotations", [annotation(1, ground_truth=True, updated_at="2024-01-01T00:00:00Z"),
+                                      annotation(2, ground_truth=False, updated_at="2024-06-01T00:00:00Z")]),
+        ("updated.png", "annotations", [annotation(3, created_at="2024-01-01T00:00:00Z", updated_at="2024-03-01T10:00:00.123456Z"),
+                                        annotation(4, created_at="2024-02-01T00:00:00Z", updated_at="2024-02-01T00:00:00Z")]),
+        ("created.png", "annotations", [annotation(5, created_at="2024-05-01T01:00:00+02:00"),  # 23:00 UTC, after 22:30
+                                        annotation(6, created_at="2024-04-30T22:30:00Z")]),
+        ("untimed.png", "annotations", [annotation(7), annotation(8)]),
+    ])
+    masks, provenance = _imported(tmp_path, "labelstudio", path)
+    assert [_columns(masks[name.split(".")[0]]) for name in names] == [[1], [3], [5], [8]]
+    assert provenance["tasks_with_several_annotations"] == 4
+    assert "4 tasks had several annotations" in import_summary(provenance, tmp_path / "dataset")
+
+
+def test_labelstudio_uploads_match_the_photo_whose_name_django_stored_cleaned(tmp_path):
+    """An upload of "my photo (1).png" is stored as <8 hex>-my_photo_1.png (Django's get_valid_filename)."""
+    photos = tmp_path / "photos"
+    _photo(photos, "my photo (1).png")
+    path = _labelstudio(tmp_path, [_ls_column(3)], image="/data/upload/3/abcd1234-my_photo_1.png")
+    masks, _ = _imported(tmp_path, "labelstudio", path)
+    assert list(masks) == ["my photo (1)"] and _columns(masks["my photo (1)"]) == [3]
+    _photo(photos, "my_photo_1.png")  # a photo of exactly that name comes first
+    masks, provenance = _imported(tmp_path, "labelstudio", path, overwrite=True)
+    assert list(masks) == ["my_photo_1"] and provenance["images_not_listed"] == ["my photo (1).png"]
+    (photos / "my_photo_1.png").unlink()
+    _photo(photos, "my photo 1.png")
+    code, err = _cli("import", path, "--format", "labelstudio", "--images", photos, "--out", tmp_path / "out")
+    assert code == 2 and err.count("\n") == 1 and "my photo (1).png" in err and "my photo 1.png" in err, err
+
+
+def test_labelstudio_labels_tag_beside_polygon_and_brush_tags_gives_labelled_shapes(tmp_path):
+    """<Labels> beside <Polygon> and <Brush>: a region's labels result holds its shape (points in percent, or an RLE);
+    the region's own polygon result (same id) is the same shape, and labels without a shape label the region's shape.
+    A shape without labels is counted under its type."""
+    _photo(tmp_path / "photos")
+
+    def column(x):
+        return {"points": [[100 * x / W, 0], [100 * (x + 1) / W, 0], [100 * (x + 1) / W, 100], [100 * x / W, 100]], "closed": True}
+
+    def brush(x):
+        return {"format": "rle", "rle": _brush([255 * (n // 4 % W == x) for n in range(W * H * 4)])}
+
+    results = [_ls_result("polygon", column(3), "r1"), _ls_result("labels", column(3) | {"labels": ["crack"]}, "r1"),
+               _ls_result("labels", brush(7) | {"labels": ["crack"]}, "r2"), _ls_result("polygon", column(5), "r3"),
+               _ls_result("brush", brush(8), "r4"), _ls_result("polygon", column(1), "r5"), _ls_result("labels", {"labels": ["crack"]}, "r5")]
+    path = _labelstudio(tmp_path, results)
+    masks, provenance = _imported(tmp_path, "labelstudio", path)
+    assert _columns(masks["a"]) == [1, 3, 7] and masks["a"].sum() == 3 * H
+    assert provenance["shapes"] == {"polygon": 2, "mask": 1} and provenance["left_out_labels"] == {"polygon": 1, "brush": 1}
+    masks, _ = _imported(tmp_path, "labelstudio", path, labels=("crack", "polygon", "brush"), overwrite=True)
+    assert _columns(masks["a"]) == [1, 3, 5, 7, 8]
+
+
+def test_coco_annotations_without_an_outline_are_counted(tmp_path):
+    """Label Studio's COCO export writes a rectangle as "segmentation": []; a two-point polygon covers nothing
+    (pycocotools 2.0.11 refuses [[x1, y1, x2, y2]] rather than reading it as a box)."""
+    _photo(tmp_path / "photos")
+    masks, provenance = _imported(tmp_path, "coco", _coco(tmp_path, [(1, []), (1, None), (1, [[1, 1, 3, 5]])]))
+    assert provenance["not_drawn"] == {"box": 2} and provenance["shapes"] == {"polygon": 1} and provenance["zero_area"] == 1
+    assert not masks["a"].any()
+
+
+def test_cvat_video_frames_without_a_suffix_match_the_photo_of_that_stem(tmp_path):
+    """CVAT for images names the frames of a video task frame_000000, without a suffix."""
+    photos = tmp_path / "photos"
+    _photo(photos, "frame_000000.png")
+    path = _cvat(tmp_path, '<polygon label="crack" occluded="0" points="3,1;4,1;4,7;3,7"/>', name="frame_000000")
+    masks, _ = _imported(tmp_path, "cvat", path)
+    assert _columns(masks["frame_000000"]) == [3]
+    _photo(photos, "frame_000000.jpg")
+    code, err = _cli("import", path, "--format", "cvat", "--images", photos, "--out", tmp_path / "out")
+    assert code == 2 and err.count("\n") == 1 and "frame_000000.jpg" in err and "frame_000000.png" in err, err
+
+
+def test_labelme_image_data_stands_in_for_a_photo_the_folder_lacks(tmp_path):
+    """labelme embeds the photo (imageData: its file, base64) and shows it when the photo is absent."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    pixels = np.random.default_rng(0).integers(0, 255, (H, W, 3), dtype=np.uint8)
+    encoded = io.BytesIO()
+    Image.fromarray(pixels).save(encoded, "PNG")
+    data = base64.b64encode(encoded.getvalue()).decode()
+    shape = {"label": "crack", "shape_type": "polygon", "points": [[3, 1], [3, 6], [3, 6], [3, 1]]}
+    masks, provenance = _imported(tmp_path, "labelme", _labelme(tmp_path, [shape], image_data=data))
+    assert _columns(masks["a"]) == [3] and provenance["photos_from_image_data"] == ["a.png"]
+    assert np.array_equal(np.asarray(Image.open(tmp_path / "dataset" / "images" / "a.png")), pixels)
+    assert not open_dataset(tmp_path / "dataset").problems
+    _photo(photos)  # the photo itself, when the folder has it
+    _, provenance = _imported(tmp_path, "labelme", _labelme(tmp_path, [shape], image_data=data), overwrite=True)
+    assert provenance["photos_from_image_data"] == [] and np.asarray(Image.open(tmp_path / "dataset" / "images" / "a.png"))[0, 0, 0] == 128
+    (photos / "a.png").unlink()
+    path = _labelme(tmp_path, [shape], size=(W + 2, H), image_data=data)
+    code, err = _cli("import", path, "--format", "labelme", "--images", photos, "--out", tmp_path / "out")
+    assert code == 2 and err.count("\n") == 1 and "is 12x8 px there but the photo in" in err and "imageData is 10x8" in err, err
+
+
+def test_a_labelme_folder_passes_over_other_json_files_and_the_dataset_written_inside_it(tmp_path):
+    _photo(tmp_path / "photos")
+    folder = _labelme(tmp_path, [{"label": "crack", "shape_type": "polygon", "points": [[3, 1], [3, 6], [3, 6], [3, 1]]}])
+    (folder / "classes.json").write_text(json.dumps({"classes": ["crack", "joint"]}))
+    for _ in range(2):  # the second time, the dataset's own labels.json lies in the folder
+        provenance = import_labels(folder, "labelme", tmp_path / "photos", folder / "dataset", ImportOptions(overwrite=True))
+    assert provenance["images"] == 1 and provenance["json_files_skipped"] == 1
+    assert "skipped 1 JSON files that are not labelme annotations" in import_summary(provenance, folder / "dataset")
+    (folder / "a.json").unlink()
+    with pytest.raises(InputError, match="holds no labelme .json files"):
+        import_labels(folder, "labelme", tmp_path / "photos", folder / "dataset", ImportOptions(overwrite=True))
 
 
 # Export: predictions -> pre-annotations -> import gives the predictions back
