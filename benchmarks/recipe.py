@@ -45,7 +45,7 @@ def _crackseg() -> list[str]:
     return [sys.executable, "-m", "crackseg"]
 
 
-def _score(checkpoint: Path, data: Path, out: Path) -> None:
+def score(checkpoint: Path, data: Path, out: Path) -> None:
     for tolerance in TOLERANCES:
         command = [*_crackseg(), "evaluate", "--checkpoint", str(checkpoint), "--data", str(data), "--split", "test",
                    "--tolerance", str(tolerance), "--device", "cpu", "--out", str(out / f"tol{tolerance}"), "--overwrite"]
@@ -76,17 +76,17 @@ def run(args: argparse.Namespace) -> None:
     start = time.time()
     subprocess.run(command, check=True, env={**os.environ, "PYTHON": sys.executable})
     (run_dir / "wall_clock_s.txt").write_text(f"{time.time() - start:.0f}\n")
-    _score(run_dir / "best.pt", data, run_dir / "test")
+    score(run_dir / "best.pt", data, run_dir / "test")
     _score_protocols(run_dir / "best.pt", data, run_dir / "test")
 
 
 def cross(args: argparse.Namespace) -> None:
     """Score a model trained on one dataset on the other's test split."""
     run_dir = args.runs / f"{args.train}-{args.variant}-s{args.seed}"
-    _score(run_dir / "best.pt", args.root / DATASETS[args.test][0], run_dir / f"cross-{args.test}")
+    score(run_dir / "best.pt", args.root / DATASETS[args.test][0], run_dir / f"cross-{args.test}")
 
 
-def _figures(report_dir: Path) -> dict:
+def scores(report_dir: Path) -> dict:
     figures = {}
     for tolerance in TOLERANCES:
         report = json.loads((report_dir / f"tol{tolerance}" / "report.json").read_text())
@@ -107,13 +107,13 @@ def _run_row(run_dir: Path) -> dict:
     wall = run_dir / "wall_clock_s.txt"
     row = {"run": run_dir.name, "best_epoch": best["epoch"], "val_f1": best["metrics"]["f1"], "threshold": threshold,
            "at_edge": threshold_index(threshold) in (1, BINS - 1), "edge": (float(THRESHOLDS[1]), float(THRESHOLDS[BINS - 1])),
-           "wall_clock_min": float(wall.read_text()) / 60 if wall.exists() else None, **_figures(run_dir / "test")}
+           "wall_clock_min": float(wall.read_text()) / 60 if wall.exists() else None, **scores(run_dir / "test")}
     for cross_dir in sorted(run_dir.glob("cross-*")):
-        row[cross_dir.name] = _figures(cross_dir)
+        row[cross_dir.name] = scores(cross_dir)
     return row
 
 
-def _spread(values: list[float]) -> str:
+def spread(values: list[float]) -> str:
     mean = statistics.mean(values)
     return f"{mean:.4f} ± {statistics.stdev(values):.4f}" if len(values) > 1 else f"{mean:.4f}"
 
@@ -154,7 +154,7 @@ def table(args: argparse.Namespace) -> None:
         dataset, rest = row["run"].split("-", 1)
         groups.setdefault((dataset, rest.rsplit("-s", 1)[0]), []).append(row)
     for (dataset, variant), members in sorted(groups.items()):
-        cells = [_spread([m[key] for m in members]) for key in keys]
+        cells = [spread([m[key] for m in members]) for key in keys]
         thresholds = ", ".join(f"{m['threshold']:.4g}{' (edge)' if m['at_edge'] else ''}" for m in members)
         walls = ", ".join(f"{m['wall_clock_min']:.0f}" for m in members if m["wall_clock_min"] is not None)
         print(f"| {dataset} | {variant} | {len(members)} | " + " | ".join(cells) + f" | {thresholds} | {walls} |")
@@ -194,7 +194,7 @@ def protocols(args: argparse.Namespace) -> None:
     for dataset in DATASETS:
         members = [figures for name, figures in table_rows if name == dataset]
         if members:
-            print(f"| {dataset} | {len(members)} | " + " | ".join(_spread([m[key] for m in members]) for key in keys) + " |")
+            print(f"| {dataset} | {len(members)} | " + " | ".join(spread([m[key] for m in members]) for key in keys) + " |")
 
 
 def main() -> None:
