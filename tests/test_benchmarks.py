@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
@@ -125,3 +126,30 @@ def test_gpu_check_without_a_cuda_device_stops_at_once_in_one_line_with_status_2
     assert result.stderr.startswith("gpu_check: no CUDA device: ") and "sees no GPU" in result.stderr
     assert time.monotonic() - started < 60
     assert not (tmp_path / "out").exists()
+
+
+def test_ranking_table_pairs_the_arms_seed_for_seed(tmp_path):
+    from PIL import Image
+
+    pool = ["a", "b", "c", "d"]
+    masks = tmp_path / "datasets" / "cfd" / "masks"
+    masks.mkdir(parents=True)
+    for number, stem in enumerate(pool):  # a: 0 crack pixels of 100, b: 1, c: 2, d: 3
+        mask = np.zeros((10, 10), np.uint8)
+        mask.flat[:number] = 255
+        Image.fromarray(mask).save(masks / f"{stem}.png")
+    home = tmp_path / "runs" / "cfd"
+    (home / "pool-predictions").mkdir(parents=True)
+    (home / "draw.json").write_text(json.dumps({"val": ["v"], "first": ["f"], "pool": pool, "n": 2, "base_epochs": 3, "epochs": 2}))
+    (home / "pool-predictions" / "rank.csv").write_text("rank,path,uncertainty,unsure_crack_share\n1,x/d.jpg,0.3,0.1\n2,x/c.jpg,0.2,0.1\n3,x/a.jpg,0.1,0\n4,x/b.jpg,0,0\n")
+    for name, f1 in {"base": 0.5, "ranked-s0": 0.7, "ranked-s1": 0.6, "random-s0": 0.6, "random-s1": 0.65}.items():
+        for tolerance in (0, 2):
+            report = {"dataset": {"f1": f1 + tolerance / 10, "iou_crack": f1 / 2}, "ods": {"f1": f1, "threshold": 0.9}, "ois": {"f1": f1}}
+            (home / name / "test" / f"tol{tolerance}").mkdir(parents=True)
+            (home / name / "test" / f"tol{tolerance}" / "report.json").write_text(json.dumps(report))
+    result = subprocess.run([sys.executable, str(BENCH.with_name("ranking.py")), "--root", str(tmp_path / "datasets"),
+                             "--runs", str(tmp_path / "runs"), "table", "--dataset", "cfd"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| ranked | 2 | 0.6500 ± 0.0707 |" in result.stdout and "| base | 1 | 0.5000 |" in result.stdout
+    assert "ranked - random, f1@0, per seed: +0.1000, -0.0500; mean 0.0250 ± 0.1061" in result.stdout
+    assert "ranked 0.0250, pool 0.0150" in result.stdout  # the ranked pick (d, c) holds more crack than the pool's mean
