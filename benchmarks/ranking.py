@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recipe import BUDGET, DATASETS, ROOT, VARIANTS, score, scores, spread
+from recipe import BUDGET, DATASETS, ROOT, VARIANTS, evaluate_run, read_scores, spread
 
 VARIANT = VARIANTS["bce+dice-sqrt-bf16cl"]  # the default recipe on this CPU
 SPLIT_SEED = 0
@@ -56,14 +56,14 @@ def _train(data: Path, run_dir: Path, epochs: int, seed: int, init: Path | None 
                "--epochs", str(epochs), "--seed", str(seed), *VARIANT, *(["--init", str(init)] if init else [])]
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True, env={**os.environ, "PYTHON": sys.executable})
-    score(run_dir / "best.pt", data, run_dir / "test")
+    evaluate_run(run_dir / "best.pt", data, run_dir / "test")
 
 
 def _image(dataset_root: Path, stem: str) -> Path:
     return next(path for path in (dataset_root / "images").iterdir() if path.stem == stem)
 
 
-def _ranked_pool(base: Path, dataset_root: Path, pool: list[str], out: Path) -> list[str]:
+def _rank_pool(base: Path, dataset_root: Path, pool: list[str], out: Path) -> list[str]:
     """The pool's stems as ``labels rank`` orders them from the base model's probability maps."""
     if not (out / "rank.csv").exists():
         command = [sys.executable, "-m", "crackseg", "predict", "--checkpoint", str(base / "best.pt"),
@@ -72,6 +72,12 @@ def _ranked_pool(base: Path, dataset_root: Path, pool: list[str], out: Path) -> 
         print(" ".join(command[:6]), "...", flush=True)
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         subprocess.run([sys.executable, "-m", "crackseg", "labels", "rank", str(out)], check=True)
+    return _read_rank(out)
+
+
+def _read_rank(out: Path) -> list[str]:
+    if not (out / "rank.csv").exists():
+        sys.exit(f"{out / 'rank.csv'}: not found; run the experiment first (ranking.py run)")
     with open(out / "rank.csv", newline="") as file:
         return [Path(row["path"]).stem for row in csv.DictReader(file)]
 
@@ -79,15 +85,15 @@ def _ranked_pool(base: Path, dataset_root: Path, pool: list[str], out: Path) -> 
 def run(args: argparse.Namespace) -> None:
     dataset_root = args.root / DATASETS[args.dataset][0]
     home = args.runs / args.dataset
-    draw = _draw(dataset_root, args.val, args.first)
+    draw = {**_draw(dataset_root, args.val, args.first), "n": args.n, "base_epochs": args.base_epochs, "epochs": args.epochs}
     home.mkdir(parents=True, exist_ok=True)
-    (home / "draw.json").write_text(json.dumps({**draw, "n": args.n, "base_epochs": args.base_epochs,
-                                                "epochs": args.epochs}, indent=1) + "\n")
+    if (home / "draw.json").exists() and json.loads((home / "draw.json").read_text()) != draw:
+        sys.exit(f"{home / 'draw.json'}: its runs were made with other settings; give another --runs")
+    (home / "draw.json").write_text(json.dumps(draw, indent=1) + "\n")
     base = home / "base"
     _train(_dataset(home / "data-base", dataset_root, draw["first"], draw["val"]), base, args.base_epochs, SPLIT_SEED)
-    order = _ranked_pool(base, dataset_root, draw["pool"], home / "pool-predictions")
-    picks = {"ranked": lambda seed: order[:args.n],
-             "random": lambda seed: random.Random(1000 + seed).sample(draw["pool"], args.n)}
+    order = _rank_pool(base, dataset_root, draw["pool"], home / "pool-predictions")
+    picks = {"ranked": lambda seed: order[:args.n], "random": lambda seed: _random_pick(draw["pool"], args.n, seed)}
     for seed in args.seeds:
         for arm, pick in picks.items():
             chosen = pick(seed)
@@ -95,12 +101,16 @@ def run(args: argparse.Namespace) -> None:
             _train(data, home / f"{arm}-s{seed}", args.epochs, seed, init=base / "best.pt")
 
 
+def _random_pick(pool: list[str], n: int, seed: int) -> list[str]:
+    return random.Random(1000 + seed).sample(pool, n)
+
+
 def table(args: argparse.Namespace) -> None:
     """Mean ± sd per arm over seeds, and the ranked arm's gap to the random one seed for seed."""
     home = args.runs / args.dataset
     draw = json.loads((home / "draw.json").read_text())
-    order = _ranked_pool(home / "base", args.root / DATASETS[args.dataset][0], draw["pool"], home / "pool-predictions")
-    runs = {path.name: scores(path / "test") for path in sorted(home.iterdir()) if (path / "test" / "tol2" / "report.json").exists()}
+    order = _read_rank(home / "pool-predictions")
+    runs = {path.name: read_scores(path / "test") for path in sorted(home.iterdir()) if (path / "test" / "tol2" / "report.json").exists()}
     print(f"{args.dataset}: validation {len(draw['val'])}, first labelled {len(draw['first'])}, pool {len(draw['pool'])}, "
           f"N = {draw['n']}; base {draw['base_epochs']} epochs, fine-tuning {draw['epochs']} epochs\n")
     print("| model | seeds | f1@0 | iou | ods | f1@2 |\n|---|---|---|---|---|---|")
@@ -108,12 +118,15 @@ def table(args: argparse.Namespace) -> None:
         members = [figures for name, figures in runs.items() if name == arm or name.startswith(f"{arm}-s")]
         if members:
             print(f"| {arm} | {len(members)} | " + " | ".join(spread([m[key] for m in members]) for key in ("f1@0", "iou", "ods", "f1@2")) + " |")
-    seeds = sorted(name.rsplit("-s", 1)[1] for name in runs if name.startswith("ranked-s") and f"random-s{name.rsplit('-s', 1)[1]}" in runs)
+    seeds = sorted(int(name.rsplit("-s", 1)[1]) for name in runs if name.startswith("ranked-s"))
+    seeds = [seed for seed in seeds if f"random-s{seed}" in runs]
     for key in ("f1@0", "f1@2"):
         gaps = [runs[f"ranked-s{seed}"][key] - runs[f"random-s{seed}"][key] for seed in seeds]
         if gaps:
             print(f"\nranked - random, {key}, per seed: " + ", ".join(f"{gap:+.4f}" for gap in gaps) + f"; mean {spread(gaps)}")
     chosen = set(order[:draw["n"]])
+    print("\nranked photos among the random pick, per seed: "
+          + ", ".join(str(len(chosen & set(_random_pick(draw["pool"], draw["n"], seed)))) for seed in seeds))
     crack = {stem: _crack_share(args.root / DATASETS[args.dataset][0], stem) for stem in draw["pool"]}
     print(f"\nmean crack pixel share of the photos picked: ranked {statistics.mean(crack[s] for s in chosen):.4f}, "
           f"pool {statistics.mean(crack.values()):.4f}")

@@ -45,7 +45,7 @@ def _crackseg() -> list[str]:
     return [sys.executable, "-m", "crackseg"]
 
 
-def score(checkpoint: Path, data: Path, out: Path) -> None:
+def evaluate_run(checkpoint: Path, data: Path, out: Path) -> None:
     for tolerance in TOLERANCES:
         command = [*_crackseg(), "evaluate", "--checkpoint", str(checkpoint), "--data", str(data), "--split", "test",
                    "--tolerance", str(tolerance), "--device", "cpu", "--out", str(out / f"tol{tolerance}"), "--overwrite"]
@@ -76,17 +76,17 @@ def run(args: argparse.Namespace) -> None:
     start = time.time()
     subprocess.run(command, check=True, env={**os.environ, "PYTHON": sys.executable})
     (run_dir / "wall_clock_s.txt").write_text(f"{time.time() - start:.0f}\n")
-    score(run_dir / "best.pt", data, run_dir / "test")
+    evaluate_run(run_dir / "best.pt", data, run_dir / "test")
     _score_protocols(run_dir / "best.pt", data, run_dir / "test")
 
 
 def cross(args: argparse.Namespace) -> None:
     """Score a model trained on one dataset on the other's test split."""
     run_dir = args.runs / f"{args.train}-{args.variant}-s{args.seed}"
-    score(run_dir / "best.pt", args.root / DATASETS[args.test][0], run_dir / f"cross-{args.test}")
+    evaluate_run(run_dir / "best.pt", args.root / DATASETS[args.test][0], run_dir / f"cross-{args.test}")
 
 
-def scores(report_dir: Path) -> dict:
+def read_scores(report_dir: Path) -> dict:
     figures = {}
     for tolerance in TOLERANCES:
         report = json.loads((report_dir / f"tol{tolerance}" / "report.json").read_text())
@@ -107,9 +107,9 @@ def _run_row(run_dir: Path) -> dict:
     wall = run_dir / "wall_clock_s.txt"
     row = {"run": run_dir.name, "best_epoch": best["epoch"], "val_f1": best["metrics"]["f1"], "threshold": threshold,
            "at_edge": threshold_index(threshold) in (1, BINS - 1), "edge": (float(THRESHOLDS[1]), float(THRESHOLDS[BINS - 1])),
-           "wall_clock_min": float(wall.read_text()) / 60 if wall.exists() else None, **scores(run_dir / "test")}
+           "wall_clock_min": float(wall.read_text()) / 60 if wall.exists() else None, **read_scores(run_dir / "test")}
     for cross_dir in sorted(run_dir.glob("cross-*")):
-        row[cross_dir.name] = scores(cross_dir)
+        row[cross_dir.name] = read_scores(cross_dir)
     return row
 
 

@@ -40,7 +40,6 @@ from crackseg.registration import UNREGISTERED, Alignment, align_by_map, registe
 from crackseg.report import STATUS_COLOURS, change_picture, write_change_report
 from crackseg.vectors import FORMATS, centrelines, skeleton_links, write_features
 
-# the statuses of changes, in the order tables list them; a status changes may add later is counted after these
 FAILED = "failed"
 ONLY_BEFORE, ONLY_AFTER = "only before", "only after"
 PAIR_FAILURES = (InputError, OSError)  # a file of one pair that cannot be read fails that pair, not the comparison

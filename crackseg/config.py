@@ -214,7 +214,7 @@ class TrainConfig:
                               "bf16 in hardware (AVX512-BF16, AMX, Arm BF16), else off", "speed and memory", choices=AMP_CHOICES)
     channels_last: bool = option(False, "NHWC memory layout (faster convolutions on tensor cores)", "speed and memory")
     compile: bool = option(False, "torch.compile the model (slow first steps)", "speed and memory")
-    sync_bn: bool = option(False, "synchronize BatchNorm statistics across GPUs (small per-GPU batches)", "speed and memory")
+    sync_bn: bool = option(False, "synchronize BatchNorm statistics across the GPUs of a torchrun (DDP) run (small per-GPU batches)", "speed and memory")
     activation_checkpointing: bool = option(
         False, "recompute activations in the backward pass to save memory (--arch unet)", "speed and memory"
     )

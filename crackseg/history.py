@@ -191,9 +191,9 @@ def _append(path: Path, register: Path, surveys: tuple[Survey, Survey], cracks: 
     new_surveys.append((next_survey, after))
     new_cracks.append((next_survey, cracks[1], next_key))
 
-    write_layer(path, "surveys", _survey_columns(new_surveys), append=existing)
-    write_layer(path, "cracks", _crack_columns(new_cracks), _geometries(new_cracks), crs, append=existing)
-    write_layer(path, "links", _link_columns(links, before_keys, after_keys), append=existing)
+    write_layer(path, "surveys", _survey_columns(new_surveys), append=existing, named=register)
+    write_layer(path, "cracks", _crack_columns(new_cracks), _geometries(new_cracks), crs, append=existing, named=register)
+    write_layer(path, "links", _link_columns(links, before_keys, after_keys), append=existing, named=register)
     return {"surveys": len(new_surveys), "cracks": sum(len(rows) for _, rows, _ in new_cracks), "links": len(links)}
 
 
@@ -232,9 +232,9 @@ def _registered_keys(path: Path, register: Path, survey: int, cracks: list[dict]
     """{(image, crack): crack_key} of a registered survey's images, once their cracks are found to be those of ``cracks``,
     and the crack dicts of images the survey does not hold yet (an image no earlier comparison registered)."""
     rows = _read(path, register, "SELECT image, crack, crack_key, length_px, max_width_px FROM cracks WHERE survey = ?", (survey,))
-    found = {(image, crack): (cell_number(length), cell_number(width)) for image, crack, _, length, width in rows}
+    found = {(image, crack): (_measure(length), _measure(width)) for image, crack, _, length, width in rows}
     images = {image for image, _ in found}
-    given = {(readable(row["image"]), int(row["crack"])): (cell_number(row["length_px"]), cell_number(row["max_width_px"]))
+    given = {(readable(row["image"]), int(row["crack"])): (_measure(row["length_px"]), _measure(row["max_width_px"]))
              for row in cracks if readable(row["image"]) in images}
     compared = {image for image, _ in given}  # registered images this comparison holds too
     here = {key: value for key, value in found.items() if key[0] in compared}
@@ -264,7 +264,7 @@ def _crack_columns(batches: list[tuple[int, list[dict], int]]) -> dict[str, np.n
     return {"crack_key": np.array([key for _, key, _ in rows], np.int64), "survey": np.array([survey for survey, _, _ in rows], np.int64),
             "image": np.array([readable(row["image"]) for _, _, row in rows], object),
             "crack": np.array([int(row["crack"]) for _, _, row in rows], np.int64),
-            **{name: np.array([cell_number(row.get(name)) for _, _, row in rows], np.float64) for name in _MEASURES},
+            **{name: np.array([cell_number(row.get(name)) for _, _, row in rows], np.float64) for name in _MEASURES},  # None: NaN, stored as NULL
             "max_width_class": np.array([row.get("max_width_class") or None for _, _, row in rows], object)}
 
 
@@ -279,6 +279,12 @@ def _link_columns(links: list[dict], before_keys: dict, after_keys: dict) -> dic
     return {"before_key": np.array([before_keys[readable(link["before_image"]), int(link["before_crack"])] for link in links], np.int64),
             "after_key": np.array([after_keys[readable(link["after_image"]), int(link["after_crack"])] for link in links], np.int64),
             "status": np.array([link["status"] for link in links], object)}
+
+
+def _measure(value) -> float:
+    """A measurement to compare, NaN when missing (never equal, so a missing one counts as differing)."""
+    number = cell_number(value)
+    return math.nan if number is None else number
 
 
 def _read(path: Path, register: Path, sql: str, parameters: tuple = ()) -> list[tuple]:

@@ -129,7 +129,7 @@ def is_zero_one(levels: np.ndarray) -> bool:
     return bool(levels.max(initial=0) == 1)
 
 
-def crack_pixels(path: Path) -> np.ndarray:
+def crack_mask(path: Path) -> np.ndarray:
     """(H, W) bool, True = crack: the rule every mask is read by."""
     return mask_levels(path) > CRACK_THRESHOLD
 
@@ -138,7 +138,7 @@ def load_mask(path: Path) -> torch.Tensor:
     """(1, H, W) uint8, 1 = crack, 0 = background."""
     import torch
 
-    return torch.from_numpy(crack_pixels(path).astype(np.uint8))[None]
+    return torch.from_numpy(crack_mask(path).astype(np.uint8))[None]
 
 
 def read_probability(path: Path) -> torch.Tensor:

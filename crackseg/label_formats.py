@@ -191,7 +191,12 @@ def _read_labelme(path: Path, skip: Path | None) -> Annotations:
         files = [file for file in files if file.resolve() != Path(skip).resolve()]
     found = Annotations([], set())
     for file in files:
-        document = _load_json(file)
+        try:
+            document = _load_json(file)
+        except InputError:
+            if not folder:
+                raise
+            document = None  # not JSON at all: passed over like any other .json that is not labelme's
         if folder and not (isinstance(document, dict) and isinstance(document.get("shapes"), list)):
             found.other_json += 1
             continue
@@ -323,7 +328,9 @@ def _chosen_annotation(annotations: list[dict]) -> dict:
 
 
 def _timestamp(text) -> datetime | None:
-    """An ISO 8601 time (a trailing Z is UTC; one without a zone is taken as UTC), or None."""
+    """An ISO 8601 time (a trailing Z is UTC; one without a zone is taken as UTC), seconds since 1970, or None."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return datetime.fromtimestamp(text, timezone.utc)
     if not isinstance(text, str):
         return None
     try:
@@ -352,13 +359,13 @@ def _read_results(results: list[dict], image: LabelledImage, labels: set[str], p
                 image.shapes += [Shape(name, kind) for name in names]
         if not outlined:
             continue
-        names = [name for result in labelling for name in _names(result)] or [str(outlined[0].get("type", ""))]
+        points, rle = _outline(outlined[0])
+        names = list(dict.fromkeys(name for result in labelling for name in _names(result))) or ["polygon" if points is not None else "brush"]
         labels.update(names)
         size = (int(outlined[0]["original_width"]), int(outlined[0]["original_height"]))
         if image.size not in (None, size):
             raise InputError(f"{path}: results of {image.name} give two image sizes, {image.size} and {size}")
         image.size = size
-        points, rle = _outline(outlined[0])
         if points is not None:  # percent -> px, rounded off the float error of the percentages
             shape = Shape("", "polygon", np.round(np.asarray(points, dtype=np.float64).reshape(-1, 2) * np.asarray(size) / 100.0, 6))
         else:

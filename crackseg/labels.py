@@ -185,6 +185,9 @@ def _match(listed: list[LabelledImage], index: _PhotoIndex, source: Path, out: P
         embedded_in = image.embedded_in if photo is None else None  # the photo itself, when there is one
         if photo is None and embedded_in is not None:
             photo = out / "images" / PurePosixPath(image.name).name
+            if photo.suffix.lower() not in IMAGE_SUFFIXES:
+                raise InputError(f"{embedded_in}: its photo {image.name} is only embedded (imageData), and crackseg datasets hold "
+                                 f"{', '.join(IMAGE_SUFFIXES)} files: give --images a folder holding the photo in one of those")
             if photo in matched and matched[photo].name != image.name:
                 raise InputError(f"{source}: {matched[photo].name} and {image.name} embed photos of one name, {photo.name}, and "
                                  "--images has neither; a dataset pairs masks by stem: give the folder holding them")

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from crackseg.errors import InputError
 from crackseg.files import ensure_writable_folder, remove_orphan_temps, write_atomic, write_csv
-from crackseg.images import crack_pixels
+from crackseg.images import crack_mask
 from crackseg.locks import FolderLock
 from crackseg.measure import CrackMeasure, WidthClasses, find_cracks
 from crackseg.vectors import FORMATS, centrelines, skeleton_links, write_vectors
@@ -146,7 +146,7 @@ class PredictionsFolder:
 
 def read_saved_mask(path: Path) -> np.ndarray:
     """(H, W) bool crack pixels of a mask PNG that predict wrote, read by the one mask reader."""
-    return crack_pixels(path)
+    return crack_mask(path)
 
 
 @dataclass

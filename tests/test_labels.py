@@ -481,6 +481,39 @@ def test_a_labelme_folder_passes_over_other_json_files_and_the_dataset_written_i
         import_labels(folder, "labelme", tmp_path / "photos", folder / "dataset", ImportOptions(overwrite=True))
 
 
+def test_a_labelstudio_region_is_named_by_its_geometry_and_drawn_once(tmp_path):
+    """A per-region TextArea result listed before the region's polygon does not name it, and a region labelled by
+    both its polygonlabels and a labels result is one shape."""
+    _photo(tmp_path / "photos")
+    column = {"points": [[100 * 2 / W, 0], [100 * 3 / W, 0], [100 * 3 / W, 100], [100 * 2 / W, 100]], "closed": True}
+    results = [_ls_result("textarea", column | {"text": ["hairline?"]}, "r1"), _ls_result("polygon", column, "r1"),
+               _ls_column(4) | {"id": "r2"}, _ls_result("labels", _ls_column(4)["value"] | {"labels": ["crack"]}, "r2")]
+    masks, provenance = _imported(tmp_path, "labelstudio", _labelstudio(tmp_path, results))
+    assert _columns(masks["a"]) == [4] and provenance["shapes"] == {"polygon": 1}
+    assert provenance["left_out_labels"] == {"polygon": 1}
+
+
+def test_labelstudio_annotations_timed_in_seconds_are_ordered_too(tmp_path):
+    _photo(tmp_path / "photos")
+    path = _ls_tasks(tmp_path, [("a.png", "completions", [{"result": [_ls_column(6)], "created_at": 1_700_000_100},
+                                                          {"result": [_ls_column(2)], "created_at": 1_700_000_000}])])
+    masks, _ = _imported(tmp_path, "labelstudio", path)
+    assert _columns(masks["a"]) == [6]
+
+
+def test_a_labelme_folder_passes_over_json_it_cannot_parse_and_refuses_embedded_photos_of_other_kinds(tmp_path):
+    _photo(tmp_path / "photos")
+    shape = {"label": "crack", "shape_type": "polygon", "points": [[3, 1], [3, 6], [3, 6], [3, 1]]}
+    folder = _labelme(tmp_path, [shape])
+    (folder / "notes.json").write_text("{ not json")
+    provenance = import_labels(folder, "labelme", tmp_path / "photos", tmp_path / "dataset", ImportOptions())
+    assert provenance["images"] == 1 and provenance["json_files_skipped"] == 1
+    (folder / "notes.json").unlink()
+    path = _labelme(tmp_path, [shape], image="a.gif", image_data=base64.b64encode(b"GIF89a").decode())
+    code, err = _cli("import", path / "a.json", "--format", "labelme", "--images", tmp_path / "photos", "--out", tmp_path / "out")
+    assert code == 2 and err.count("\n") == 1 and "a.gif is only embedded (imageData)" in err, err
+
+
 # Export: predictions -> pre-annotations -> import gives the predictions back
 
 
