@@ -54,8 +54,8 @@ from pathlib import Path
 
 import torch
 
-from crackseg.predict import default_workers
-from crackseg.synth import parse_size
+from crackseg.prediction.predict import default_workers
+from crackseg.data.synth import parse_size
 from data_modes import bench_data, bench_evaluate, bench_synth
 from harness import RESULTS, write_report
 from monitoring_modes import bench_compare

@@ -7,7 +7,7 @@ The model predicts the images of --data once; its masks are then split into crac
 every connected piece (as cracks.csv listed them before pieces were joined), and joined
 with specks dropped at predict's defaults. Each found crack is given to the true crack
 nearest to most of its pixels (within 3 px); found cracks near none are false cracks.
-Lengths are measured the same way on both sides (crackseg.measure on the true crack's
+Lengths are measured the same way on both sides (crackseg.cracks.measure on the true crack's
 pixels); a true crack's length error is the summed length of the found cracks given to it
 over its true length, minus 1, over the true cracks found at all.
 """
@@ -23,9 +23,9 @@ import torch
 from PIL import Image
 from scipy import ndimage
 
-from crackseg.measure import CrackMeasure, find_cracks
-from crackseg.config import InferenceOptions
-from crackseg.predict import PredictOptions, predict_folder
+from crackseg.cracks.measure import CrackMeasure, find_cracks
+from crackseg.core.config import InferenceOptions
+from crackseg.prediction.predict import PredictOptions, predict_folder
 from harness import RESULTS, write_report
 
 NEAR_PX = 3  # a found crack's pixel belongs to the true crack within this distance, if any

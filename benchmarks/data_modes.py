@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from crackseg.data import CrackDataset, EpochSampler, make_loader, open_dataset
-from crackseg.synth import write_dataset
-from crackseg.transforms import PhotometricJitter, train_transform
+from crackseg.data.datasets import open_dataset
+
+from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
+from crackseg.data.synth import write_dataset
+from crackseg.training.transforms import PhotometricJitter, train_transform
 from harness import device_sync, median_rate, window_count
 
 
@@ -89,7 +91,7 @@ def bench_evaluate(args: argparse.Namespace) -> list[dict]:
     """crackseg evaluate on saved 8-bit probability maps: whole runs, files read included."""
     from PIL import Image
 
-    from crackseg.evaluate import evaluate_files
+    from crackseg.evaluation.evaluate import evaluate_files
 
     count = 50 if args.quick else args.count
     height, width = args.size

@@ -107,7 +107,7 @@ run() { # run NAME SECONDS COMMAND...: launch and wait
 last_line() { grep -v '^\s*$' "$work/$1.out" 2>/dev/null | tail -n 1 || true; }
 
 # Installing. Everything below runs from this checkout (PYTHONPATH); what may be missing is a requirement.
-requirements="crackseg.train, crackseg.predict, segmentation_models_pytorch, scipy, skimage, safetensors, tensorboard, tqdm, PIL, pytest"
+requirements="crackseg.training.train, crackseg.prediction.predict, segmentation_models_pytorch, scipy, skimage, safetensors, tensorboard, tqdm, PIL, pytest"
 export requirements
 install() {
   local wheels=${WHEELS:-$repo/.whl}

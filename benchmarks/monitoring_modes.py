@@ -104,11 +104,11 @@ def _write_pair(root: Path, name: str, size: tuple[int, int], seed: int) -> None
     """One pair: ``root``/before and ``root``/after, each images/``name``.jpg (quality 90) and masks/``name``.png."""
     from skimage.transform import SimilarityTransform, warp
 
-    from crackseg.synth import _texture
+    from crackseg.data.synth import surface_texture
 
     rng = np.random.default_rng([seed, 31])
     height, width = size
-    surface = _texture(rng, height, width)
+    surface = surface_texture(rng, height, width)
     lines = _crack_lines(rng, size)
     move = _camera_move(rng, size)
     for visit in ("before", "after"):

@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from crackseg.checkpoint import save_model
-from crackseg.config import InferenceOptions
-from crackseg.distributed import resolve_amp
-from crackseg.models import build_model
-from crackseg.predict import PredictOptions, predict_folder
-from crackseg.synth import write_dataset
+from crackseg.model.checkpoint import save_model
+from crackseg.core.config import InferenceOptions
+from crackseg.model.distributed import resolve_amp
+from crackseg.model.networks import build_model
+from crackseg.prediction.predict import PredictOptions, predict_folder
+from crackseg.data.synth import write_dataset
 from harness import compute_figures, device_sync, flops_per_image, median_rates, window_count
 
 
@@ -33,7 +33,7 @@ def _threshold_for_crack_fraction(model: torch.nn.Module, images: Path, fraction
     An untrained model at 0.5 marks most pixels, which makes the measurements several times
     dearer than on the sparse masks of a trained one; real crack photos are about 2% crack.
     """
-    from crackseg.images import load_image
+    from crackseg.data.images import load_image
 
     first = load_image(sorted(images.iterdir())[0])[None].to(device)
     prob = torch.sigmoid(model(first).float()).flatten()
@@ -115,9 +115,9 @@ def bench_runtimes(args: argparse.Namespace) -> list[dict]:
     files to PNG masks. All paths alternate within each round. Masks are compared with
     torch eager's on every image, since bf16 changes the probabilities.
     """
-    from crackseg.export import export_model
-    from crackseg.runtimes import choose_runtime, load_runtime
-    from crackseg.images import load_image
+    from crackseg.model.export import export_model
+    from crackseg.model.runtimes import choose_runtime, load_runtime
+    from crackseg.data.images import load_image
 
     windows = window_count(args, 3)
     torch.manual_seed(0)

@@ -24,8 +24,8 @@ from harness import window_count
 _RASTER_CHILD = """
 import json, sys, time
 import onnxruntime, rasterio
-import crackseg.predict
-from crackseg.cli import main
+import crackseg.prediction.predict
+from crackseg.cli.main import main
 start = time.perf_counter()
 code = main(sys.argv[1:])
 seconds = time.perf_counter() - start
@@ -51,8 +51,8 @@ def bench_rasters(args: argparse.Namespace) -> list[dict]:
     from affine import Affine
     from torch import nn
 
-    from crackseg.export import write_exported
-    from crackseg.models import CrackSegModel
+    from crackseg.model.export import write_exported
+    from crackseg.model.networks import CrackSegModel
 
     sides = [(1200, 1200)] if args.quick else [(10000, 10000), (32000, 32000)]
     torch.manual_seed(0)

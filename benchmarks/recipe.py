@@ -99,8 +99,8 @@ def read_scores(report_dir: Path) -> dict:
 
 
 def _run_row(run_dir: Path) -> dict:
-    from crackseg.checkpoint import read_checkpoint
-    from crackseg.metrics import BINS, THRESHOLDS, threshold_index
+    from crackseg.model.checkpoint import read_checkpoint
+    from crackseg.evaluation.metrics import BINS, THRESHOLDS, threshold_index
 
     best = read_checkpoint(run_dir / "best.pt")
     threshold = best["metrics"]["threshold"]

@@ -18,19 +18,21 @@ from pathlib import Path
 
 import torch
 
-from crackseg.data import CrackDataset, EpochSampler, make_loader, open_dataset
-from crackseg.distributed import resolve_amp
-from crackseg.synth import write_dataset
-from crackseg.transforms import PhotometricJitter, train_transform
+from crackseg.data.datasets import open_dataset
+
+from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
+from crackseg.model.distributed import resolve_amp
+from crackseg.data.synth import write_dataset
+from crackseg.training.transforms import PhotometricJitter, train_transform
 from harness import compute_figures, device_sync, flops_per_image, median_rates, peak_memory_mb, window_count
 
 
 def bench_train(args: argparse.Namespace) -> list[dict]:
     """Training images/s: the real train_one_epoch fed device tensors, then fed the real loader."""
-    from crackseg import distributed
-    from crackseg.losses import CrackLoss
-    from crackseg.models import build_model
-    from crackseg.engine import StepContext, train_one_epoch
+    from crackseg.model import distributed
+    from crackseg.training.losses import CrackLoss
+    from crackseg.model.networks import build_model
+    from crackseg.training.engine import StepContext, train_one_epoch
 
     device = torch.device(args.device)
     size = args.size[0]

@@ -4,21 +4,22 @@
 the command line starts without loading PyTorch for commands that do not need it.
 """
 
-__version__ = "0.1.0"
-__all__ = ["build_model", "load_encoder_weights", "load_model"]
+from crackseg.core.version import __version__
+
+__all__ = ["__version__", "build_model", "load_encoder_weights", "load_model"]
 
 
 def __getattr__(name: str):
     if name == "build_model":
-        from crackseg.models import build_model
+        from crackseg.model.networks import build_model
 
         return build_model
     if name == "load_encoder_weights":
-        from crackseg.checkpoint import load_encoder_weights
+        from crackseg.model.checkpoint import load_encoder_weights
 
         return load_encoder_weights
     if name == "load_model":
-        from crackseg.checkpoint import load_model
+        from crackseg.model.checkpoint import load_model
 
         return load_model
     raise AttributeError(f"module 'crackseg' has no attribute {name!r}")

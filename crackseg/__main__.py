@@ -1,3 +1,3 @@
-from crackseg.cli import main
+from crackseg.cli.main import main
 
 raise SystemExit(main())

@@ -7,13 +7,14 @@ import csv
 import functools
 import importlib
 import multiprocessing
+import shutil
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from crackseg.synth import write_dataset
+from crackseg.data.synth import write_dataset
 
 CFD_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "cfd"
 
@@ -68,8 +69,8 @@ def dark_pixel_model(folder: Path) -> Path:
     import torch
     from torch import nn
 
-    from crackseg.export import write_exported
-    from crackseg.models import CrackSegModel
+    from crackseg.model.export import write_exported
+    from crackseg.model.networks import CrackSegModel
 
     net = nn.Conv2d(3, 1, 1)
     with torch.no_grad():
@@ -91,7 +92,7 @@ def model():
     """A UNet with a mobilenet_v2 encoder, random weights (seed 0), in eval mode; one per test module."""
     import torch
 
-    from crackseg.models import build_model
+    from crackseg.model.networks import build_model
 
     torch.manual_seed(0)
     return build_model("mobilenet_v2").eval()
@@ -99,7 +100,7 @@ def model():
 
 def predict_cli(*args) -> int:
     """The exit status of ``crackseg predict ARGS`` run in this process on the CPU, without loader processes."""
-    from crackseg.cli import main
+    from crackseg.cli.main import main
 
     try:
         return main(["predict", *map(str, args), "--device", "cpu", "--workers", "0"])
@@ -156,3 +157,22 @@ def read_mask(path) -> tuple[np.ndarray, np.ndarray, dict]:
 
     with rasterio.open(path) as raster:
         return raster.read(1), raster.dataset_mask(), {"crs": raster.crs, "transform": raster.transform, "tiled": raster.profile.get("tiled")}
+
+
+def browser():
+    """A headless Chromium driven through the system's chromedriver (nothing is downloaded)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1400"):
+        options.add_argument(flag)
+    options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+
+
+needs_browser = pytest.mark.skipif(
+    not (shutil.which("chromedriver") and (shutil.which("chromium") or shutil.which("chromium-browser"))),
+    reason="no chromium and chromedriver installed",
+)

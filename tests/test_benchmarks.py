@@ -35,6 +35,7 @@ def test_every_benchmark_mode_has_a_smoke_test():
     assert sorted(choices) == sorted(MODE_ARGUMENTS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, extra", MODE_ARGUMENTS.items())
 def test_benchmark_mode_runs(tmp_path, mode, extra):
     out = tmp_path / f"{mode}.json"
@@ -50,8 +51,8 @@ def test_benchmark_mode_runs(tmp_path, mode, extra):
 def test_recipe_table_gives_mean_and_spread_over_seeds_and_flags_edge_thresholds(tmp_path):
     import torch
 
-    from crackseg.checkpoint import FORMAT, VERSION
-    from crackseg.metrics import BINS, THRESHOLDS
+    from crackseg.model.checkpoint import FORMAT, VERSION
+    from crackseg.evaluation.metrics import BINS, THRESHOLDS
 
     def reports(folder: Path, f1: float) -> None:
         for tolerance in (0, 2):
@@ -88,9 +89,9 @@ def test_cracks_counts_every_true_crack_in_both_settings(tmp_path):
     import torch
     from PIL import Image
 
-    from crackseg.checkpoint import save_model
-    from crackseg.models import build_model
-    from crackseg.synth import write_dataset
+    from crackseg.model.checkpoint import save_model
+    from crackseg.model.networks import build_model
+    from crackseg.data.synth import write_dataset
 
     data = tmp_path / "data"
     write_dataset(data, 4, (64, 64), seed=1, truth=True)

@@ -25,21 +25,22 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from conftest import isolated
-from crackseg import distributed
-from crackseg.checkpoint import load_model, read_checkpoint, save_model
-from crackseg.config import InferenceOptions, TrainConfig
-from crackseg.data import CrackDataset, EpochSampler, make_loader, open_dataset
-from crackseg.engine import StepContext, build_optimizer, raise_if_diverged, train_one_epoch, validate
-from crackseg.errors import InputError, RunError
-from crackseg.evaluate import evaluate_checkpoint
-from crackseg.export import export_model
-from crackseg.losses import CrackLoss
-from crackseg.models import build_model, enable_activation_checkpointing
-from crackseg.predict import PredictOptions, predict_folder
-from crackseg.runtimes import choose_runtime, load_runtime
-from crackseg.synth import write_dataset
-from crackseg.train import build_training_model, fit
-from crackseg.transforms import PhotometricJitter, train_transform
+from crackseg.model import distributed
+from crackseg.model.checkpoint import load_model, read_checkpoint, save_model
+from crackseg.core.config import InferenceOptions, TrainConfig
+from crackseg.data.datasets import open_dataset
+from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
+from crackseg.training.engine import StepContext, build_optimizer, raise_if_diverged, train_one_epoch, validate
+from crackseg.core.errors import InputError, RunError
+from crackseg.evaluation.evaluate import evaluate_checkpoint
+from crackseg.model.export import export_model
+from crackseg.training.losses import CrackLoss
+from crackseg.model.networks import build_model, enable_activation_checkpointing
+from crackseg.prediction.predict import PredictOptions, predict_folder
+from crackseg.model.runtimes import choose_runtime, load_runtime
+from crackseg.data.synth import write_dataset
+from crackseg.training.train import build_training_model, fit
+from crackseg.training.transforms import PhotometricJitter, train_transform
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -509,7 +510,7 @@ def test_predict_on_the_gpu_gives_the_cpu_probabilities(cuda_run, photos, tmp_pa
 
 def test_predict_command_on_the_gpu_with_its_defaults_stays_close_to_the_cpu(cuda_run, photos, tmp_path):
     """`crackseg predict` as users run it on a GPU: bf16 autocast where supported, TF32, loader workers and writer threads."""
-    from crackseg.cli import main
+    from crackseg.cli.main import main
 
     common = ["predict", "--checkpoint", str(cuda_run / "best.pt"), str(photos), "--save-prob", "16", "--no-measure"]
     assert main([*common, "--out", str(tmp_path / "cuda")]) == 0
@@ -559,8 +560,8 @@ def test_a_gpu_trained_model_exports_and_its_exports_agree(cuda_run, photos, tmp
 def _onnx_export_against_torch(checkpoint: Path, out: Path, files: list[Path]) -> float:
     """The largest probability difference between the ONNX export of ``checkpoint`` (ONNX Runtime) and
     torch on the CPU over ``files``; in another process, as ONNX Runtime must be (see conftest.isolated)."""
-    from crackseg.images import load_image
-    from crackseg.inference import Predictor
+    from crackseg.data.images import load_image
+    from crackseg.model.inference import Predictor
 
     export_model(checkpoint, "onnx", out)
     probabilities = []

@@ -1,0 +1,52 @@
+"""``crackseg <command>``: the parser, built from the command modules, and the exit status of each kind of error.
+
+User mistakes raise :class:`~crackseg.core.errors.InputError` and end as one line on stderr
+with exit status 2; a run that cannot go on (:class:`~crackseg.core.errors.RunError`, or an
+OSError such as a full disk) ends as one line with exit status 1; anything else is a
+bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from crackseg.cli import compare, data, evaluate, labels, predict, train
+from crackseg.cli.options import HelpFormatter, Parser
+from crackseg.core.errors import InputError, RunError
+from crackseg.core.version import __version__
+
+COMMAND_GROUPS = (data, train, predict, labels, compare, evaluate)  # in the order --help lists their commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="crackseg",
+        description="Train UNets that find cracks in photos, predict crack masks, and score them.",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"crackseg {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for group in COMMAND_GROUPS:
+        group.add_commands(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--"]:  # torchrun ... -m crackseg -- train ...: some Pythons pass the "--" on
+        argv = argv[1:]
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except InputError as error:
+        parser.exit(2, f"crackseg: error: {error}\n")
+    except RunError as error:
+        parser.exit(1, f"crackseg: error: {error}\n")
+    except OSError as error:  # the machine, not the input: a full disk, a vanished mount
+        where = f"{error.filename}: " if error.filename else ""
+        parser.exit(1, f"crackseg: error: {where}{error.strerror or error}\n")
+    except KeyboardInterrupt:
+        print("crackseg: interrupted", file=sys.stderr)
+        return 130

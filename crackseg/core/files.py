@@ -1,0 +1,186 @@
+"""Files written whole or not at all: a temp file beside the target, then an atomic rename.
+
+An interruption at any moment leaves the old file or the new one, never a torn one.
+``durable=True`` also fsyncs the file and its folder, so the new file survives a power
+loss (checkpoints); outputs written by the thousand skip that cost. Every temp file is
+named by :func:`temp_path`, hidden and marked as crackseg's, so :func:`remove_orphan_temps`
+removes what an interrupted run left and never a file of the user's.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from crackseg.core.errors import InputError
+
+TEMP_MARK = ".crackseg-tmp"  # ends the name of every temp file crackseg writes (before a format's suffix)
+NAME_MAX = 255  # bytes in a file name on common file systems
+SIDE_FILE_ROOM = 16  # writers add files beside a temp (SQLite's "-journal" beside a GeoPackage)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet runs a cell starting with these (OWASP)
+
+
+def temp_path(path: Path, tag: str, suffix: str = "") -> Path:
+    """``.<name>.<tag>.crackseg-tmp<suffix>`` beside ``path``: the name is cut to keep the whole, and the side
+    files that writers add to it, within NAME_MAX bytes."""
+    path = Path(path)
+    room = NAME_MAX - SIDE_FILE_ROOM - len(os.fsencode(f"..{tag}{TEMP_MARK}{suffix}"))
+    name = os.fsencode(path.name)[:room].decode("utf-8", "replace")  # a name libraries can encode; the rename restores the real one
+    return path.with_name(f".{name}.{tag}{TEMP_MARK}{suffix}")
+
+
+class PendingFile:
+    """A file written under a hidden temporary name beside ``path``, moved into place by :meth:`commit`.
+
+    For writers that need a path rather than a file object (GDAL, OpenVINO); ``suffix`` ends
+    the temp name for those that pick a format by it. As a context manager it commits when
+    the block ends without an error and removes the temp file otherwise.
+    """
+
+    def __init__(self, path: Path, suffix: str = ""):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            self.temp = temp_path(self.path, secrets.token_hex(4), suffix)
+            try:
+                os.close(os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask applies, as to any file
+                break
+            except FileExistsError:
+                continue
+
+    def companion(self, suffix: str) -> PendingFile:
+        """The pending file of ``path`` with ``suffix`` whose temp is this temp with that suffix (OpenVINO's .bin beside its .xml)."""
+        other = object.__new__(PendingFile)
+        other.path, other.temp = self.path.with_suffix(suffix), self.temp.with_suffix(suffix)
+        return other
+
+    def commit(self, durable: bool = False) -> Path:
+        os.replace(self.temp, self.path)
+        if durable:
+            directory = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        return self.path
+
+    def abort(self) -> None:
+        self.temp.unlink(missing_ok=True)
+
+    def __enter__(self) -> PendingFile:
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def write_atomic(path: Path, content: bytes | str | Callable[[BinaryIO], None], durable: bool = False) -> None:
+    """Write ``content`` (bytes, UTF-8 text as :func:`readable` makes it, or a function writing to a binary file) to ``path``."""
+    pending = PendingFile(path)
+    try:
+        with open(pending.temp, "wb") as file:
+            if callable(content):
+                content(file)
+            else:
+                file.write(readable(content).encode() if isinstance(content, str) else content)
+            if durable:
+                file.flush()
+                os.fsync(file.fileno())
+        pending.commit(durable)
+    except BaseException:
+        pending.abort()
+        raise
+
+
+def link_atomic(source: Path, target: Path) -> None:
+    """Make ``target`` hold ``source``'s bytes without rewriting them (a hard link), atomically."""
+    temp = temp_path(Path(target), str(os.getpid()))
+    temp.unlink(missing_ok=True)
+    try:
+        os.link(source, temp)
+    except OSError:  # file systems without hard links
+        shutil.copyfile(source, temp)
+    os.replace(temp, target)
+    temp.unlink(missing_ok=True)  # when target already was a link to source, POSIX rename leaves both names
+
+
+def ensure_writable_folder(path: Path, flag: str) -> Path:
+    """Create ``path`` if needed and check that files can be written in it, before any work is done."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{flag} {path}: is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise InputError(f"{flag} {path}: cannot write there ({error.strerror or error})") from None
+    return path
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
+    """A UTF-8 CSV with a header; columns are ``columns`` then every other key in order of appearance.
+
+    Text that a spreadsheet would run as a formula (a cell starting with = + - @, a tab or a
+    carriage return, e.g. from a file name) is written behind a ``'``, so it shows as text;
+    numbers stay numbers. Bytes of a file name that are not UTF-8 are written as ``\\xNN``.
+    """
+    columns = list(columns or [])
+    for row in rows:
+        columns += [key for key in row if key not in columns]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, columns or ["path"], restval="")
+    writer.writeheader()
+    writer.writerows({key: _as_text(value) for key, value in row.items()} for row in rows)
+    write_atomic(path, readable(buffer.getvalue()))
+
+
+def read_csv(path: Path) -> list[dict]:
+    """The rows of a CSV that :func:`write_csv` wrote, as dicts of text (numbers included).
+
+    Read as UTF-8 whatever the locale; the ``'`` that write_csv put before a formula start is taken
+    off again (so a value that itself began with ``'`` and a formula start comes back without it).
+    """
+    with open(path, newline="", encoding="utf-8") as file:
+        return [{key: _unguarded(value) for key, value in row.items()} for row in csv.DictReader(file)]
+
+
+def cell_number(value) -> float | None:
+    """A table cell as a number, None when empty: rows come as written (numbers) or read back from a CSV (text, "")."""
+    return None if value is None or value == "" else float(value)
+
+
+def readable(text: str) -> str:
+    """``text`` as valid UTF-8: the bytes of a file name that are not UTF-8 become ``\\xNN``."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _as_text(value):
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
+
+
+def _unguarded(value):
+    """A cell read back as :func:`_as_text` was given it: one leading ``'`` removed where a formula start follows it."""
+    return value[1:] if isinstance(value, str) and value.startswith("'") and value[1:].startswith(FORMULA_STARTS) else value
+
+
+def remove_orphan_temps(folder: Path) -> int:
+    """Delete the temp files that an interrupted crackseg write left in ``folder`` (not below it); returns how many.
+
+    Only names made by :func:`temp_path` are touched. Call it only while no other crackseg writer uses the folder.
+    """
+    removed = 0
+    for temp in Path(folder).glob(f".*{TEMP_MARK}*"):
+        temp.unlink(missing_ok=True)
+        removed += 1
+    return removed

@@ -1,0 +1,111 @@
+"""Crack centrelines for GIS and CAD: one (multi)line feature per crack, as GeoJSON or GeoPackage.
+
+A crack's centreline is its skeleton: links between 8-connected skeleton pixels (a diagonal
+only where no orthogonal path joins the pair, as the length estimator counts them), merged
+into lines by shapely. Coordinates are pixel centres, (col + 0.5, row + 0.5), mapped by the
+raster's geotransform when it is georeferenced, else left in pixels (x right, y down). The
+attributes are those of the crack's row in cracks.csv. Files are written by pyogrio (GDAL).
+
+Needs the geo extra: ``pip install 'crackseg[geo]'``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from crackseg.core.errors import require
+from crackseg.core.files import PendingFile, readable
+
+FORMATS = {"geojson": ("GeoJSON", ".geojson"), "gpkg": ("GPKG", ".gpkg")}
+_DRIVERS = {suffix: driver for driver, suffix in FORMATS.values()}
+
+
+def require_geo() -> None:
+    """A one-line error before any work when the libraries that write vectors are missing."""
+    _require("shapely")
+    _require("pyogrio")
+
+
+def _require(module: str):
+    return require(module, "geo", "--vectors")
+
+
+def skeleton_links(skeleton: np.ndarray, labels: np.ndarray, counted: slice = slice(None)) -> np.ndarray:
+    """(N, 5) int64 rows (row0, col0, row1, col1, label) for the links whose first pixel lies in the ``counted`` rows."""
+    s = skeleton
+    rows = np.zeros(s.shape[0], bool)
+    rows[counted] = True
+    found = []
+    for (dr, dc), present in [
+        ((0, 1), s[:, :-1] & s[:, 1:]),
+        ((1, 0), s[:-1, :] & s[1:, :]),
+        ((1, 1), s[:-1, :-1] & s[1:, 1:] & ~s[:-1, 1:] & ~s[1:, :-1]),
+        ((1, -1), s[:-1, 1:] & s[1:, :-1] & ~s[:-1, :-1] & ~s[1:, 1:]),
+    ]:
+        r, c = np.nonzero(present)
+        c = c + (1 if dc < 0 else 0)  # the SW link's first pixel is the upper right one
+        keep = rows[r]
+        r, c = r[keep], c[keep]
+        found.append(np.stack([r, c, r + dr, c + dc, labels[r, c]], axis=1))
+    links = np.concatenate(found).astype(np.int64)
+    return links[links[:, 4] > 0]
+
+
+def centrelines(links: np.ndarray, transform=None) -> dict[int, object]:
+    """{crack id: shapely (Multi)LineString} from links whose last column is the crack id."""
+    shapely = _require("shapely")
+    lines = {}
+    order = np.argsort(links[:, 4], kind="stable")
+    links = links[order]
+    ids, starts = np.unique(links[:, 4], return_index=True)
+    for crack, start, stop in zip(ids, starts, [*starts[1:], len(links)]):
+        part = links[start:stop].astype(np.float64)
+        segments = np.stack([part[:, [1, 0]] + 0.5, part[:, [3, 2]] + 0.5], axis=1)  # (x, y) = (col, row) centres
+        if transform is not None:
+            a, b, c, d, e, f = transform[:6]
+            x, y = segments[..., 0].copy(), segments[..., 1].copy()
+            segments[..., 0], segments[..., 1] = a * x + b * y + c, d * x + e * y + f
+        lines[int(crack)] = shapely.line_merge(shapely.multilinestrings(segments))
+    return lines
+
+
+def write_vectors(path: Path, rows: list[dict], lines: dict[int, object], crs: str | None) -> None:
+    """One feature per row of ``rows`` (cracks.csv rows of one image) with its centreline; replaces ``path`` whole."""
+    shapely = _require("shapely")
+    empty = shapely.from_wkt("MULTILINESTRING EMPTY")
+    features = [{**{k: v for k, v in row.items() if k != "path"}, "source": readable(row["path"])} for row in rows]
+    write_features(path, features, [lines.get(row["crack"], empty) for row in rows], crs, "cracks")
+
+
+def write_features(path: Path, rows: list[dict], geometries: list, crs: str | None, layer: str) -> None:
+    """One (multi)line feature per row, its attributes the row's values, in the format of ``path``'s suffix; replaces ``path`` whole."""
+    shapely = _require("shapely")
+    columns = list(rows[0]) if rows else ["crack"]
+    data = []
+    for column in columns:
+        values = [row.get(column) for row in rows]
+        text = any(isinstance(v, str) for v in values)
+        data.append(np.array(values, dtype=object if text else np.float64))
+    geometry = shapely.to_wkb([shapely.force_2d(line) for line in geometries]) if rows else np.array([], dtype=object)
+    with PendingFile(Path(path), suffix=Path(path).suffix) as pending:  # GDAL picks the driver by the suffix
+        pending.temp.unlink()  # GDAL creates the file itself
+        write_layer(pending.temp, layer, dict(zip(columns, data)), np.asarray(geometry, dtype=object), crs, named=path)
+
+
+def write_layer(path: Path, layer: str, columns: dict[str, np.ndarray], geometry: np.ndarray | None = None,
+                crs: str | None = None, append: bool = False, named: Path | None = None) -> None:
+    """Write one layer with pyogrio in the format of ``path``'s suffix (or add it to ``path`` with ``append``):
+    (multi)line features, or an attribute table when ``geometry`` is None. GDAL's failures are the machine's,
+    an OSError naming ``named`` (default ``path``)."""
+    pyogrio = require("pyogrio", "geo")
+    shape = {} if geometry is None else {"geometry_type": "MultiLineString", "promote_to_multi": True, "crs": crs}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "'crs' was not provided")  # photos: pixel coordinates have no CRS
+        try:
+            pyogrio.raw.write(path, geometry=geometry, field_data=list(columns.values()), fields=list(columns), layer=layer,
+                              driver=_DRIVERS[Path(path).suffix.lower()], append=append, **shape)
+        except pyogrio.errors.DataSourceError as error:
+            raise OSError(f"{named or path}: {str(error).splitlines()[0][-200:]}") from None

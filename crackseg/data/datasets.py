@@ -1,0 +1,321 @@
+"""Crack datasets on disk: pairing by file stem, validation, splits, crack pixel weight; no torch.
+
+A dataset is a folder of photos and a folder of masks whose files share stems
+(``images/001.jpg`` <-> ``masks/001.png``). Pairs are made by stem, never by position
+in a listing. :func:`scan` decodes every file once before training (in parallel threads;
+JPEGs at 1/8 scale, which still decodes their whole stream, so truncation is caught)
+and reads the crack pixel counts that :func:`crack_pixel_weight` needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from crackseg.core.errors import InputError
+from crackseg.core.files import write_atomic
+from crackseg.data.images import (
+    CRACK_THRESHOLD,
+    DECODE_ERRORS,
+    IMAGE_SUFFIXES,
+    describe_error,
+    displayed_size,
+    mask_levels,
+    orientation,
+)
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class Sample:
+    stem: str
+    image: Path
+    mask: Path
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: Path
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class MaskInfo:
+    height: int
+    width: int
+    crack_pixels: int
+    binary: bool  # only 0 and 255 (or 0 and 1) before thresholding
+
+
+@dataclass
+class Scan:
+    """What :func:`scan` found: usable samples, the problems, and per-stem mask facts."""
+
+    samples: list[Sample]
+    problems: list[Problem]
+    masks: dict[str, MaskInfo] = field(default_factory=dict)
+    listed: dict[str, list[str]] = field(default_factory=dict)  # split files, usable stems only
+
+    @property
+    def non_binary_masks(self) -> int:
+        return sum(not info.binary for info in self.masks.values())
+
+    @property
+    def empty_masks(self) -> int:
+        return sum(info.crack_pixels == 0 for info in self.masks.values())
+
+
+def resolve_folders(root: Path | None, images: Path | None, masks: Path | None) -> tuple[Path, Path]:
+    """The image and mask folders: ``ROOT/images`` and ``ROOT/masks`` unless given explicitly."""
+    if root is None and (images is None or masks is None):
+        raise InputError("give a dataset ROOT, or both --images DIR and --masks DIR")
+    if root is not None and not Path(root).is_dir():
+        raise InputError(f"{root} is not a folder (dataset root)")
+    return Path(images or Path(root) / "images"), Path(masks or Path(root) / "masks")
+
+
+def find_samples(images: Path, masks: Path, mask_pattern: str = "{stem}") -> tuple[list[Sample], list[Problem]]:
+    """Pair every image with the mask named ``mask_pattern.format(stem=...)`` plus any image suffix.
+
+    Returns the pairs sorted by stem, and one problem per unmatched file. Two files with
+    one stem in a folder (``001.png`` and ``001.bmp``) are a problem naming both, and that
+    stem is not paired at all: crackseg never guesses which one was meant.
+    """
+    for folder, flag in ((images, "--images"), (masks, "--masks")):
+        if not Path(folder).is_dir():
+            raise InputError(f"{folder} is not a folder ({flag})")
+    if "{stem}" not in mask_pattern:
+        raise InputError(f"--mask-pattern must contain {{stem}}, got {mask_pattern!r}")
+    prefix, suffix = mask_pattern.split("{stem}", 1)
+    mask_name = re.compile(re.escape(prefix) + "(?P<stem>.+)" + re.escape(suffix) + "$")
+
+    image_files, image_twins = _by_stem(Path(images), lambda stem: stem)
+    mask_files, mask_twins = _by_stem(Path(masks), lambda stem: (m := mask_name.match(stem)) and m["stem"])
+    problems = [Problem(paths[0], _twins_message(paths)) for paths in [*image_twins.values(), *mask_twins.values()]]
+    ambiguous = image_twins.keys() | mask_twins.keys()
+    for stem in sorted(image_files.keys() - mask_files.keys() - ambiguous):
+        problems.append(Problem(image_files[stem], f"no mask for this image in {masks}"))
+    for stem in sorted(mask_files.keys() - image_files.keys() - ambiguous):
+        problems.append(Problem(mask_files[stem], f"no image for this mask in {images}"))
+    samples = [Sample(stem, image_files[stem], mask_files[stem]) for stem in sorted(image_files.keys() & mask_files.keys())]
+    return samples, problems
+
+
+def files_by_stem(folder: Path) -> dict[str, Path]:
+    """Every image file of ``folder`` by stem; two files with one stem are an error naming both."""
+    found, twins = _by_stem(Path(folder), lambda stem: stem)
+    if twins:
+        paths = next(iter(twins.values()))
+        raise InputError(f"{paths[0]}: {_twins_message(paths)}" + (f" ({len(twins)} such stems)" if len(twins) > 1 else ""))
+    return found
+
+
+def _by_stem(folder: Path, stem_of) -> tuple[dict[str, Path], dict[str, list[Path]]]:
+    """Unambiguous files by stem, and the stems that several files share (left out of the first)."""
+    every: dict[str, list[Path]] = {}
+    for path in sorted(folder.iterdir()):
+        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and (stem := stem_of(path.stem)):
+            every.setdefault(stem, []).append(path)
+    unique = {stem: paths[0] for stem, paths in every.items() if len(paths) == 1}
+    return unique, {stem: paths for stem, paths in every.items() if len(paths) > 1}
+
+
+def _twins_message(paths: list[Path]) -> str:
+    return f"shares its stem with {', '.join(p.name for p in paths[1:])}: cannot tell which to use; rename or remove one"
+
+
+def decoding_threads() -> int:
+    """Threads that decode images side by side when the caller names no count: one per core, at most 16."""
+    return min(16, os.cpu_count() or 1)
+
+
+def scan(samples: list[Sample], workers: int | None = None) -> Scan:
+    """Decode every image and mask completely and check that their sizes agree."""
+    with ThreadPoolExecutor(workers or decoding_threads()) as pool:
+        results = list(pool.map(_check_sample, samples))
+    result = Scan([], [])
+    for sample, (problems, info) in zip(samples, results):
+        if problems:
+            result.problems.extend(problems)
+        else:
+            result.samples.append(sample)
+            result.masks[sample.stem] = info
+    return result
+
+
+def usable_samples(found: Scan, policy: str) -> list[Sample]:
+    """Apply ``--on-bad-sample``: ``error`` raises, listing every problem; ``skip`` keeps the rest.
+
+    No sample is ever replaced by another; under ``skip`` the caller records ``found.problems``.
+    """
+    if policy not in ("error", "skip"):
+        raise InputError(f"--on-bad-sample must be error or skip, got {policy!r}")
+    if found.problems and policy == "error":
+        listing = "\n".join(f"  {problem}" for problem in found.problems)
+        raise InputError(
+            f"{len(found.problems)} problems in the dataset (fix them, or pass --on-bad-sample skip):\n{listing}"
+        )
+    return found.samples
+
+
+def _check_sample(sample: Sample) -> tuple[list[Problem], MaskInfo | None]:
+    problems = []
+    try:
+        with Image.open(sample.image) as image:
+            stored, shown, turn = image.size, displayed_size(image), orientation(image)
+            if image.format == "JPEG":
+                image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
+            image.load()
+    except DECODE_ERRORS as error:
+        problems.append(Problem(sample.image, describe_error(error)))
+        shown = None
+    try:
+        mask = mask_levels(sample.mask)
+    except DECODE_ERRORS as error:
+        problems.append(Problem(sample.mask, describe_error(error)))
+        return problems, None
+    mask_size = (mask.shape[1], mask.shape[0])
+    if shown is not None and shown != mask_size:
+        message = f"mask is {mask_size[0]}x{mask_size[1]} px but its image is {shown[0]}x{shown[1]}"
+        if stored == mask_size:
+            message += (
+                f" as shown: the image's EXIF orientation tag ({turn}) turns its stored {stored[0]}x{stored[1]} pixels; "
+                "trace the mask on the photo as viewers show it, or remove the tag"
+            )
+        problems.append(Problem(sample.mask, message))
+    if problems:
+        return problems, None
+    values = np.bincount(mask.ravel(), minlength=256)
+    binary = set(np.flatnonzero(values).tolist()) <= {0, 255}
+    return [], MaskInfo(mask.shape[0], mask.shape[1], int(values[CRACK_THRESHOLD + 1 :].sum()), binary)
+
+
+def open_dataset(
+    root: Path | None,
+    images: Path | None = None,
+    masks: Path | None = None,
+    mask_pattern: str = "{stem}",
+    workers: int | None = None,
+) -> Scan:
+    """Pair, decode and check a whole dataset, and read its split files (``ROOT/{train,val,test}.txt``)."""
+    image_dir, mask_dir = resolve_folders(root, images, masks)
+    samples, problems = find_samples(image_dir, mask_dir, mask_pattern)
+    found = scan(samples, workers)
+    found.problems[:0] = problems
+    if not samples:
+        found.problems.append(Problem(image_dir, f"no image/mask pairs (images in {image_dir}, masks in {mask_dir})"))
+    paired = {sample.stem for sample in samples}
+    usable = {sample.stem for sample in found.samples}
+    for name in SPLITS:
+        path = Path(root or ".") / f"{name}.txt"
+        if root is None or not path.is_file():
+            continue
+        stems = read_stems(path)
+        found.problems += [Problem(path, f"lists {stem!r}, which has no image/mask pair") for stem in stems if stem not in paired]
+        found.listed[name] = [stem for stem in stems if stem in usable]
+    return found
+
+
+def read_stems(path: Path) -> list[str]:
+    """The stems a split file lists, one per line (blank lines ignored); empty files and repeats are errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such split file (one stem per line)")
+    stems = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not stems:
+        raise InputError(f"{path}: lists no stems (one per line)")
+    repeated = [stem for stem, count in Counter(stems).items() if count > 1]
+    if repeated:
+        raise InputError(f"{path}: lists {repeated[0]!r} more than once ({len(repeated)} repeated stems); list each stem once")
+    return stems
+
+
+def make_split(
+    stems: list[str], val_fraction: float, seed: int, listed: dict[str, list[str]] | None = None
+) -> dict[str, list[str]]:
+    """Train / val / test stems: from split files where given (usable stems only), else a seeded draw by stem.
+
+    A stem's place in the draw depends only on (seed, stem), so neither listing order nor
+    new files reshuffle it. Without ``val.txt``, validation is carved from the training
+    stems (``train.txt`` or all stems not in ``test.txt``).
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise InputError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    listed = listed or {}
+    available = set(stems)
+    test = sorted(listed.get("test", []))
+    if "val" in listed:
+        val = sorted(listed["val"])
+        train = sorted(listed.get("train", available - set(val) - set(test)))
+    else:
+        pool = sorted(listed.get("train", available - set(test)))
+        count = round(len(pool) * val_fraction)
+        if val_fraction > 0 and len(pool) >= 2:
+            count = min(max(count, 1), len(pool) - 1)
+        ranked = sorted(pool, key=lambda stem: hashlib.sha256(f"{seed}:{stem}".encode()).hexdigest())
+        val = sorted(ranked[:count])
+        train = sorted(set(pool) - set(val))
+    overlap = (set(train) & set(val)) | (set(train) & set(test)) | (set(val) & set(test))
+    if overlap:
+        raise InputError(f"split files list {len(overlap)} stems in more than one split: {', '.join(sorted(overlap)[:5])}")
+    return {"train": train, "val": val, "test": test}
+
+
+def save_split(path: Path, split: dict[str, list[str]]) -> None:
+    write_atomic(path, json.dumps(split, indent=1) + "\n")
+
+
+def load_split(path: Path) -> dict[str, list[str]]:
+    try:
+        split = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise InputError(f"{path}: cannot read the saved split ({error})") from None
+    return {name: list(split.get(name, [])) for name in SPLITS}
+
+
+def crack_pixel_weight(masks: list[MaskInfo]) -> float:
+    """The ``auto`` crack pixel weight: background pixels / crack pixels over ``masks`` (``sqrt`` takes its root)."""
+    crack = sum(info.crack_pixels for info in masks)
+    total = sum(info.height * info.width for info in masks)
+    if crack == 0:
+        raise InputError("the training masks hold no crack pixels: nothing to learn (check the mask files)")
+    return (total - crack) / crack
+
+
+def inspection_report(found: Scan, split: dict[str, list[str]], val_fraction: float) -> str:
+    """The text ``crackseg inspect`` prints: counts, sizes, crack fraction, crack weight, problems."""
+    infos = found.masks
+    sizes = Counter(f"{info.width}x{info.height}" for info in infos.values())
+    crack = sum(info.crack_pixels for info in infos.values())
+    total = sum(info.height * info.width for info in infos.values())
+    train = [infos[stem] for stem in split["train"]]
+    source = ", ".join(f"{name}.txt" for name in found.listed) if found.listed else f"seeded, val fraction {val_fraction}"
+    lines = [
+        f"pairs: {len(found.samples)} usable: " + ", ".join(f"{name} {len(stems)}" for name, stems in split.items()) + f" (split: {source})",
+        "sizes: " + ", ".join(f"{size} px: {count}" for size, count in sizes.most_common(8)) + (" ..." if len(sizes) > 8 else ""),
+        f"crack pixels: {100 * crack / max(total, 1):.2f}% of all pixels; {found.empty_masks} masks without cracks",
+    ]
+    if found.non_binary_masks:
+        lines.append(f"warning: {found.non_binary_masks} masks are not pure 0/255 (lossy JPEG?); values above {CRACK_THRESHOLD} count as crack")
+    if any(info.crack_pixels for info in train):
+        ratio = crack_pixel_weight(train)
+        lines.append(f"crack pixel weight: {math.sqrt(ratio):.2f} (--pos-weight sqrt, the default); {ratio:.2f} (auto)")
+    else:
+        lines.append("crack pixel weight: none, the training masks hold no crack pixels")
+    lines += [f"problem: {problem}" for problem in found.problems]
+    lines.append(f"{len(found.problems)} problems found")
+    return "\n".join(lines)

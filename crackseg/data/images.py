@@ -1,0 +1,165 @@
+"""Photos and masks read as viewers show them: the one reader for training, prediction and evaluation.
+
+- **Orientation**: a JPEG's EXIF Orientation tag is applied on load, so a phone photo
+  stored 64x32 with Orientation 6 is read as the 32x64 image every viewer (and every
+  labelling tool) shows, and masks traced on it line up.
+- **Mask values**: 0 = background, grey levels above 127 = crack; a mask whose only
+  values are 0 and 1 (with some 1) is a 0/1 mask and is read as 0/255. 16-bit masks and
+  probability maps are scaled to 8 bits first, floating-point ones (TIFFs) hold values in
+  [0, 1]. A mask in colour (channels more than COLOUR_SPREAD apart) is refused, naming
+  its colours, rather than read as grey levels that would hide a red or green crack.
+- **Size limit**: Pillow refuses images over its decompression-bomb limit
+  (``Image.MAX_IMAGE_PIXELS``); that is reported as a one-line error naming the file and
+  how to convert it for prediction (large TIFFs are read by windows, crackseg.data.rasters).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+if TYPE_CHECKING:
+    import torch
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff")
+CRACK_THRESHOLD = 127  # mask grey levels above this are crack
+COLOUR_SPREAD = 32  # levels between a pixel's channels beyond which a mask is in colour (JPEG noise stays below)
+_TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError)
+
+
+def describe_error(error: Exception) -> str:
+    """A short reason for a file that cannot be read, for one-line messages."""
+    if isinstance(error, UnidentifiedImageError):
+        return "not a readable image (empty, or another kind of file)"
+    if isinstance(error, FileNotFoundError):
+        return "file not found"
+    if isinstance(error, Image.DecompressionBombError):
+        limit = (Image.MAX_IMAGE_PIXELS or 0) / 1e6
+        return (f"over the limit of {limit:.0f} megapixels for an image decoded whole (to predict it, convert it to a tiled "
+                "GeoTIFF, which predict reads by windows: gdal_translate -co TILED=YES -co COMPRESS=DEFLATE IN OUT.tif)")
+    if isinstance(error, MaskValueError):
+        return str(error)
+    return f"cannot decode: {error}"
+
+
+def orientation(image: Image.Image) -> int:
+    """The EXIF Orientation tag (1 = as stored)."""
+    try:
+        return int(image.getexif().get(0x0112, 1))
+    except (ValueError, TypeError, SyntaxError):  # a malformed EXIF block: use the stored pixels
+        return 1
+
+
+def displayed_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) as viewers show the image, from its header (nothing decoded)."""
+    width, height = image.size
+    return (height, width) if orientation(image) in _TRANSPOSED else (width, height)
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    return ImageOps.exif_transpose(image) if orientation(image) != 1 else image
+
+
+class MaskValueError(ValueError):
+    """A mask or probability map whose values crackseg will not guess at (colours, floats out of [0, 1])."""
+
+
+def _grey_levels(image: Image.Image) -> np.ndarray:
+    """(H, W) uint8 grey levels; 16-bit images are scaled to 8 bits, floating-point ones from [0, 1]."""
+    if image.mode == "F":
+        return (_unit_floats(image) * 255.0).round().astype(np.uint8)
+    if image.mode.startswith("I"):
+        return (np.asarray(image, dtype=np.float64) / 257.0).round().clip(0, 255).astype(np.uint8)
+    return np.asarray(image.convert("L"))
+
+
+def _unit_floats(image: Image.Image) -> np.ndarray:
+    """A floating-point image's values, which must be probabilities in [0, 1] (what segmentation tools write)."""
+    values = np.asarray(image, dtype=np.float32)
+    low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+    if not (np.isfinite(low) and np.isfinite(high)) or low < 0.0 or high > 1.0:
+        raise MaskValueError(f"floating-point values from {low:g} to {high:g}; crackseg reads them as probabilities in [0, 1]")
+    return values
+
+
+def _refuse_colours(image: Image.Image) -> None:
+    """A mask drawn in colour (a red crack on black) is not guessed at: its grey level would hide the crack."""
+    if image.mode in ("1", "L", "LA", "F") or image.mode.startswith("I"):
+        return
+    rgb = np.asarray(image.convert("RGB")).reshape(-1, 3).astype(np.int16)
+    coloured = rgb.max(axis=1) - rgb.min(axis=1) > COLOUR_SPREAD
+    if coloured.any():
+        found = ", ".join(f"rgb{tuple(int(v) for v in colour)}" for colour in np.unique(rgb[coloured], axis=0)[:4])
+        raise MaskValueError(f"a colour mask (colours {found}); crackseg reads grey masks (0 = background, above "
+                             f"{CRACK_THRESHOLD} = crack): save the crack colour as white on black")
+
+
+def image_pixels(path: Path) -> np.ndarray:
+    """(H, W, 3) uint8 RGB as displayed; grey, palette, RGBA, CMYK and 16-bit files are converted."""
+    with Image.open(path) as image:
+        image = _upright(image)
+        if image.mode.startswith("I"):
+            return np.repeat(_grey_levels(image)[..., None], 3, axis=2)
+        return np.asarray(image.convert("RGB")).copy()
+
+
+def load_image(path: Path) -> torch.Tensor:
+    """:func:`image_pixels` as the (3, H, W) uint8 tensor a model takes."""
+    import torch  # here, so that what reads images without a model (compare) starts without loading torch
+
+    return torch.from_numpy(image_pixels(path)).permute(2, 0, 1)
+
+
+def mask_levels(path: Path) -> np.ndarray:
+    """(H, W) uint8 grey levels of a mask as displayed, 0/1 masks already scaled to 0/255."""
+    with Image.open(path) as image:
+        _refuse_colours(image)
+        levels = _grey_levels(_upright(image))
+    if is_zero_one(levels):
+        levels = levels * np.uint8(255)
+    return levels
+
+
+def is_zero_one(levels: np.ndarray) -> bool:
+    """Only the values 0 and 1, with at least one 1: a mask written as 0 = background, 1 = crack."""
+    return bool(levels.max(initial=0) == 1)
+
+
+def crack_pixels(levels: np.ndarray) -> np.ndarray:
+    """(H, W) bool, True = crack, from a mask's grey levels: above CRACK_THRESHOLD, or 1 in a 0/1 mask. The rule every
+    mask is read by, whether an image file (:func:`crack_mask`) or a raster's band."""
+    return levels > 0 if is_zero_one(levels) else levels > CRACK_THRESHOLD
+
+
+def crack_mask(path: Path) -> np.ndarray:
+    """(H, W) bool, True = crack: :func:`crack_pixels` of the mask as displayed."""
+    return crack_pixels(mask_levels(path))
+
+
+def load_mask(path: Path) -> torch.Tensor:
+    """(1, H, W) uint8, 1 = crack, 0 = background."""
+    import torch
+
+    return torch.from_numpy(crack_mask(path).astype(np.uint8))[None]
+
+
+def read_probability(path: Path) -> torch.Tensor:
+    """(H, W) float32 in [0, 1] from a predicted mask (0/255 or 0/1), an 8- or 16-bit probability map, or a
+    floating-point one (a TIFF of probabilities in [0, 1])."""
+    import torch
+
+    with Image.open(path) as image:
+        _refuse_colours(image)
+        image = _upright(image)
+        if image.mode == "F":
+            return torch.from_numpy(_unit_floats(image).copy())
+        if image.mode.startswith("I"):
+            return torch.from_numpy(np.asarray(image, dtype=np.float32) / 65535.0)
+        levels = np.asarray(image.convert("L"))
+    if is_zero_one(levels):
+        levels = levels * np.uint8(255)
+    return torch.from_numpy(levels.astype(np.float32) / 255.0)

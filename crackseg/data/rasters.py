@@ -1,0 +1,336 @@
+"""Large rasters by windows: TIFF / GeoTIFF inputs of any size in, georeferenced GeoTIFF outputs.
+
+Reading goes through rasterio (GDAL) a window at a time, so a gigapixel orthomosaic is
+never whole in memory. What predict needs from a raster:
+
+- **pixels** as (3, rows, cols) uint8 RGB: grey rasters are repeated to three bands, a fourth
+  band (alpha) is not fed to the model, and 16-bit data is scaled from its bit depth (the
+  smallest of 8 to 16 bits that holds the raster's largest value, from GDAL's approximate
+  statistics) to 8 bits;
+- **valid pixels**: GDAL's dataset mask (nodata value, alpha band or mask band); invalid
+  pixels are neither predicted nor measured, and are masked in the outputs;
+- **georeferencing**: CRS and geotransform, copied to every raster output; in a projected
+  CRS the pixel size in millimetres comes from the geotransform. Whether a TIFF lies on a map
+  at all is :func:`open_on_map`'s to say (rasterio decides; without the geo extra, the
+  GeoTIFF tags of its header), and :func:`map_facts` gives what a reader needs of one.
+
+Needs the geo extra: ``pip install 'crackseg[geo]'``.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+from PIL import Image
+
+from crackseg.core.config import MAX_PIXELS
+from crackseg.core.errors import InputError, require
+from crackseg.core.files import PendingFile
+from crackseg.data.images import DECODE_ERRORS
+
+if TYPE_CHECKING:
+    import torch
+
+BLOCK = 512  # px: the side of an output GeoTIFF's tiles
+READ_AHEAD = 4096  # px: columns read from a raster at once (a run of 1024 rows holds 16 MB)
+GEOTIFF_TAGS = frozenset({33550, 33922, 34264, 34735})  # ModelPixelScale, ModelTiepoint, ModelTransformation, GeoKeyDirectory
+
+
+def rasterio():
+    """rasterio, or a one-line error naming the extra that installs it."""
+    return require("rasterio", "geo", "reading and writing GeoTIFFs")
+
+
+def on_map(raster) -> bool:
+    """Whether a raster (a rasterio dataset or a RasterSource) is georeferenced: a CRS, and a geotransform other
+    than the identity GDAL gives a plain TIFF."""
+    return raster.crs is not None and not raster.transform.is_identity
+
+
+def gdal_reason(error: Exception) -> str:
+    """GDAL's own words for a failure: rasterio raises "See previous exception" and chains the cause."""
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__
+    return str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+
+
+def open_on_map(path: Path | None):
+    """``path`` open in rasterio when it is a TIFF placed on a map (:func:`on_map`), else None; the caller closes it.
+
+    One open tells it and serves the reading that follows. As predict tells rasters from photos: rasterio decides;
+    without the geo extra a plain TIFF is simply not on a map (Pillow reads its header, nothing else), and one whose
+    header holds GeoTIFF tags is a one-line error naming the extra. A TIFF that GDAL cannot open is not on a map
+    unless its header says it is (then GDAL's error is raised).
+    """
+    if path is None or Path(path).suffix.lower() not in (".tif", ".tiff") or not Path(path).exists():
+        return None
+    try:
+        rio = rasterio()
+    except InputError:
+        if _geotiff_header(path) is False:
+            return None
+        raise
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rio.errors.NotGeoreferencedWarning)  # a plain TIFF: not on a map
+            dataset = rio.open(path)
+    except rio.errors.RasterioIOError:
+        if _geotiff_header(path) is False:
+            return None  # a plain TIFF GDAL does not read: the image reader reads it, or says why not
+        raise
+    if on_map(dataset):
+        return dataset
+    dataset.close()
+    return None
+
+
+def _geotiff_header(path: Path) -> bool | None:
+    """Whether the TIFF's header holds GeoTIFF tags (Pillow, nothing decoded); None when Pillow cannot read it."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # only the header is read here
+            with Image.open(path) as image:
+                return bool(GEOTIFF_TAGS & set(getattr(image, "tag_v2", {})))
+    except DECODE_ERRORS:
+        return None
+
+
+class _Run(NamedTuple):
+    """Columns read at once by :meth:`RasterSource.read`: (3, rows, n) uint8 pixels from column ``left``, and their valid mask."""
+
+    top: int
+    rows: int
+    left: int
+    pixels: np.ndarray
+    valid: np.ndarray
+
+    @property
+    def right(self) -> int:
+        return self.left + self.valid.shape[1]
+
+
+class RasterSource:
+    """An open raster read by windows; use as a context manager."""
+
+    def __init__(self, path: Path, max_pixels: int = MAX_PIXELS, dataset=None):
+        """Open ``path``, or take over ``dataset``, its rasterio dataset already open."""
+        rio = rasterio()
+        self.path = Path(path)
+        if dataset is None:
+            try:
+                dataset = rio.open(self.path)
+            except rio.errors.RasterioIOError as error:
+                raise InputError(f"{path}: not a readable raster ({str(error).splitlines()[0][:200]})") from None
+        self._dataset = dataset
+        self.height, self.width = dataset.height, dataset.width
+        if self.height * self.width > max_pixels:
+            self.close()
+            raise InputError(f"{path}: {self.height * self.width / 1e6:,.0f} megapixels, over --max-pixels "
+                             f"{max_pixels / 1e6:,.0f} megapixels; pass a larger --max-pixels to predict it")
+        if dataset.dtypes[0] not in ("uint8", "uint16"):
+            self.close()
+            raise InputError(f"{path}: {dataset.dtypes[0]} pixels; crackseg reads 8- and 16-bit rasters (convert with gdal_translate -ot Byte -scale)")
+        self._indexes = [1] if dataset.count < 3 else [1, 2, 3]
+        self._order = [0, 0, 0] if dataset.count < 3 else [0, 1, 2]  # grey is repeated to RGB; a 4th band is not fed
+        self._scale = self._to_8_bits()
+        self.crs = dataset.crs
+        self.transform = dataset.transform
+        self._run = None  # the columns last read, see read()
+
+    def __enter__(self) -> RasterSource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._dataset.closed:
+            self._dataset.close()
+
+    @property
+    def georeferenced(self) -> bool:
+        return on_map(self)
+
+    def px_size_mm(self) -> tuple[float | None, str | None]:
+        """(millimetres per pixel, None), or (None, why not) when the georeferencing gives no usable scale."""
+        if self.crs is None and not self.transform.is_identity:
+            return None, f"{self.path}: a geotransform without a CRS, so its units are unknown; lengths stay in px (give --px-size)"
+        if not self.georeferenced:
+            return None, None
+        if not self.crs.is_projected:
+            return None, f"{self.path}: CRS {self.crs.to_string()} is not projected, so its pixels have no size in mm; lengths stay in px (give --px-size)"
+        a, b, _, d, e, _ = self.transform[:6]
+        if b or d:
+            return None, f"{self.path}: a rotated or sheared geotransform; lengths stay in px (give --px-size)"
+        if not math.isclose(abs(a), abs(e), rel_tol=0.01):
+            return None, f"{self.path}: pixels are not square ({abs(a):g} x {abs(e):g}); lengths stay in px (give --px-size)"
+        unit_m = self.crs.linear_units_factor[1]
+        return abs(a) * unit_m * 1000.0, None
+
+    def read(self, top: int, left: int, rows: int, cols: int) -> tuple[torch.Tensor, np.ndarray]:
+        """A window: ((3, rows, cols) uint8 RGB, (rows, cols) bool valid pixels).
+
+        Windows come from a run of READ_AHEAD columns read at once from a block boundary, and
+        the next run keeps the columns two runs share: overlapping tiles read left to right
+        then decode each GeoTIFF block of their rows once, in few calls.
+        """
+        run = self._run
+        if run is None or (run.top, run.rows) != (top, rows) or not run.left <= left <= left + cols <= run.right:
+            self._run = run = self._read_run(top, rows, left, cols)
+        import torch  # here, so that what only opens rasters (compare) starts without loading torch
+
+        start = left - run.left
+        return torch.from_numpy(run.pixels[:, :, start : start + cols]), run.valid[:, start : start + cols]
+
+    def _read_run(self, top: int, rows: int, left: int, cols: int) -> _Run:
+        block = self._dataset.block_shapes[0][1]
+        first = left // block * block
+        end = min(self.width, max(first + READ_AHEAD, -(-(left + cols) // block) * block))
+        old = self._run
+        kept = old is not None and (old.top, old.rows) == (top, rows) and old.left <= first < old.right
+        start = old.right if kept else first
+        rio = rasterio()
+        window = rio.windows.Window(start, top, end - start, rows)
+        try:
+            pixels = self._dataset.read(self._indexes, window=window)[self._order]
+            valid = self._dataset.dataset_mask(window=window) > 0
+        except rio.errors.RasterioIOError as error:
+            raise InputError(f"{self.path}: rows {top}-{top + rows}, columns {start}-{end} cannot be decoded "
+                             f"(a damaged file?): {gdal_reason(error)}") from None
+        if self._scale != 1:
+            pixels = np.minimum(pixels.astype(np.float32) * self._scale + 0.5, 255).astype(np.uint8)
+        if kept:
+            pixels = np.concatenate([old.pixels[:, :, first - old.left :], pixels], axis=2)
+            valid = np.concatenate([old.valid[:, first - old.left :], valid], axis=1)
+        return _Run(top, rows, first, np.ascontiguousarray(pixels, dtype=np.uint8), valid)
+
+    def _to_8_bits(self) -> float:
+        """The factor from the raster's values to 0..255: its bit depth, from GDAL's approximate statistics."""
+        if self._dataset.dtypes[0] == "uint8":
+            return 1.0
+        largest = max(stats.max for stats in self._dataset.stats(indexes=self._indexes, approx=True))
+        bits = min(max(8, math.ceil(math.log2(largest + 1))), 16)
+        return 255.0 / (2**bits - 1)
+
+
+@dataclass(frozen=True)
+class MapFacts:
+    """Where a raster's pixels lie on the map, from its header."""
+
+    width: int
+    height: int
+    transform: tuple[float, ...]  # GDAL's a, b, c, d, e, f: pixel (col, row) edges -> map (x, y)
+    crs: str
+    px_size_mm: float | None  # None where the georeferencing gives no size in mm (RasterSource.px_size_mm says why)
+
+
+def map_facts(path: Path, dataset, max_pixels: int = MAX_PIXELS) -> MapFacts:
+    """The facts of ``path``, open on the map as ``dataset`` (from :func:`open_on_map`; closed here), once it passes
+    RasterSource's checks (at most ``max_pixels``, 8- or 16-bit pixels)."""
+    with RasterSource(path, max_pixels, dataset) as source:
+        return MapFacts(source.width, source.height, tuple(source.transform)[:6], source.crs.to_string(), source.px_size_mm()[0])
+
+
+class RasterSink:
+    """A tiled, compressed GeoTIFF written by bands of rows, under a temporary name until :meth:`commit`:
+    the whole of ``source``'s extent, or its ``rows`` (start, stop).
+
+    BigTIFF when the file may pass 4 GB; the CRS and geotransform of ``source``; invalid
+    pixels in a mask band, internal when opened under :func:`gdal_settings`, so GIS
+    software shows them as nodata.
+    """
+
+    def __init__(self, path: Path, source: RasterSource, dtype: str, rows: tuple[int, int] | None = None):
+        rio = rasterio()
+        start, stop = rows or (0, source.height)
+        self.path = Path(path)
+        self._file = PendingFile(self.path)
+        profile = dict(
+            driver="GTiff", width=source.width, height=stop - start, count=1, dtype=dtype, crs=source.crs,
+            transform=source.transform @ rio.Affine.translation(0, start), tiled=True, blockxsize=BLOCK, blockysize=BLOCK,
+            compress="deflate", predictor=2, bigtiff="IF_SAFER",
+        )
+        self._dataset = rio.open(self._file.temp, "w", **profile)
+        self._width = source.width
+        self._written = 0  # rows in the file
+        # Finished rows not yet a whole row of GeoTIFF tiles, then the band being filled block by block.
+        self._values = np.zeros((0, source.width), dtype)
+        self._valid = np.zeros((0, source.width), bool)
+        self._held = 0  # finished rows
+
+    def write_block(self, top: int, left: int, values: np.ndarray, valid: np.ndarray) -> None:
+        """One block of a band of rows, in row-major order; whole rows of GeoTIFF tiles go to the file.
+
+        Writing only complete tiles keeps each compressed tile written once. The rows wait in
+        one buffer of fewer than BLOCK rows plus a band, so nothing of the width is copied twice.
+        """
+        rows, cols = values.shape
+        if self._held + rows > len(self._values):
+            self._values, self._valid = (np.concatenate([held[: self._held], np.zeros((BLOCK - 1 + rows - self._held, self._width), held.dtype)])
+                                         for held in (self._values, self._valid))
+        self._values[self._held : self._held + rows, left : left + cols] = values
+        self._valid[self._held : self._held + rows, left : left + cols] = valid
+        if left + cols == self._width:
+            self._held += rows
+            self._flush(whole_tiles=True)
+
+    def _flush(self, whole_tiles: bool) -> None:
+        rows = self._held // BLOCK * BLOCK if whole_tiles else self._held
+        if rows:
+            window = rasterio().windows.Window(0, self._written, self._width, rows)
+            self._dataset.write(self._values[None, :rows], window=window)
+            self._dataset.write_mask(self._valid[:rows], window=window)
+            self._written += rows
+            self._held -= rows
+            self._values[: self._held] = self._values[rows : rows + self._held]
+            self._valid[: self._held] = self._valid[rows : rows + self._held]
+
+    def commit(self, overviews: bool = False) -> Path:
+        """Finish the file (with overviews if asked) and move it into place."""
+        self._flush(whole_tiles=False)
+        if overviews:
+            factors = [2**k for k in range(1, 16) if max(self._dataset.width, self._dataset.height) / 2**k >= BLOCK]
+            if factors:
+                self._dataset.build_overviews(factors, rasterio().enums.Resampling.nearest)
+        self._close()
+        self._check_written()
+        return self._file.commit()
+
+    def _check_written(self) -> None:
+        """Decode every tile of the closed file: libtiff reports a failed write (a full disk) on stderr
+        only, and a torn GeoTIFF must never take the output's name."""
+        rio = rasterio()
+        try:
+            with rio.open(self._file.temp) as written:
+                for top in range(0, written.height, BLOCK):
+                    window = rio.windows.Window(0, top, written.width, min(BLOCK, written.height - top))
+                    written.read(1, window=window)
+                    written.dataset_mask(window=window)
+        except rio.errors.RasterioIOError as error:
+            raise OSError(errno.EIO, f"{self.path}: the GeoTIFF was not written whole (is the disk full?): {gdal_reason(error)}") from None
+
+    def abort(self) -> None:
+        self._close()
+        self._file.abort()
+
+    def _close(self) -> None:
+        if not self._dataset.closed:
+            self._dataset.close()
+
+
+
+def gdal_settings():
+    """GDAL as predict uses it: mask bands inside the GeoTIFF, a block cache of fixed size (GDAL's
+    default, 5% of RAM, would let memory grow with the raster up to that), no .aux.xml files
+    written beside the inputs (statistics stay in memory), and tiles decoded by as many threads
+    as torch computes with: reading and the model take turns, so the cores would idle otherwise."""
+    import torch
+
+    return rasterio().Env(GDAL_TIFF_INTERNAL_MASK=True, GDAL_CACHEMAX=64, GDAL_PAM_ENABLED="NO",
+                          GDAL_NUM_THREADS=str(torch.get_num_threads()))

@@ -1,0 +1,337 @@
+"""Synthetic crack photographs with exact masks: the demo data and the test fixtures.
+
+Each image is concrete- or asphalt-like texture (multi-scale noise, aggregate grains,
+stains, an illumination gradient, sensor noise, JPEG compression) with zero to three
+branching cracks whose width wanders between about 1 and 10 px, plus unlabelled
+distractors that look crack-like (saw-cut joints, scratches, shadow edges). Masks label
+crack pixels only. Sample ``i`` of seed ``s`` depends on ``(s, i)`` alone, so the same
+seed gives byte-identical files whatever the order or number of workers.
+
+A later visit of the same spots is :mod:`crackseg.data.later_visit`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from PIL import Image
+from scipy import ndimage, special
+
+from crackseg.core.errors import InputError
+from crackseg.core.files import ensure_writable_folder, remove_orphan_temps, write_atomic
+
+CRACK_FREE_FRACTION = 0.15
+SYNTH_NAME = re.compile(r"images/\d{5,}\.jpg|(masks|truth)/\d{5,}\.png|truth\.json")
+MAX_CRACK_WIDTH = 10.0
+EIGHT_CONNECTED = np.ones((3, 3), bool)
+
+
+@dataclass
+class Crack:
+    """Nominal geometry of one crack and its branches, measured inside the image."""
+
+    length_px: float
+    mean_width_px: float
+    max_width_px: float
+    branches: int
+
+
+@dataclass
+class SynthSample:
+    image: np.ndarray  # (H, W, 3) uint8, before JPEG compression
+    mask: np.ndarray  # (H, W) bool, True on crack pixels
+    distractors: np.ndarray  # (H, W) bool, crack-like marks that are not cracks
+    labels: np.ndarray  # (H, W) uint8: 0 background, k on the pixels of cracks[k - 1]
+    cracks: list[Crack] = field(default_factory=list)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"256"`` -> (256, 256); ``"320x480"`` -> (320, 480) as (height, width)."""
+    parts = text.lower().split("x")
+    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
+        raise ValueError(f"size must be N or HxW in pixels, got {text!r}")
+    height, width = int(parts[0]), int(parts[-1])
+    if min(height, width) < 16:
+        raise ValueError(f"size must be at least 16 px, got {text!r}")
+    return height, width
+
+
+def make_sample(rng: np.random.Generator, height: int, width: int) -> SynthSample:
+    """Draw one image, its crack mask and its distractor mask."""
+    texture = surface_texture(rng, height, width)
+    distractors = np.zeros((height, width), bool)
+    shade = np.ones((height, width), np.float32)
+
+    for _ in range(rng.poisson(0.4)):
+        _add_joint(rng, shade, distractors)
+    for _ in range(rng.poisson(1.0)):
+        _add_scratch(rng, texture, distractors)
+    if rng.random() < 0.3:
+        _add_shadow(rng, shade)
+
+    cracks: list[Crack] = []
+    mask = np.zeros((height, width), bool)
+    labels = np.zeros((height, width), np.uint8)
+    if rng.random() >= CRACK_FREE_FRACTION:
+        centre = np.zeros((height, width), bool)
+        half_width = np.zeros((height, width), np.float32)
+        owner = np.zeros((height, width), np.uint8)
+        for number in range(1, rng.integers(1, 4) + 1):
+            cracks.append(_add_crack_path(rng, centre, half_width))
+            owner[centre & (owner == 0)] = number
+        mask, depth, labels = rasterize_cracks(rng, centre, half_width, owner)
+        shade *= 1.0 - depth
+
+    image = texture * shade * _illumination(rng, height, width)
+    tint = 1.0 + rng.normal(0.0, 0.035, 3).astype(np.float32)
+    rgb = image[..., None] * tint + rng.normal(0.0, rng.uniform(1.5, 5.0), (height, width, 3))
+    return SynthSample(np.clip(rgb, 0, 255).astype(np.uint8), mask, distractors, labels, cracks)
+
+
+def write_dataset(
+    out: Path,
+    count: int,
+    size: tuple[int, int],
+    seed: int,
+    truth: bool = False,
+    overwrite: bool = False,
+    workers: int = 1,
+) -> list[str]:
+    """Write ``count`` samples as ``images/<stem>.jpg`` and ``masks/<stem>.png``; return the stems.
+
+    With ``truth``, ``truth.json`` maps each stem to its cracks' nominal length and width, and
+    ``truth/<stem>.png`` labels each crack pixel with its crack's number in that list (1, 2, ...).
+    """
+    out = Path(out)
+    if count < 1:
+        raise InputError(f"--count must be at least 1, got {count}")
+    previous = claim_folder(out, overwrite)
+    jobs = [(out, seed, index, size, truth) for index in range(count)]
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            results = list(pool.map(_write_one, jobs, chunksize=4))
+    else:
+        results = [_write_one(job) for job in jobs]
+
+    if truth:
+        table = {stem: [vars(c) for c in cracks] for stem, cracks in results}
+        write_atomic(out / "truth.json", json.dumps(table, indent=1, sort_keys=True) + "\n")
+    written = {out / "images" / f"{stem}.jpg" for stem, _ in results} | {out / "masks" / f"{stem}.png" for stem, _ in results}
+    if truth:
+        written |= {out / "truth.json"} | {out / "truth" / f"{stem}.png" for stem, _ in results}
+    for stale in set(previous) - written:  # what a larger or --truth run left: the dataset is this run's alone
+        stale.unlink()
+    return [stem for stem, _ in results]
+
+
+def claim_folder(out: Path, overwrite: bool) -> list[Path]:
+    """Make ``out`` ready for a dataset and return what an earlier synth run left there (to replace)."""
+    ensure_writable_folder(out, "OUT")
+    previous = _previous_files(out)
+    if previous and not overwrite:
+        raise InputError(f"{previous[0].parent} already holds files; choose another folder or pass --overwrite")
+    for sub in ("images", "masks"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    return previous
+
+
+def _previous_files(out: Path) -> list[Path]:
+    """Files an earlier synth run left in ``out``; anything synth does not write there is an error.
+
+    ``--overwrite`` replaces a synthetic dataset, never a folder of other files. Temp files of
+    an interrupted run are removed first.
+    """
+    for folder in (out, out / "images", out / "masks", out / "truth"):
+        remove_orphan_temps(folder)
+    found = sorted(p for sub in ("images", "masks", "truth") if (out / sub).is_dir() for p in (out / sub).iterdir())
+    found += [out / "truth.json"] if (out / "truth.json").exists() else []
+    foreign = [p for p in found if not SYNTH_NAME.fullmatch(p.relative_to(out).as_posix())]
+    if foreign:
+        raise InputError(f"{foreign[0]}: not written by crackseg synth; write the synthetic dataset into another folder")
+    return found
+
+
+def _write_one(job: tuple[Path, int, int, tuple[int, int], bool]) -> tuple[str, list[Crack]]:
+    out, seed, index, (height, width), truth = job
+    rng = np.random.default_rng([seed, index])
+    sample = make_sample(rng, height, width)
+    stem = f"{index:05d}"
+    buffer = io.BytesIO()
+    Image.fromarray(sample.image).save(buffer, "JPEG", quality=int(rng.integers(72, 96)))
+    write_atomic(out / "images" / f"{stem}.jpg", buffer.getvalue())
+    buffer = io.BytesIO()
+    Image.fromarray(sample.mask.astype(np.uint8) * 255).save(buffer, "PNG")
+    write_atomic(out / "masks" / f"{stem}.png", buffer.getvalue())
+    if truth:
+        buffer = io.BytesIO()
+        Image.fromarray(sample.labels).save(buffer, "PNG")
+        write_atomic(out / "truth" / f"{stem}.png", buffer.getvalue())
+    cracks = [Crack(*(round(v, 2) if isinstance(v, float) else v for v in vars(c).values())) for c in sample.cracks]
+    return stem, cracks
+
+
+def _smooth_noise(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
+    """Unit-variance noise correlated over about ``scale`` px: bicubic upsampling of a coarse grid.
+
+    PIL's separable resize of a float image is several times faster than ``ndimage.zoom``.
+    """
+    grid_shape = (1, *shape) if len(shape) == 1 else shape
+    coarse = tuple(max(2, math.ceil(n / scale)) + 3 for n in grid_shape)
+    grid = Image.fromarray(rng.standard_normal(coarse).astype(np.float32))
+    fine_shape = tuple(round(c * scale) for c in coarse)
+    fine = np.asarray(grid.resize(fine_shape[::-1], Image.Resampling.BICUBIC))
+    offset = tuple(int(rng.integers(0, max(1, f - n))) for f, n in zip(fine_shape, grid_shape))
+    crop = fine[tuple(slice(o, o + n) for o, n in zip(offset, grid_shape))].reshape(shape)
+    return (crop - crop.mean()) / (crop.std() + 1e-6)
+
+
+def surface_texture(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """Grey-level surface: asphalt (dark, coarse grains) or concrete (light, fine and smooth)."""
+    asphalt = rng.random() < 0.5
+    base = rng.uniform(85, 125) if asphalt else rng.uniform(135, 190)
+    shape = (height, width)
+    surface = np.full(shape, base, np.float32)
+    for scale, amplitude in ((1.5, 4.0), (5.0, 5.0), (20.0, 6.0), (80.0, 9.0)):
+        surface += rng.uniform(0.5, 1.5) * amplitude * _smooth_noise(rng, shape, scale)
+
+    grain_field = _smooth_noise(rng, shape, rng.uniform(2.0, 3.5) if asphalt else 1.6)
+    grains = grain_field > (rng.uniform(0.6, 1.1) if asphalt else 1.5)
+    brightness = 28.0 * _smooth_noise(rng, shape, 2.0) + (8.0 if asphalt else -6.0)
+    surface += ndimage.gaussian_filter(grains * brightness, 0.6)
+
+    stains = _smooth_noise(rng, shape, rng.uniform(25, 70))
+    stain_cover = special.expit(4.0 * (stains - rng.uniform(0.8, 1.8)))
+    surface *= 1.0 - rng.uniform(0.08, 0.3) * stain_cover
+    return surface
+
+
+def _illumination(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    y = np.linspace(-0.5, 0.5, height, dtype=np.float32)[:, None]
+    x = np.linspace(-0.5, 0.5, width, dtype=np.float32)[None, :]
+    gx, gy = rng.normal(0.0, 0.25, 2)
+    vignette = rng.uniform(0.0, 0.5)
+    return 1.0 + gx * x + gy * y - vignette * (x * x + y * y)
+
+
+class CrackPath(NamedTuple):
+    ys: np.ndarray
+    xs: np.ndarray
+    angles: np.ndarray
+    widths: np.ndarray  # nominal full width in px at each step
+    inside: np.ndarray  # bool, step lies inside the image
+
+
+def _add_crack_path(rng: np.random.Generator, centre: np.ndarray, half_width: np.ndarray) -> Crack:
+    """Draw a crack as a persistent random walk with branches into the centreline maps."""
+    height, width = centre.shape
+    length = int(rng.uniform(0.4, 1.3) * max(height, width))
+    base_width = float(np.clip(rng.lognormal(math.log(3.0), 0.5), 1.0, 8.0))
+    trunk = walk_crack(rng, centre.shape, rng.uniform((0, 0), (height, width)), rng.uniform(0, 2 * math.pi), length, base_width)
+    paths = [trunk]
+    for _ in range(rng.poisson(1.2)):
+        fork = rng.integers(0, len(trunk.ys))
+        turn = rng.choice((-1, 1)) * rng.uniform(0.4, 1.2)
+        paths.append(
+            walk_crack(
+                rng,
+                centre.shape,
+                (trunk.ys[fork], trunk.xs[fork]),
+                trunk.angles[fork] + turn,
+                int(length * rng.uniform(0.15, 0.5)),
+                max(1.0, base_width * rng.uniform(0.35, 0.8)),
+            )
+        )
+
+    for path in paths:
+        rows, cols = np.rint(path.ys[path.inside]).astype(int), np.rint(path.xs[path.inside]).astype(int)
+        centre[rows, cols] = True
+        np.maximum.at(half_width, (rows, cols), (path.widths[path.inside] / 2).astype(np.float32))
+
+    seen = np.concatenate([path.widths[path.inside] for path in paths])
+    if seen.size == 0:
+        return Crack(0.0, 0.0, 0.0, len(paths) - 1)
+    return Crack(float(seen.size), float(seen.mean()), float(seen.max()), len(paths) - 1)
+
+
+def walk_crack(
+    rng: np.random.Generator, shape: tuple[int, int], start, angle: float, steps: int, base_width: float
+) -> CrackPath:
+    """One-pixel steps with a slowly wandering heading and a width that varies and tapers."""
+    steps = max(steps, 8)
+    angles = angle + np.cumsum(rng.normal(0.0, 0.025, steps)) + 0.3 * _smooth_noise(rng, (steps,), 50.0)
+    # Small lateral zig-zags: real cracks follow grain boundaries, not smooth curves.
+    jitter = 0.8 * _smooth_noise(rng, (steps,), 4.0)
+    ys = start[0] + np.cumsum(np.sin(angles)) + jitter * np.cos(angles)
+    xs = start[1] + np.cumsum(np.cos(angles)) - jitter * np.sin(angles)
+    ramp = np.minimum(np.arange(steps), np.arange(steps)[::-1]) / (0.15 * steps)
+    taper = np.minimum(1.0, ramp + 0.3)
+    widths = np.clip(base_width * np.exp(0.3 * _smooth_noise(rng, (steps,), 30.0)) * taper, 1.0, MAX_CRACK_WIDTH)
+    rows, cols = np.rint(ys), np.rint(xs)
+    inside = (rows >= 0) & (rows < shape[0]) & (cols >= 0) & (cols < shape[1])
+    return CrackPath(ys, xs, angles, widths, inside)
+
+
+def rasterize_cracks(
+    rng: np.random.Generator, centre: np.ndarray, half_width: np.ndarray, owner: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Crack pixels are those within the local half-width of the nearest centreline pixel.
+
+    Returns the mask, a darkening map in [0, 1) (deepest on the centreline, softened at the
+    edges by a slight blur, as a real crack's shadowed interior is) and the crack each pixel
+    belongs to: the ``owner`` of its nearest centreline pixel.
+    """
+    distance, (near_y, near_x) = ndimage.distance_transform_edt(~centre, return_indices=True)
+    local = half_width[near_y, near_x]
+    mask = distance <= local
+    depth_along = np.clip(0.45 + 0.15 * _smooth_noise(rng, centre.shape, 30.0), 0.25, 0.7)
+    profile = 1.0 - 0.5 * (distance / np.maximum(local, 0.5)) ** 2
+    depth = np.where(mask, depth_along * profile, 0.0).astype(np.float32)
+    labels = np.where(mask, owner[near_y, near_x], 0).astype(np.uint8)
+    return mask, np.clip(ndimage.gaussian_filter(depth, 0.7), 0.0, 0.9), labels
+
+
+def _add_joint(rng: np.random.Generator, shade: np.ndarray, distractors: np.ndarray) -> None:
+    """A straight saw-cut or expansion joint across the whole image."""
+    height, width = shade.shape
+    angle = rng.choice((0.0, math.pi / 2)) + rng.normal(0.0, 0.05)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    cy, cx = rng.uniform((0, 0), (height, width))
+    distance = np.abs((y - cy) * math.cos(angle) - (x - cx) * math.sin(angle))
+    half = rng.uniform(1.5, 4.0)
+    band = np.clip(half + 0.5 - distance, 0.0, 1.0)
+    shade *= 1.0 - rng.uniform(0.2, 0.45) * band
+    distractors |= band > 0.5
+
+
+def _add_scratch(rng: np.random.Generator, texture: np.ndarray, distractors: np.ndarray) -> None:
+    """A short, thin, nearly straight mark, lighter or darker than the surface."""
+    height, width = texture.shape
+    steps = int(rng.uniform(0.1, 0.4) * max(height, width))
+    angle = rng.uniform(0, 2 * math.pi) + np.cumsum(rng.normal(0.0, 0.01, steps))
+    y0, x0 = rng.uniform((0, 0), (height, width))
+    rows = np.rint(y0 + np.cumsum(np.sin(angle))).astype(int)
+    cols = np.rint(x0 + np.cumsum(np.cos(angle))).astype(int)
+    keep = (rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)
+    line = np.zeros_like(distractors)
+    line[rows[keep], cols[keep]] = True
+    contrast = rng.choice((-1.0, 1.0)) * rng.uniform(10.0, 25.0)
+    texture += ndimage.gaussian_filter(line.astype(np.float32), 0.6) * contrast * 2.0
+    distractors |= line
+
+
+def _add_shadow(rng: np.random.Generator, shade: np.ndarray) -> None:
+    """A soft-edged cast shadow over part of the image (its edge is a dark straight line)."""
+    height, width = shade.shape
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    angle = rng.uniform(0, 2 * math.pi)
+    signed = (y - rng.uniform(0, height)) * math.cos(angle) - (x - rng.uniform(0, width)) * math.sin(angle)
+    cover = special.expit(signed / rng.uniform(1.5, 8.0))
+    shade *= 1.0 - rng.uniform(0.15, 0.4) * cover

@@ -1,0 +1,326 @@
+"""``crackseg labels``: annotation files -> a crackseg dataset; predictions -> pre-annotations; what to label next.
+
+- :func:`import_labels` reads a COCO, labelme, CVAT or Label Studio file (in each tool's own
+  coordinates, :mod:`crackseg.labels.formats`), finds its images in a folder (EXIF orientation
+  applied, as every tool shows them) and writes ``DATASET/images/``, ``DATASET/masks/<stem>.png``
+  (0/255) and ``DATASET/labels.json``: the source, the format, the labels used and every count
+  (shapes per kind, clipped, zero-area, labels left out, images not listed, annotations passed
+  over). Nothing is dropped without being counted there. A labelme file whose photo the folder
+  lacks gives the photo it embeds (imageData), as labelme shows it.
+- :func:`export_labels` turns a predictions folder's masks into pre-annotations a person corrects
+  in the labelling tool.
+- :func:`rank_predictions` orders a predictions folder's photos by how unsure the model was
+  (:func:`crackseg.prediction.outputs.uncertainty`, read from the saved probability maps) into ``rank.csv``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+from PIL import Image
+
+from crackseg.core.version import __version__
+from crackseg.core.errors import InputError, require
+from crackseg.core.files import ensure_writable_folder, link_atomic, write_atomic, write_csv
+from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, displayed_size, orientation, read_probability
+from crackseg.labels.formats.coco import coco_document
+from crackseg.labels.formats.cvat import cvat_document
+from crackseg.labels.formats.label_studio import labelstudio_document, stored_upload_name, upload_names
+from crackseg.labels.formats.labelme import embedded_photo, labelme_document
+from crackseg.labels.formats.reading import read_annotations
+from crackseg.labels.formats.shapes import LabelledImage, paint_all
+from crackseg.prediction.outputs import PredictionsFolder, read_saved_mask, uncertainty, write_png
+
+DRAWN = ("polygon", "line", "mask")  # shape kinds that become crack pixels; others (rectangles, points) are counted
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    line_width: int | None = None  # px, for lines without a width of their own; needed when the file has such lines
+    labels: tuple[str, ...] = ("crack",)  # label names that are crack, compared case-insensitively
+    overwrite: bool = False
+
+
+def import_labels(annotations: Path, fmt: str, images: Path, out: Path, options: ImportOptions = ImportOptions()) -> dict:
+    """Write the crackseg dataset ``out`` from an annotation file and the photos in ``images``; returns labels.json's content."""
+    if fmt != "labelme":  # before any work: polygons and COCO RLE are drawn by pycocotools
+        require("pycocotools.mask", "labels", f"reading {fmt} files")
+    found = read_annotations(annotations, fmt, skip=Path(out) / "labels.json")
+    wanted = {name.lower() for name in options.labels}
+    known = {name.lower() for name in found.labels}
+    unmatched = sorted(wanted - known)
+    if known and unmatched:
+        raise InputError(f"--label {unmatched[0]} matches no label in {annotations} (its labels: {', '.join(sorted(found.labels))})")
+    photos = _photos(Path(images), Path(out))
+    matched = _match(found.images, _PhotoIndex(photos), annotations, Path(out))
+    lines = sum(s.kind == "line" and s.width is None and s.label.lower() in wanted for image in matched.values() for s in image.shapes)
+    if lines and options.line_width is None:
+        raise InputError(f"{annotations} holds {lines} lines (polylines, linestrips): give --line-width PX, the crack width to draw them")
+    sizes = {photo: _size(photo, image, annotations) for photo, image in matched.items()}
+    previous = _prepare(Path(out), options.overwrite)
+    tally = {key: Counter() for key in ("shapes", "labels", "left_out", "not_drawn")} | {"clipped": 0, "zero_area": 0, "crack_free": 0}
+    for photo, image in matched.items():
+        mask = _draw(image, sizes[photo], wanted, options.line_width, tally)
+        tally["crack_free"] += not mask.any()
+        write_png(Path(out) / "masks" / f"{photo.stem}.png", mask.astype(np.uint8) * 255)
+        if image.embedded_in is None:
+            link_atomic(photo, Path(out) / "images" / photo.name)
+        else:
+            write_atomic(photo, embedded_photo(image))
+    stems = sorted(photo.stem for photo in matched)
+    _remove_leftovers(Path(out), set(previous) | set(stems), {photo.name for photo in matched} | {f"{stem}.png" for stem in stems})
+    listed = {photo.relative_to(Path(images)).as_posix() for photo, image in matched.items() if image.embedded_in is None}
+    provenance = {
+        "source": str(Path(annotations).resolve()), "format": fmt, "images_folder": str(Path(images).resolve()),
+        "crackseg": __version__, "labels": dict(tally["labels"]), "left_out_labels": dict(tally["left_out"]),
+        "images": len(matched), "crack_free": tally["crack_free"], "shapes": dict(tally["shapes"]),
+        "not_drawn": dict(tally["not_drawn"]), "clipped": tally["clipped"], "zero_area": tally["zero_area"],
+        "line_width_px": options.line_width, "unlabelled_tasks": found.unlabelled,
+        "cancelled_annotations": found.cancelled, "tasks_with_several_annotations": found.several,
+        "json_files_skipped": found.other_json,
+        "photos_from_image_data": sorted(photo.name for photo, image in matched.items() if image.embedded_in is not None),
+        "images_not_listed": sorted(set(photos) - listed), "stems": stems,
+    }
+    write_atomic(Path(out) / "labels.json", json.dumps(provenance, indent=1) + "\n")
+    return provenance
+
+
+def import_summary(provenance: dict, out: Path) -> str:
+    """One paragraph for the terminal: what was imported and everything that was not."""
+    kinds = ", ".join(f"{count} {kind}s" for kind, count in sorted(provenance["shapes"].items())) or "no shapes"
+    lines = [f"imported {provenance['images']} images ({provenance['crack_free']} crack-free) into {out} "
+             f"from {provenance['format']}: {kinds}; {provenance['clipped']} clipped at the image edge, {provenance['zero_area']} zero-area"]
+    if provenance["left_out_labels"]:
+        lines.append("left out (not crack labels): " + ", ".join(f"{n} {label!r}" for label, n in sorted(provenance["left_out_labels"].items())))
+    if provenance["not_drawn"]:
+        lines.append("crack shapes without an outline, not drawn: " + ", ".join(f"{n} {k}" for k, n in sorted(provenance["not_drawn"].items())))
+    if provenance["images_not_listed"]:
+        lines.append(f"{len(provenance['images_not_listed'])} images in the folder are not in the file and were not imported")
+    if provenance["unlabelled_tasks"]:
+        lines.append(f"{provenance['unlabelled_tasks']} tasks without a submitted annotation were not imported")
+    if provenance["cancelled_annotations"]:
+        lines.append(f"{provenance['cancelled_annotations']} cancelled or skipped annotations were not imported")
+    if provenance["tasks_with_several_annotations"]:
+        lines.append(f"{provenance['tasks_with_several_annotations']} tasks had several annotations: "
+                     "the one marked ground truth, else the newest, was imported")
+    if provenance["json_files_skipped"]:
+        lines.append(f"skipped {provenance['json_files_skipped']} JSON files that are not labelme annotations")
+    if provenance["photos_from_image_data"]:
+        lines.append(f"{len(provenance['photos_from_image_data'])} photos not in --images were taken from their labelme files' imageData")
+    return "\n".join(lines + [f"details: {Path(out) / 'labels.json'}"])
+
+
+def _photos(folder: Path, out: Path) -> dict[str, Path]:
+    """Every image below ``folder`` by its path relative to it, but those of the dataset being written."""
+    if not folder.is_dir():
+        raise InputError(f"--images {folder}: not a folder")
+    written = {(out / "images").resolve(), (out / "masks").resolve()} - {folder.resolve()}  # --out inside --images
+    return {path.relative_to(folder).as_posix(): path for path in sorted(folder.rglob("*"))
+            if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and path.parent.resolve() not in written}
+
+
+class _PhotoIndex:
+    """--images' photos by path relative to it, file name, the name Label Studio stores an upload under, and stem."""
+
+    def __init__(self, photos: dict[str, Path]):
+        self.photos = photos
+        self.by_name: dict[str, list[str]] = {}
+        self.by_upload: dict[str, list[str]] = {}
+        self.by_stem: dict[str, list[str]] = {}
+        for key in photos:
+            name = PurePosixPath(key).name
+            self.by_name.setdefault(name, []).append(key)
+            self.by_upload.setdefault(stored_upload_name(name), []).append(key)
+            self.by_stem.setdefault(PurePosixPath(key).stem, []).append(key)
+
+    def find(self, name: str, source: Path) -> Path | None:
+        """The photo ``name`` refers to: the longest tail of its path, else the one photo of its file name (with and
+        without a Label Studio upload prefix), else the one whose name Label Studio stores as that upload, else, for a
+        name without an image suffix (CVAT's video frames: frame_000000), the one photo of that stem."""
+        names = upload_names(name)
+        for candidate in names:
+            parts = PurePosixPath(candidate.replace("\\", "/")).parts
+            for start in range(len(parts)):
+                if "/".join(parts[start:]) in self.photos:
+                    return self.photos["/".join(parts[start:])]
+            found = self._one(self.by_name, parts[-1] if parts else "", name, "give the folder the names are relative to", source)
+            if found is not None:
+                return found
+        if len(names) > 1:
+            advice = f"Label Studio stores an upload of each as {names[1]}: rename all but one"
+            found = self._one(self.by_upload, names[1], name, advice, source)
+            if found is not None:
+                return found
+        base = PurePosixPath(name.replace("\\", "/")).name
+        if PurePosixPath(base).suffix.lower() not in IMAGE_SUFFIXES:
+            return self._one(self.by_stem, base, name, "the name has no image suffix: keep one photo of that stem", source)
+        return None
+
+    def _one(self, index: dict[str, list[str]], key: str, name: str, advice: str, source: Path) -> Path | None:
+        same = index.get(key, [])
+        if len(same) > 1:
+            raise InputError(f"{source}: {name} could be any of {', '.join(same[:3])} in --images; {advice}")
+        return self.photos[same[0]] if same else None
+
+
+def _match(listed: list[LabelledImage], index: _PhotoIndex, source: Path, out: Path) -> dict[Path, LabelledImage]:
+    """Each listed image's photo (an image listed twice gets the shapes of both); a labelme image whose photo
+    --images lacks is the photo its file embeds, keyed by where it will be written (``out``/images/)."""
+    matched: dict[Path, LabelledImage] = {}
+    missing = []
+    for image in listed:
+        photo = index.find(image.name, source)
+        embedded_in = image.embedded_in if photo is None else None  # the photo itself, when there is one
+        if photo is None and embedded_in is not None:
+            photo = out / "images" / PurePosixPath(image.name).name
+            if photo.suffix.lower() not in IMAGE_SUFFIXES:
+                raise InputError(f"{embedded_in}: its photo {image.name} is only embedded (imageData), and crackseg datasets hold "
+                                 f"{', '.join(IMAGE_SUFFIXES)} files: give --images a folder holding the photo in one of those")
+            if photo in matched and matched[photo].name != image.name:
+                raise InputError(f"{source}: {matched[photo].name} and {image.name} embed photos of one name, {photo.name}, and "
+                                 "--images has neither; a dataset pairs masks by stem: give the folder holding them")
+        if photo is None:
+            missing.append(image.name)
+        elif photo in matched:
+            matched[photo].shapes += image.shapes
+            matched[photo].size = matched[photo].size or image.size
+        else:
+            matched[photo] = LabelledImage(image.name, image.size, list(image.shapes), embedded_in)
+    if missing:
+        raise InputError(f"{source} refers to {len(missing)} images that are not in --images (e.g. {missing[0]}); "
+                         "give the folder holding them")
+    stems = Counter(photo.stem for photo in matched)
+    twins = [photo for photo in matched if stems[photo.stem] > 1]
+    if twins:
+        raise InputError(f"{twins[0]} and {twins[1]} share the stem {twins[0].stem!r}; a dataset pairs masks by stem: rename one")
+    return matched
+
+
+def _size(photo: Path, image: LabelledImage, source: Path) -> tuple[int, int]:
+    """The photo's (width, height) as shown, which must be the size the file states."""
+    shown_as = f"the photo in {image.embedded_in}'s imageData" if image.embedded_in is not None else str(photo)
+    try:
+        with Image.open(io.BytesIO(embedded_photo(image)) if image.embedded_in is not None else photo) as picture:
+            shown, stored, turn = displayed_size(picture), picture.size, orientation(picture)
+    except DECODE_ERRORS as error:
+        raise InputError(f"{shown_as}: {describe_error(error)}") from None
+    if image.size is None or tuple(image.size) == shown:
+        return shown
+    message = f"{source}: {image.name} is {image.size[0]}x{image.size[1]} px there but {shown_as} is {shown[0]}x{shown[1]} as shown"
+    if turn != 1 and tuple(image.size) == stored:
+        message += (f"; its EXIF orientation tag ({turn}) explains it: it was labelled on the stored, unturned pixels "
+                    "(label the photo as viewers show it, or remove the tag)")
+    else:
+        message += f" (no EXIF orientation explains it{f'; tag {turn}' if turn != 1 else ''}): is it the same photo?"
+    raise InputError(message)
+
+
+def _prepare(out: Path, overwrite: bool) -> list[str]:
+    """Check ``out`` before any work; returns the stems an earlier import wrote there."""
+    provenance = out / "labels.json"
+    existing = [folder for folder in (out / "images", out / "masks") if folder.is_dir() and any(folder.iterdir())]
+    existing += [provenance] if provenance.exists() else []
+    if existing and not overwrite:
+        raise InputError(f"{existing[0]} already exists; choose another --out or pass --overwrite")
+    ensure_writable_folder(out, "--out")
+    for folder in (out / "images", out / "masks"):
+        folder.mkdir(exist_ok=True)
+    try:
+        return list(json.loads(provenance.read_text()).get("stems", [])) if provenance.exists() else []
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def _remove_leftovers(out: Path, stems: set[str], written: set[str]) -> None:
+    """Remove the files of these stems that this import did not write (an earlier import's, a photo whose suffix changed)."""
+    for path in [*(out / "images").iterdir(), *(out / "masks").iterdir()]:
+        if path.is_file() and path.stem in stems and path.name not in written:
+            path.unlink()
+
+
+def _draw(image: LabelledImage, size: tuple[int, int], wanted: set[str], line_width: float | None, tally: dict) -> np.ndarray:
+    """(H, W) bool: the crack shapes of one image drawn as their tool draws them; every shape counted in ``tally``."""
+    canvas, drawn = np.zeros((size[1], size[0]), bool), []
+    for shape in image.shapes:
+        if shape.label.lower() not in wanted:
+            tally["left_out"][shape.label] += 1
+        elif shape.kind not in DRAWN:
+            tally["not_drawn"][shape.kind] += 1
+        else:
+            drawn.append(shape)
+    for shape, (pixels, clipped) in zip(drawn, paint_all(canvas, drawn, line_width)):
+        tally["shapes"][shape.kind] += 1
+        tally["labels"][shape.label] += 1
+        tally["clipped"] += clipped
+        tally["zero_area"] += pixels == 0
+    return canvas
+
+
+def export_labels(predictions: Path, fmt: str, out: Path, rle: bool = False, overwrite: bool = False, image_prefix: str = "") -> dict:
+    """Pre-annotations of a predictions folder's masks in ``fmt``, the images named as the tool will see them
+    (``image_prefix`` + the photo's path below predict's input); returns what was written."""
+    if fmt == "coco" and rle:
+        require("pycocotools.mask", "labels", "writing COCO RLE")
+    folder = PredictionsFolder(predictions)
+    entries, rasters = [], 0
+    for row in folder.read_predictions():
+        mask_path = Path(row["mask"])
+        if mask_path.suffix.lower() == ".tif":
+            rasters += 1  # rasters predicted by windows: labelling tools take photos
+            continue
+        name = folder.name_of(mask_path)
+        entries.append((name, (PurePosixPath(name).parent / Path(row["path"]).name).as_posix(), folder.mask(name)))
+    out = Path(out)
+    if fmt == "labelme":
+        targets = [out / f"{name}.json" for name, _, _ in entries]
+    else:
+        targets = [out]
+    existing = [target for target in targets if target.exists()]
+    if existing and not overwrite:
+        raise InputError(f"{existing[0]} already exists; choose another --out or pass --overwrite")
+    items = ((image_prefix + shown, read_saved_mask(path)) for _, shown, path in entries)  # one mask in memory at a time
+    if fmt == "labelme":  # beside each photo: imagePath is the photo's file name
+        for target, (_, shown, path) in zip(targets, entries):
+            document = labelme_document(image_prefix + PurePosixPath(shown).name, read_saved_mask(path), rle)
+            write_atomic(target, json.dumps(document, indent=1) + "\n")
+    elif fmt == "cvat":
+        write_atomic(out, cvat_document(items, rle))
+    else:
+        write_atomic(out, json.dumps(coco_document(items, rle) if fmt == "coco" else labelstudio_document(items, rle)) + "\n")
+    return {"format": fmt, "out": str(out), "images": len(entries), "rasters_left_out": rasters, "shapes": "rle" if rle else "polygons"}
+
+
+def rank_predictions(predictions: Path, threshold: float | None = None) -> tuple[list[dict], int]:
+    """PREDICTIONS/rank.csv: the photos by :func:`crackseg.prediction.outputs.uncertainty`, most unsure first, from the
+    saved probability maps at ``threshold`` (default: the one predict used); returns its rows and the number of
+    rasters left out."""
+    folder = PredictionsFolder(predictions)
+    rows = folder.read_predictions()
+    if threshold is None:
+        try:
+            threshold = json.loads(folder.summary_json.read_text())["threshold"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise InputError(f"{folder.summary_json} names no decision threshold (an older crackseg wrote it): give --threshold") from None
+    ranked, rasters = [], 0
+    for row in rows:
+        mask_path = Path(row["mask"])
+        if mask_path.suffix.lower() == ".tif":
+            rasters += 1
+            continue
+        path = folder.probabilities(folder.name_of(mask_path))
+        if not path.is_file():
+            raise InputError(f"{path}: no probability map; rank reads them: predict again with --save-prob 8 (or 16)")
+        try:
+            prob = read_probability(path).numpy()
+        except DECODE_ERRORS as error:
+            raise InputError(f"{path}: {describe_error(error)}") from None
+        ranked.append({"path": row["path"], **uncertainty(prob, threshold)})
+    ranked.sort(key=lambda item: (-item["uncertainty"], -item["unsure_crack_share"], item["path"]))
+    ranked = [{"rank": number, **item} for number, item in enumerate(ranked, 1)]
+    write_csv(folder.rank_csv, ranked, ["rank", "path", "uncertainty", "unsure_crack_share"])
+    return ranked, rasters

@@ -1,0 +1,325 @@
+"""One pair of inspections: the cracks of both dates matched by their centrelines, and what changed.
+
+Each date is measured as ``predict`` measures it (:func:`crackseg.cracks.measure.find_cracks`, same
+join gap and minimum length, so crack ids are those of cracks.csv). The BEFORE centrelines are
+mapped into the AFTER image by the pair's :class:`~crackseg.monitoring.registration.Alignment`; a BEFORE and
+an AFTER crack are linked when most of the shorter one's centreline lies along the other's.
+Connected groups of links give the statuses: ``unchanged``, ``longer``, ``wider`` or
+``longer+wider`` from the group's totals; several BEFORE cracks joined by growth into one AFTER
+crack are ``merged``; one BEFORE crack that lost a stretch and is seen as several is ``split``;
+one crack seen as one shorter crack is ``shorter`` (a repaired stretch, or faint ends the
+segmentation lost); an unlinked BEFORE crack is ``gone``, an unlinked AFTER one ``new``.
+
+Only the view both dates share can tell: the BEFORE frame mapped into the AFTER image, cut by
+the AFTER frame. An unlinked crack that lies outside the other date's frame, or inside it by too
+little to have been seen there (fewer than ``MATCH_MIN_POINTS`` centreline pixels away from its
+edge), is ``not seen``, never ``gone`` or ``new``. A group of linked cracks that reaches the
+shared view's edge is cut there on one date or both: its lengths are compared over the parts of
+it both dates see (each crack's length times the share of its centreline well inside that view),
+and it is wider by its mean width only (its widest place may lie where one date does not look).
+
+Sizes are compared in AFTER pixels: BEFORE lengths and widths are multiplied by the mapping's
+local scale at the crack.
+
+What a measurement can tell apart, and so the thresholds below:
+
+- **width**: an edge is placed to within half a pixel, so a width (two edges) is uncertain
+  by about 1 px. The mean width (area / length) averages that along the crack, but a
+  segmentation that moves both edges by half a pixel still shifts it by up to 1 px; the
+  maximum width is one place on the crack, two quantised edges on each date: up to 2 px.
+  A crack is wider when its mean width grows by more than ``WIDER_MEAN_PX`` (1 px) or its
+  maximum width by more than ``WIDER_MAX_PX`` (2 px).
+- **length**: the skeleton's ends lie within about half a width of the crack's real ends
+  (both ends: one mean width per date), the corner-count estimator is within about 2% at any
+  angle, so a crack seen at another angle may read up to 4% apart, and the mapping's scale
+  adds its own error (about 1% for a registration by features). A crack is longer when it
+  grows by more than ``max(LONGER_MIN_PX, LONGER_SHARE x length + mean width)``: 5 px, or 5%
+  of the BEFORE length plus the larger mean width of the two dates; shorter when it shrinks by
+  as much.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage
+from scipy.cluster.hierarchy import DisjointSet
+from scipy.spatial import cKDTree
+from skimage.morphology import skeletonize
+
+from crackseg.cracks.measure import CrackMeasure, find_cracks
+from crackseg.monitoring.registration import Alignment
+
+UNCHANGED, LONGER, WIDER, LONGER_WIDER, SHORTER = "unchanged", "longer", "wider", "longer+wider", "shorter"
+NEW, GONE, MERGED, SPLIT, NOT_SEEN = "new", "gone", "merged", "split", "not seen"
+STATUSES = (UNCHANGED, SHORTER, LONGER, WIDER, LONGER_WIDER, MERGED, SPLIT, NEW, GONE, NOT_SEEN)  # as tables and summaries list them
+
+WIDER_MEAN_PX = 1.0  # mean width: two edges, each within half a pixel
+WIDER_MAX_PX = 2.0  # maximum width: one place, two quantised edges on each date
+LONGER_MIN_PX = 5.0  # below this no length change is told apart, however short the crack
+LONGER_SHARE = 0.05  # estimator (2% at any angle, so 4% between two angles) plus the mapping's scale
+
+MATCH_TOLERANCE_PX = 3.0
+"""How far apart (AFTER px) the two dates' centrelines of one crack may lie, besides half the larger
+mean width (see :func:`match`): skeletons placed within half a pixel on each date (1 px), a
+mapped BEFORE pixel up to 0.7 px from the nearest AFTER pixel centre, and an edge segmented a
+pixel differently moving the centreline by half a pixel: 2.2 px, rounded up. The registration's
+own error is not included: callers add the alignment's ``error_px`` (how far the mapping may
+misplace a point), not its residual (how far single features lie from it). The same distance,
+plus half a crack's maximum width, is how near the shared view's edge a crack counts as cut by it."""
+MATCH_SHARE = 0.5  # the shorter centreline's share that must lie along the other one
+# Fewer shared centreline pixels say nothing about where a crack went (a blob, whose centreline is a few pixels,
+# needs no more than it has); an unlinked crack with fewer inside the other date's frame is not seen.
+MATCH_MIN_POINTS = 5
+
+
+@dataclass(frozen=True)
+class DateCracks:
+    """One date's cracks of one image, as predict measures them."""
+
+    labels: np.ndarray  # (H, W) int32 crack ids, 0 = background (find_cracks' labels)
+    cracks: list[CrackMeasure]  # longest first; ids from 1, as cracks.csv numbers them
+    points: dict[int, np.ndarray]  # crack id -> (N, 2) int (row, col) of its skeleton pixels
+
+
+@dataclass(frozen=True)
+class Change:
+    """One row of a pair's changes. Growths are AFTER px (AFTER minus scaled BEFORE); for merged and
+    split rows they are the whole group's (total lengths, length-weighted mean widths, largest
+    maximum widths), for a group cut by the shared view's edge those of the parts each date sees;
+    None for new, gone and not seen cracks."""
+
+    status: str
+    before: CrackMeasure | None
+    after: CrackMeasure | None
+    scale: float  # AFTER px per BEFORE px at this crack
+    # top, left, bottom, right (exclusive) in the AFTER image; a not seen BEFORE crack's box, as mapped, lies partly or
+    # wholly outside it (a gone crack's is clipped to it)
+    box_after: tuple[int, int, int, int]
+    length_growth_px: float | None
+    mean_width_growth_px: float | None
+    max_width_growth_px: float | None
+    overlap: float  # share of the shorter centreline (inside the other date's frame) lying along the other one; 0 when unlinked
+
+
+def count_statuses(statuses: Iterable[str]) -> dict[str, int]:
+    """Cracks per status: each of STATUSES (zero included), then any other status that occurs."""
+    counts = Counter(statuses)
+    return {status: counts[status] for status in [*STATUSES, *sorted(set(counts) - set(STATUSES))]}
+
+
+def measure_date(mask: np.ndarray, join_gap_px: float, min_length_px: float) -> DateCracks:
+    """The cracks of ``mask`` ((H, W) bool) with their skeleton pixels.
+
+    find_cracks runs on the box around the crack pixels with one pixel of background around it
+    (distances, skeletons and labels are those of the whole mask, so ids are predict's), and
+    each crack is skeletonised inside its own box: a whole photo with a few cracks costs
+    little more than its cracks.
+    """
+    mask = np.asarray(mask, bool)
+    labels = np.zeros(mask.shape, np.int32)
+    rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+    if len(rows) == 0:
+        return DateCracks(labels, [], {})
+    top, left = max(int(rows[0]) - 1, 0), max(int(cols[0]) - 1, 0)
+    window = (slice(top, rows[-1] + 2), slice(left, cols[-1] + 2))
+    inner, found = find_cracks(mask[window], join_gap_px, min_length_px)
+    labels[window] = inner
+    cracks = [dataclasses.replace(crack, bbox=(crack.bbox[0] + top, crack.bbox[1] + left, crack.bbox[2] + top, crack.bbox[3] + left),
+                                  anchor=(crack.anchor[0] + top, crack.anchor[1] + left)) for crack in found]
+    points = {}
+    for number, box in enumerate(ndimage.find_objects(inner), 1):
+        # one crack's pixels are never 8-adjacent to another's, so thinning each alone gives the skeleton of all
+        skeleton = skeletonize(np.pad(inner[box] == number, 1))
+        points[number] = np.argwhere(skeleton) + (box[0].start + top - 1, box[1].start + left - 1)
+    return DateCracks(labels, cracks, points)
+
+
+def match(before: DateCracks, after: DateCracks, alignment: Alignment, tolerance_px: float = MATCH_TOLERANCE_PX) -> list[Change]:
+    """The changes from ``before`` to ``after``: one row per linked pair, gone, new or not seen crack.
+
+    A BEFORE and an AFTER crack are linked when at least ``MATCH_SHARE`` (half) of one's
+    centreline pixels inside the other date's frame, and at least ``MATCH_MIN_POINTS`` of them
+    (or all of the shorter centreline's, for a blob), lie within ``tolerance_px`` plus half the
+    larger mean width of the other's centreline (each pixel counted for the crack whose
+    centreline is nearest to it). In practice the shorter one decides, as it should:
+    growth, merges and splits make the other longer, and a crack that grew keeps all of its old
+    centreline under the new one, while a crack that only crosses another shares a few pixels
+    of its length. Half a width is added because a crack that opens on one side moves its
+    centreline by half the widening, and a wide crack's skeleton cuts its corners.
+    Rows come ordered by AFTER id, then BEFORE id; unlinked BEFORE cracks last.
+    """
+    scales = {crack.id: float(alignment.scale_at(before.points[crack.id]).mean()) for crack in before.cracks}
+    mapped = {crack.id: alignment.map_points(before.points[crack.id]) for crack in before.cracks}
+    view = _shared_view(before.labels.shape, after.labels.shape, alignment)
+    centrelines = {("before", number): points for number, points in mapped.items()}
+    centrelines |= {("after", number): points for number, points in after.points.items()}
+    # how far (AFTER px) each centreline pixel lies inside the other date's frame: where that date looked
+    insets = {key: _inset(points, view[:4] if key[0] == "before" else view[4:]) for key, points in centrelines.items()}
+    # a crack cut by a frame's edge keeps its centreline half a width short of it, and BEFORE's edge lies where
+    # the alignment puts it
+    margins = {("before", c.id): tolerance_px + 0.5 * c.max_width_px * scales[c.id] for c in before.cracks}
+    margins |= {("after", c.id): tolerance_px + 0.5 * c.max_width_px for c in after.cracks}
+    seen = {key: np.count_nonzero(inset >= margins[key]) >= min(MATCH_MIN_POINTS, len(inset)) for key, inset in insets.items()}
+    shared = {key: _inset(points, view) >= margins[key] for key, points in centrelines.items()}  # well inside the view both share
+    at_edge = {key: not inside.all() for key, inside in shared.items()}
+    overlaps = _links(before, after, mapped, insets, scales, tolerance_px)
+    groups = DisjointSet([("before", c.id) for c in before.cracks] + [("after", c.id) for c in after.cracks])
+    for b, a in overlaps:
+        groups.merge(("before", b), ("after", a))
+    before_by_id = {crack.id: crack for crack in before.cracks}
+    after_by_id = {crack.id: crack for crack in after.cracks}
+    changes = []
+    for group in groups.subsets():
+        olds = sorted((before_by_id[number] for side, number in group if side == "before"), key=lambda c: c.id)
+        news = sorted((after_by_id[number] for side, number in group if side == "after"), key=lambda c: c.id)
+        if not news:
+            changes.append(_gone(olds[0], scales[olds[0].id], alignment, after.labels.shape, seen["before", olds[0].id]))
+        elif not olds:
+            changes.append(_new(news[0], after.points[news[0].id], alignment, seen["after", news[0].id]))
+        else:
+            cut = any(at_edge[key] for key in group)
+            # a group cut by the view's edge is measured on the parts both dates see: its lengths times the share of
+            # its centreline well inside that view
+            seen_share = {key: float(shared[key].mean()) if cut and len(shared[key]) else 1.0 for key in group}
+            growth = _growth(olds, news, scales, seen_share)
+            status = _growth_status(olds, news, scales, growth, seen_share, cut)
+            changes += [Change(status, old, new, scales[old.id], new.bbox, *growth, overlaps[old.id, new.id])
+                        for old in olds for new in news if (old.id, new.id) in overlaps]
+    return sorted(changes, key=lambda c: (c.after.id if c.after else math.inf, c.before.id if c.before else 0))
+
+
+def _shared_view(before_shape: tuple, after_shape: tuple, alignment: Alignment) -> np.ndarray:
+    """(8, 3) half-planes (a, b, c) bounding the view both dates share, in AFTER (row, col): a row + b col + c is how
+    far (AFTER px) a point lies inside an edge, negative outside. The first four are the AFTER frame's edges, the
+    last four the BEFORE frame's mapped into AFTER: a homography maps lines to lines (the registration keeps the
+    horizon out of the frame), so the mapped frame is the quadrilateral of its mapped corners. Frames run from
+    -0.5 to size - 0.5."""
+    height, width = before_shape[:2]
+    corners = alignment.map_points([(-0.5, -0.5), (-0.5, width - 0.5), (height - 0.5, width - 0.5), (height - 0.5, -0.5)])
+    along = np.roll(corners, -1, axis=0) - corners
+    normals = np.column_stack([-along[:, 1], along[:, 0]]) / np.linalg.norm(along, axis=1)[:, None]
+    mapped = np.column_stack([normals, -np.sum(normals * corners, axis=1)])
+    mapped *= np.sign(mapped[:, :2] @ corners.mean(axis=0) + mapped[:, 2])[:, None]  # the corners' mean lies inside
+    height, width = after_shape[:2]
+    frame = np.array([[1.0, 0.0, 0.5], [-1.0, 0.0, height - 0.5], [0.0, 1.0, 0.5], [0.0, -1.0, width - 0.5]])
+    return np.vstack([frame, mapped])
+
+
+def _inset(rows_cols: np.ndarray, view: np.ndarray) -> np.ndarray:
+    """(N,) how far (AFTER px) each AFTER (row, col) lies inside all of ``view``'s half-planes (see :func:`_shared_view`)."""
+    return (np.asarray(rows_cols, np.float64) @ view[:, :2].T + view[:, 2]).min(axis=1)
+
+
+def _links(before: DateCracks, after: DateCracks, mapped: dict[int, np.ndarray], insets: dict[tuple[str, int], np.ndarray],
+           scales: dict[int, float], tolerance_px: float) -> dict[tuple[int, int], float]:
+    """{(BEFORE id, AFTER id): share of the shorter centreline along the other} for the linked pairs, counting the
+    centreline pixels inside the other date's frame (``insets`` >= 0): the rest has nothing to lie along."""
+    if not before.cracks or not after.cracks:
+        return {}
+    before_width = np.zeros(max(before.points) + 1)
+    after_width = np.zeros(max(after.points) + 1)
+    for crack in before.cracks:
+        before_width[crack.id] = crack.mean_width_px * scales[crack.id]
+    for crack in after.cracks:
+        after_width[crack.id] = crack.mean_width_px
+    before_points, before_owner = _stacked(mapped)
+    after_points, after_owner = _stacked(after.points)
+    before_inside = np.concatenate([insets["before", number] for number in mapped]) >= 0
+    after_inside = np.concatenate([insets["after", number] for number in after.points]) >= 0
+    inside = {key: int(np.count_nonzero(inset >= 0)) for key, inset in insets.items()}
+    reach = tolerance_px + 0.5 * max(before_width.max(), after_width.max())
+
+    def shared(points, owner, other_points, other_owner, owner_is_before):
+        """{(BEFORE id, AFTER id): pixels of ``points`` whose nearest pixel of ``other_points`` is close enough}."""
+        distance, index = cKDTree(other_points).query(points, distance_upper_bound=reach)
+        near = np.isfinite(distance)
+        mine, theirs = owner[near], other_owner[index[near]]
+        b, a = (mine, theirs) if owner_is_before else (theirs, mine)
+        close = distance[near] <= tolerance_px + 0.5 * np.maximum(before_width[b], after_width[a])
+        pairs, counts = np.unique(np.stack([b[close], a[close]], axis=1), axis=0, return_counts=True)
+        return {(int(p[0]), int(p[1])): int(n) for p, n in zip(pairs, counts)}
+
+    from_before = shared(before_points[before_inside], before_owner[before_inside], after_points, after_owner, True)
+    from_after = shared(after_points[after_inside], after_owner[after_inside], before_points, before_owner, False)
+    links = {}
+    for b, a in from_before.keys() | from_after.keys():
+        needed = min(MATCH_MIN_POINTS, len(mapped[b]), len(after.points[a]))
+        counted = ((from_before.get((b, a), 0), inside["before", b]), (from_after.get((b, a), 0), inside["after", a]))
+        shares = [count / total for count, total in counted if count and count >= needed]
+        if shares and max(shares) >= MATCH_SHARE:
+            links[b, a] = max(shares)
+    return links
+
+
+def _stacked(points: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """All cracks' (row, col) in one (N, 2) array, and the crack id of each."""
+    ids = list(points)
+    return np.concatenate([points[i] for i in ids]).astype(np.float64), np.repeat(ids, [len(points[i]) for i in ids])
+
+
+def _growth(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int, float],
+            seen_share: dict[tuple[str, int], float]) -> tuple[float, float, float]:
+    """(length, mean width, max width) growth in AFTER px from the BEFORE cracks of a group to its AFTER cracks;
+    lengths counted over the ``seen_share`` of each crack that both dates see."""
+    old_lengths = np.array([c.length_px * scales[c.id] * seen_share["before", c.id] for c in olds])
+    old_widths = np.array([c.mean_width_px * scales[c.id] for c in olds])
+    new_lengths = np.array([c.length_px * seen_share["after", c.id] for c in news])
+    new_widths = np.array([c.mean_width_px for c in news])
+    return (float(new_lengths.sum() - old_lengths.sum()),
+            float(np.average(new_widths, weights=new_lengths + 1e-9) - np.average(old_widths, weights=old_lengths + 1e-9)),
+            float(max(c.max_width_px for c in news) - max(c.max_width_px * scales[c.id] for c in olds)))
+
+
+def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int, float],
+                   growth: tuple[float, float, float], seen_share: dict[tuple[str, int], float], cut: bool) -> str:
+    """The status of a group of linked cracks (see the module's thresholds), from the group's totals.
+
+    Several BEFORE cracks in one AFTER crack are ``merged`` only when the group grew longer: cracks joined
+    by growth. One BEFORE crack seen as several is ``split`` only when the group got shorter by as much: a
+    stretch repaired or closed. Otherwise the pieces are one crack that the two dates' masks break at
+    other places (a faint stretch above or below the threshold), and the group gets its growth status.
+    One crack that got as much shorter is ``shorter``, unless it is wider: widening is the change to act
+    on, and its length growth says that it got shorter. A group ``cut`` by the shared view's edge is
+    measured on the parts of it both dates see, and is wider by its mean width only: its widest place
+    may lie where one date does not look.
+    """
+    length, mean_width, max_width = growth
+    before_lengths = [c.length_px * scales[c.id] * seen_share["before", c.id] for c in olds]
+    larger_mean_width = np.average([c.mean_width_px * scales[c.id] for c in olds], weights=np.add(before_lengths, 1e-9)) \
+        + max(mean_width, 0.0)
+    beyond = max(LONGER_MIN_PX, LONGER_SHARE * sum(before_lengths) + larger_mean_width)
+    longer, shorter = length > beyond, -length > beyond
+    wider = mean_width > WIDER_MEAN_PX or (max_width > WIDER_MAX_PX and not cut)
+    if len(olds) > 1 and longer:
+        return MERGED
+    if len(news) > 1 and shorter:
+        return SPLIT
+    if len(olds) == len(news) == 1 and shorter and not wider:
+        return SHORTER
+    return LONGER_WIDER if longer and wider else LONGER if longer else WIDER if wider else UNCHANGED
+
+
+def _gone(old: CrackMeasure, scale: float, alignment: Alignment, after_shape: tuple, seen: bool) -> Change:
+    """A BEFORE crack with no successor, boxed where it would lie in the AFTER image: ``gone``, its box clipped to
+    the AFTER image, when enough of it lies inside that image (``seen``); else ``not seen``, its box as mapped, in
+    part or wholly outside the AFTER image."""
+    top, left, bottom, right = old.bbox
+    corners = alignment.map_points([(top - 0.5, left - 0.5), (top - 0.5, right - 0.5), (bottom - 0.5, left - 0.5), (bottom - 0.5, right - 0.5)])
+    low, high = np.floor(corners.min(axis=0) + 0.5).astype(int), np.ceil(corners.max(axis=0) + 0.5).astype(int)
+    if seen:
+        low, high = np.maximum(low, 0), np.minimum(high, after_shape[:2])
+    return Change(GONE if seen else NOT_SEEN, old, None, scale, (int(low[0]), int(low[1]), int(high[0]), int(high[1])),
+                  None, None, None, 0.0)
+
+
+def _new(new: CrackMeasure, points: np.ndarray, alignment: Alignment, seen: bool) -> Change:
+    """An AFTER crack with no predecessor: ``new`` when enough of it lies inside the mapped BEFORE frame (``seen``),
+    else ``not seen``; its scale from the inverse mapping at its centreline."""
+    inverse = Alignment(matrix=np.linalg.inv(alignment.matrix), method=alignment.method)
+    return Change(NEW if seen else NOT_SEEN, None, new, float(1.0 / inverse.scale_at(points).mean()), new.bbox, None, None, None, 0.0)

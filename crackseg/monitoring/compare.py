@@ -1,0 +1,155 @@
+"""``crackseg compare BEFORE AFTER``: what changed between two inspections of one structure.
+
+Each side is a ``predict`` output folder or a dataset folder (``images/`` + ``masks/``);
+images pair by their relative name, or by a CSV of before,after paths. Per pair
+(:mod:`crackseg.monitoring.pair`): the two are registered (map coordinates for georeferenced
+rasters, image features for photos), the cracks of both dates are measured as ``predict``
+measures them, and matched by their centrelines (:mod:`crackseg.monitoring.changes`); this module
+is the run around the pairs. A pair that cannot be registered reliably is listed as
+``unregistered`` and not compared; a pair whose files cannot be read is listed as ``failed``
+with the reason, and the other pairs go on. Rasters in two CRSs stop the run: every pair would
+be compared in the wrong place.
+
+Written to ``--out`` (:mod:`crackseg.monitoring.comparison_folder`): ``changes.csv`` (a row per
+crack), ``pairs.csv`` (a row per pair, and per image present on one side only), ``summary.json``;
+with ``--vectors`` a change layer per pair, with ``--report`` report.html; with ``--register``
+the site's crack register (:mod:`crackseg.monitoring.history`) is extended. What can be refused
+is refused before any work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from crackseg.core.errors import InputError, require
+from crackseg.cracks.widths import WidthClasses
+from crackseg.monitoring import changes, history
+from crackseg.monitoring.comparison_folder import ComparisonFolder
+from crackseg.monitoring.options import CompareOptions
+from crackseg.monitoring.pair import FAILED, PAIR_FAILURES, PairOutcome, RegisterRecords, compare_pair, map_facts_of
+from crackseg.monitoring.registration import UNREGISTERED
+from crackseg.monitoring.visits import Shot, pair_shots, read_visit, survey_dates
+
+ONLY_BEFORE, ONLY_AFTER = "only before", "only after"
+
+
+@dataclass
+class Comparison:
+    """What ``compare`` found, gathered for the tables, the report and the register."""
+
+    pairs: list[dict] = field(default_factory=list)
+    changes: list[dict] = field(default_factory=list)
+    register: RegisterRecords = field(default_factory=RegisterRecords)
+
+    def add(self, outcome: PairOutcome) -> None:
+        self.pairs.append(outcome.row)
+        self.changes += outcome.changes
+        if outcome.register is not None:
+            self.register.extend(outcome.register)
+
+
+def compare_inspections(before: Path, after: Path, out: Path, options: CompareOptions) -> dict:
+    """Compare two inspections and write the outputs to ``out``; returns the summary."""
+    classes = WidthClasses.parse(options.width_classes) if options.width_classes else None
+    _require_geo(options)
+    _refuse_out_in_inspections(Path(out), before, after)
+    visits = read_visit(before, "BEFORE"), read_visit(after, "AFTER")
+    paired, alone = pair_shots(*visits, options.pairs)
+    known = _require_pixel_sizes(paired) if classes is not None and options.px_size is None else {}
+    surveys = _surveys(before, after, visits, options) if options.register else None
+    outputs = ComparisonFolder(out, options.vectors)
+    outputs.prepare(options.overwrite)
+    try:
+        found = Comparison()
+        for index, pair in enumerate(tqdm(paired, desc="compare", unit="pair", disable=len(paired) < 2)):
+            found.add(compare_pair(index, pair, options, classes, outputs, known))
+        for side, shot in alone:
+            found.pairs.append({"pair": len(found.pairs), f"name_{side}": shot.name, f"path_{side}": str(shot.photo or shot.mask),
+                                "status": ONLY_BEFORE if side == "before" else ONLY_AFTER})
+        summary = _summary(before, after, found, options)
+        outputs.write_tables(found.pairs, found.changes, summary, options.report)
+        outputs.remove_stale()
+        if options.register:
+            summary["register"] = _append_to_register(options.register, surveys, found, summary["registered"])
+            outputs.write_summary(summary)
+    finally:
+        outputs.release()
+    return summary
+
+
+def _require_geo(options: CompareOptions) -> None:
+    """A one-line error before any work when the libraries that --vectors or --register need are missing, naming that flag."""
+    flag = "--vectors" if options.vectors else "--register" if options.register else None
+    if flag:
+        for module in ("shapely", "pyogrio"):
+            require(module, "geo", flag)
+
+
+def _refuse_out_in_inspections(out: Path, before: Path, after: Path) -> None:
+    """--out inside an inspection would mix with its files: a predictions folder's summary.json and report.html are replaced."""
+    target = out.resolve()
+    for flag, folder in (("BEFORE", before), ("AFTER", after)):
+        inspection = Path(folder).resolve()
+        if target == inspection or target.is_relative_to(inspection):
+            raise InputError(f"--out {out}: lies in the {flag} inspection {folder}, whose summary.json and report.html it would "
+                             "replace; choose a folder outside both inspections")
+
+
+def _require_pixel_sizes(paired: list[tuple[Shot, Shot]]) -> dict[Path, bool]:
+    """--width-classes classes widths in mm: without --px-size every image must be a raster with its own pixel size (as predict).
+    Returns which files lie on the map, so that reading the pairs tells it without opening them again."""
+    known: dict[Path, bool] = {}
+    for shot in (shot for pair in paired for shot in pair):
+        try:
+            facts = map_facts_of(shot, known)
+        except PAIR_FAILURES:
+            continue  # its pair fails on its own, saying why
+        if facts is None or facts.px_size_mm is None:
+            kind = "a photo" if facts is None else "a raster without a projected, square-pixel georeferencing"
+            raise InputError(f"--width-classes needs the pixel size in mm: give --px-size ({shot.photo or shot.mask} is {kind}, "
+                             "which carries none)")
+    return known
+
+
+def _surveys(before: Path, after: Path, visits: tuple[list[Shot], list[Shot]],
+             options: CompareOptions) -> tuple[history.Survey, history.Survey]:
+    """Both surveys for --register, checked now as the register will check them (dates, their order, what it holds)."""
+    dates = survey_dates(visits, options.dates)
+    surveys = history.Survey(dates[0], str(Path(before).resolve())), history.Survey(dates[1], str(Path(after).resolve()))
+    history.check_append(options.register, *surveys)
+    return surveys
+
+
+def _summary(before: Path, after: Path, found: Comparison, options: CompareOptions) -> dict:
+    def names(status: str, side: str = "after") -> list[str]:
+        return [row[f"name_{side}"] for row in found.pairs if row["status"] == status]
+
+    return {
+        "before": str(before), "after": str(after),
+        "pairs": sum(row["status"] not in (ONLY_BEFORE, ONLY_AFTER) for row in found.pairs),
+        "registered": len(names("registered")),
+        "unregistered": names(UNREGISTERED),
+        "failed": names(FAILED),  # pairs.csv gives each one's reason
+        "only_before": names(ONLY_BEFORE, "before"),
+        "only_after": names(ONLY_AFTER),
+        "cracks": changes.count_statuses(row["status"] for row in found.changes),
+        "px_size_mm": options.px_size,
+        "transform": options.transform,
+    }
+
+
+def _append_to_register(register: Path, surveys: tuple[history.Survey, history.Survey], found: Comparison, registered: int) -> dict:
+    """Append the comparison to the site's register; nothing when no pair was registered (surveys without cracks
+    would say the site had none)."""
+    if not registered:
+        print(f"nothing appended to {register}: no pair was registered")
+        return {"appended": False, "reason": "no pair was registered"}
+    records = found.register
+    if len(records.crs) > 1:
+        raise InputError(f"--register {register}: the pairs lie in several CRSs or mix photos and rasters "
+                         f"({', '.join(sorted(map(str, records.crs)))})")
+    added = history.append_comparison(register, *surveys, (records.before, records.after), records.links, next(iter(records.crs)))
+    return {"appended": True, **added}

@@ -1,0 +1,94 @@
+"""The comparison folder: the one place that names and writes what ``crackseg compare`` leaves in ``--out``.
+
+``changes.csv`` (a row per crack), ``pairs.csv`` (a row per pair, and per image present on one side
+only), ``summary.json``; with ``--vectors`` a change layer per pair under ``vectors/``, with
+``--report`` report.html and its pictures under ``report/``. One compare at a time (its
+:class:`~crackseg.core.locks.FolderLock`), nothing of an earlier compare replaced unasked, and with
+``--overwrite`` none of the earlier compare's files left beside the new ones.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from crackseg.core.errors import InputError
+from crackseg.core.files import ensure_writable_folder, remove_orphan_temps, write_atomic, write_csv
+from crackseg.core.locks import FolderLock
+from crackseg.cracks.vectors import FORMATS, write_features
+from crackseg.monitoring.report import write_change_report
+
+CHANGE_COLUMNS = ["path_before", "path_after", "crack_before", "crack_after", "status", "length_px_before", "length_px_after",
+                  "mean_width_px_before", "mean_width_px_after", "max_width_px_before", "max_width_px_after"]
+
+
+class ComparisonFolder:
+    """The files of a comparison folder, their writing, and the folder's preparation."""
+
+    def __init__(self, root: Path, vectors: str | None):
+        self.root = Path(root)
+        self.changes_csv, self.pairs_csv = self.root / "changes.csv", self.root / "pairs.csv"
+        self.summary_json, self.report_html = self.root / "summary.json", self.root / "report.html"
+        self.vectors_format = vectors
+        self.written: set[Path] = set()
+        self._earlier: list[Path] = []  # outputs of an earlier compare found by prepare
+        self._lock = FolderLock(self.root, "comparison", "--out")
+
+    def prepare(self, overwrite: bool) -> None:
+        """Before any work: take the folder's lock, refuse an earlier compare's outputs unless ``overwrite``, clear the
+        temp files an interrupted compare left. The caller calls :meth:`release` at the end."""
+        ensure_writable_folder(self.root, "--out")
+        self._lock.acquire()
+        try:
+            self._earlier = self._outputs_here()
+            if self._earlier and not overwrite:
+                raise InputError(f"{self._earlier[0]} already exists; choose another --out or pass --overwrite")
+            below = [path for sub in ("vectors", "report") for path in (self.root / sub, *(self.root / sub).rglob("*"))]
+            for folder in [self.root, *(path for path in below if path.is_dir())]:
+                remove_orphan_temps(folder)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def write_layer(self, name: str, rows: list[dict], geometries: list, crs: str | None) -> None:
+        path = self.root / "vectors" / f"{name}{FORMATS[self.vectors_format][1]}"
+        write_features(path, rows, geometries, crs, "changes")
+        self.written.add(path)
+
+    def write_picture(self, index: int, side: str, jpeg: bytes) -> str:
+        """Write a report picture; returns its path relative to the folder, as the report links it."""
+        path = self.root / "report" / f"pair{index}-{side}.jpg"
+        write_atomic(path, jpeg)
+        self.written.add(path)
+        return path.relative_to(self.root).as_posix()
+
+    def write_tables(self, pairs: list[dict], changes: list[dict], summary: dict, report: bool) -> None:
+        """pairs.csv (its rows without their report pictures), changes.csv, summary.json and, if asked, report.html."""
+        write_csv(self.changes_csv, changes, CHANGE_COLUMNS)
+        write_csv(self.pairs_csv, [{k: v for k, v in row.items() if not k.startswith("picture")} for row in pairs])
+        self.written |= {self.changes_csv, self.pairs_csv}
+        self.write_summary(summary)
+        if report:
+            self.written.add(write_change_report(self.root, summary, pairs, changes))
+
+    def write_summary(self, summary: dict) -> None:
+        write_atomic(self.summary_json, json.dumps(summary, indent=1) + "\n")
+        self.written.add(self.summary_json)
+
+    def remove_stale(self) -> None:
+        """Remove the outputs of the earlier compare (--overwrite) that this one did not write: its pictures, layers and
+        report would otherwise sit beside this comparison's as if they were part of it."""
+        for path in self._earlier:
+            if path not in self.written:
+                path.unlink(missing_ok=True)
+
+    def _outputs_here(self) -> list[Path]:
+        tables = [path for path in (self.changes_csv, self.pairs_csv, self.summary_json, self.report_html) if path.exists()]
+        suffixes = {suffix for _, suffix in FORMATS.values()}
+        layers = sorted(path for path in (self.root / "vectors").rglob("*")
+                        if path.suffix in suffixes and not path.name.startswith(".") and path.is_file())
+        pictures = sorted(path for path in (self.root / "report").glob("pair*.jpg") if path.is_file())
+        return tables + layers + pictures

@@ -1,0 +1,234 @@
+"""The images of one inspection, and how the images of two inspections pair.
+
+An inspection folder is a ``predict`` output folder or a dataset (``images/`` + ``masks/``). In a
+predictions folder, predictions.csv names each mask and its photo as predict wrote them, from its
+own working folder, and summary.json gives the join gap and minimum length predict measured with,
+so that compare's crack ids are those of its cracks.csv; a dataset is measured with predict's
+defaults. An image's name is its mask's path under ``masks/`` without the suffix. Two inspections'
+images pair by name, or by a CSV of before,after cells that name an image by name, path, or a file
+name only one image has; each image is compared once.
+Without a date given, a survey is dated by the earliest EXIF DateTimeOriginal of its photos.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+from crackseg.core.config import JOIN_GAP, MIN_LENGTH, parse_length
+from crackseg.core.errors import InputError
+from crackseg.data.images import DECODE_ERRORS
+from crackseg.prediction.outputs import PredictionsFolder
+
+
+@dataclass(frozen=True)
+class Shot:
+    """One image of one inspection: the name it pairs by, its mask, its photo, how its cracks were measured.
+
+    The join gap and minimum length are predict's, in px; for rasters of several pixel sizes measured with
+    lengths in mm predict has no px value (None), and each raster converts the mm value by its own pixel size.
+    """
+
+    name: str
+    mask: Path
+    photo: Path | None
+    join_gap_px: float | None
+    min_length_px: float | None
+    join_gap_mm: float | None = None
+    min_length_mm: float | None = None
+
+
+def read_visit(folder: Path, flag: str) -> list[Shot]:
+    """The shots of one inspection: a predictions folder (predictions.csv) or a dataset (images/ + masks/)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"{flag} {folder}: not a folder")
+    predictions = PredictionsFolder(folder)
+    if predictions.predictions_csv.exists():
+        shots = _predicted_shots(predictions)
+    elif (folder / "images").is_dir() and (folder / "masks").is_dir():
+        from crackseg.data.datasets import (
+            find_samples,  # data loads torch, which compare needs for dataset folders only
+        )
+
+        gap, shortest = parse_length(JOIN_GAP)[0], parse_length(MIN_LENGTH)[0]
+        shots = [Shot(sample.stem, sample.mask, sample.image, gap, shortest) for sample in find_samples(folder / "images", folder / "masks")[0]]
+    else:
+        raise InputError(f"{flag} {folder}: neither a predictions folder (predictions.csv) nor a dataset (images/ and masks/)")
+    if not shots:
+        raise InputError(f"{flag} {folder}: no image with a mask in it")
+    return shots
+
+
+def _predicted_shots(folder: PredictionsFolder) -> list[Shot]:
+    lengths = _predicted_lengths(folder)
+    shots = []
+    for row in folder.read_predictions():
+        relative = _mask_name(folder.root, row.get("mask") or "")
+        if relative is None:
+            raise InputError(f"{folder.predictions_csv}: a row without a mask under masks/ ({row.get('path')!r})")
+        shots.append(Shot(relative.with_suffix("").as_posix(), folder.root / "masks" / relative, _photo_path(folder.root, row.get("path")),
+                          **lengths))
+    return shots
+
+
+def _predicted_lengths(folder: PredictionsFolder) -> dict:
+    """The join gap and minimum length predict measured with (Shot's fields), from its summary.json.
+
+    A null px value means predict had the length in mm for rasters of several pixel sizes: each raster
+    converts the mm value by its own pixel size where the summary records it; else predict's defaults
+    are used, and crack ids may differ from cracks.csv (said once, on stderr).
+    """
+    try:
+        summary = json.loads(folder.summary_json.read_text())
+    except (OSError, ValueError):
+        summary = {}
+    summary = summary if isinstance(summary, dict) else {}
+    lengths, unknown = {}, []
+    for key, default in (("join_gap", JOIN_GAP), ("min_length", MIN_LENGTH)):
+        px, mm = summary.get(f"{key}_px"), summary.get(f"{key}_mm")
+        if px is None and mm is None:
+            if f"{key}_px" in summary:
+                unknown.append(f"{key}_px")
+            px = parse_length(default)[0]
+        lengths |= {f"{key}_px": None if px is None else float(px), f"{key}_mm": None if px is not None or mm is None else float(mm)}
+    if unknown:
+        print(f"crackseg: warning: {folder.summary_json}: {' and '.join(unknown)} null (lengths in mm for rasters of several "
+              f"pixel sizes), and no mm value recorded; measuring with predict's defaults, so crack ids may differ from "
+              f"{folder.cracks_csv}", file=sys.stderr)
+    return lengths
+
+
+def _mask_name(root: Path, written: str) -> Path | None:
+    """The mask's path under ROOT/masks, from predictions.csv's mask column (as predict wrote it, from its own working
+    folder): what follows the first ``masks`` component whose rest exists under ROOT/masks, since names may hold a
+    folder called masks too; the last such rest when none exists (the pair then fails on the missing mask)."""
+    parts = Path(written).parts
+    rests = [Path(*parts[index + 1:]) for index, part in enumerate(parts) if part == "masks" and index + 1 < len(parts)]
+    return next((rest for rest in rests if (root / "masks" / rest).exists()), rests[-1] if rests else None)
+
+
+def _photo_path(root: Path, written: str | None) -> Path | None:
+    """predictions.csv's path, written relative to predict's working folder: as given where it exists, else relative to
+    the predictions folder's parent (where predict usually ran); a photo missing both ways fails its pair, naming it."""
+    if not written:
+        return None
+    photo = Path(written)
+    beside = root.parent / photo
+    return beside if not photo.exists() and not photo.is_absolute() and beside.exists() else photo
+
+
+def pair_shots(before: list[Shot], after: list[Shot], pairs_csv: Path | None) -> tuple[list[tuple[Shot, Shot]], list[tuple[str, Shot]]]:
+    """The pairs to compare and the shots present on one side only, as ("before" | "after", shot)."""
+    if pairs_csv is None:
+        by_name = {shot.name: shot for shot in after}
+        paired = [(shot, by_name[shot.name]) for shot in before if shot.name in by_name]
+    else:
+        paired = _listed_pairs(before, after, Path(pairs_csv))
+    if not paired:
+        raise InputError(f"nothing pairs: BEFORE has {_names(before)} and AFTER has {_names(after)}; "
+                         "give --pairs CSV (before,after) when names differ between visits")
+    used = {id(shot) for pair in paired for shot in pair}
+    alone = [("before", shot) for shot in before if id(shot) not in used] + [("after", shot) for shot in after if id(shot) not in used]
+    return paired, alone
+
+
+def _names(shots: list[Shot]) -> str:
+    return ", ".join(shot.name for shot in shots[:3]) + (f" and {len(shots) - 3} more" if len(shots) > 3 else "")
+
+
+def _listed_pairs(before: list[Shot], after: list[Shot], path: Path) -> list[tuple[Shot, Shot]]:
+    """Pairs from a CSV with the columns before,after (UTF-8, with or without Excel's byte order mark), each cell a
+    shot's name or its photo's path; a shot is compared once."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as file:
+            reader = csv.reader(file)
+            header = [cell.strip() for cell in next(reader, [])]
+            rows = [(reader.line_num, [cell.strip() for cell in cells]) for cells in reader if any(cell.strip() for cell in cells)]
+    except OSError as error:
+        raise InputError(f"--pairs {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"--pairs {path}: not UTF-8 text; save it as CSV UTF-8") from None
+    except csv.Error as error:
+        raise InputError(f"--pairs {path}: not a readable CSV ({error})") from None
+    if not rows or not {"before", "after"} <= set(header):
+        raise InputError(f"--pairs {path}: needs a header line 'before,after' and one row per pair")
+    columns = header.index("before"), header.index("after")
+    sides = ("BEFORE", "AFTER")
+    finders = [_shot_finder(shots, side, path) for shots, side in zip((before, after), sides)]
+    paired, listed = [], {}  # (side, id of a shot) -> the line that paired it
+    for line, cells in rows:
+        where = f"--pairs {path}, line {line}"
+        if len(cells) <= max(columns) or not all(cells[column] for column in columns):
+            raise InputError(f"{where}: needs a before and an after cell")
+        pair = tuple(find(cells[column], where) for find, column in zip(finders, columns))
+        earlier = [listed.get((side, id(shot))) for side, shot in zip(sides, pair)]
+        if earlier[0] is not None and earlier[0] == earlier[1]:
+            raise InputError(f"{where}: the pair {pair[0].name},{pair[1].name} is listed twice (also on line {earlier[0]})")
+        for side, shot, other in zip(sides, pair, earlier):
+            if other is not None:
+                raise InputError(f"{where}: {shot.name} of {side} is already paired on line {other}; each image is compared once")
+            listed[side, id(shot)] = line
+        paired.append(pair)
+    return paired
+
+
+def _shot_finder(shots: list[Shot], side: str, csv_path: Path):
+    """A function (cell text, where) -> the shot it names: the exact name; else the exact path, relative to the CSV's
+    folder or to the working folder; else the file name, when one shot alone has it."""
+    by_name = {shot.name: shot for shot in shots}
+    by_path, by_file = {}, {}
+    for shot in shots:
+        for file in (shot.photo, shot.mask):
+            if file is not None:
+                by_path.setdefault(file.resolve(), shot)
+        by_file.setdefault((shot.photo or shot.mask).name, []).append(shot)
+
+    def find(text: str, where: str) -> Shot:
+        if text in by_name:
+            return by_name[text]
+        for candidate in ((csv_path.parent / text).resolve(), Path(text).resolve()):
+            if candidate in by_path:
+                return by_path[candidate]
+        named = by_file.get(Path(text).name, [])
+        if len(named) > 1:
+            raise InputError(f"{where}: {text!r} is ambiguous: {side} has {len(named)} images named {Path(text).name} "
+                             f"({_names(named)}); give the name or the path")
+        if not named:
+            raise InputError(f"{where}: {text!r} is not an image of {side}")
+        return named[0]
+
+    return find
+
+
+def survey_dates(visits: tuple[list[Shot], list[Shot]], given: tuple[str | None, str | None]) -> tuple[str, str]:
+    """Each inspection's date: the flag, else the earliest EXIF DateTimeOriginal of its photos."""
+    dates = []
+    for side, visit, date in zip(("before", "after"), visits, given):
+        if date is None:
+            needed = f"--register needs the {side.upper()} inspection's date: its photos"
+            photos = [shot.photo for shot in visit if shot.photo is not None and shot.photo.exists()]
+            if not photos:
+                missing = next((shot.photo for shot in visit if shot.photo is not None), None)
+                raise InputError(f"{needed} were not found{f' (e.g. {missing})' if missing else ''}; give --{side}-date YYYY-MM-DD")
+            taken = [day for photo in photos if (day := _exif_day(photo))]
+            if not taken:
+                raise InputError(f"{needed} carry no EXIF DateTimeOriginal; give --{side}-date YYYY-MM-DD")
+            date = min(taken)
+        dates.append(date)
+    return dates[0], dates[1]
+
+
+def _exif_day(photo: Path) -> str | None:
+    try:
+        with Image.open(photo) as image:
+            taken = image.getexif().get_ifd(0x8769).get(36867)  # Exif IFD, DateTimeOriginal "YYYY:MM:DD HH:MM:SS"
+        return dt.datetime.strptime(str(taken).strip()[:10], "%Y:%m:%d").date().isoformat() if taken else None
+    except (*DECODE_ERRORS, ValueError):
+        return None

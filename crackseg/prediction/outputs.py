@@ -1,0 +1,341 @@
+"""The predictions folder: what ``predict`` writes for each image and for the whole run.
+
+Per image: ``masks/<name>.png`` (the model's pixels, 0/255), optionally ``probs/<name>.png``
+and ``overlays/<name>.jpg`` (the photo with each reported crack tinted and labelled with its
+id), ``vectors/<name>.geojson|gpkg``, a row of ``predictions.csv`` and, when measuring, one
+row of ``cracks.csv`` per crack; a raster predicted by windows gets ``.tif`` masks and
+probabilities. For the run: ``summary.json`` (totals, the widest crack, length per width
+class), ``errors.csv`` when an input failed, and ``report.html`` with its pictures under
+``report/``. :class:`PredictionsFolder` is the one place that names these files, and the one
+writer and reader of its tables.
+
+Cracks are what :func:`crackseg.cracks.measure.find_cracks` reports: pieces joined across short
+gaps, specks under the minimum length left out of the tables and overlays (the mask keeps
+every pixel the model marked).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+from skimage.morphology import skeletonize
+from tqdm import tqdm
+
+from crackseg.core.errors import InputError
+from crackseg.core.files import ensure_writable_folder, read_csv, remove_orphan_temps, write_atomic, write_csv
+from crackseg.core.locks import FolderLock
+from crackseg.cracks.measure import CrackMeasure, find_cracks
+from crackseg.cracks.vectors import FORMATS, centrelines, skeleton_links, write_vectors
+from crackseg.cracks.widths import WidthClasses, in_mm
+from crackseg.data.images import crack_mask
+
+if TYPE_CHECKING:
+    import torch
+
+_TINT = np.array([255.0, 30.0, 30.0], np.float32)
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """Which files to write and how to measure, resolved to pixels."""
+
+    save_prob: int | None = None  # 8 or 16 bits
+    overlay: bool = False
+    measure: bool = True
+    px_size: float | None = None  # mm per pixel
+    join_gap_px: float | None = 0.0  # None: given in mm, and there is no pixel size to convert it
+    min_length_px: float | None = 0.0
+    width_classes: WidthClasses | None = None
+    vectors: str | None = None  # geojson or gpkg: crack centrelines per image
+
+
+class PredictionsFolder:
+    """The layout of a predictions folder: every path predict, report and the raster code use, its preparation,
+    and its tables written and read back."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.predictions_csv = self.root / "predictions.csv"
+        self.cracks_csv = self.root / "cracks.csv"
+        self.errors_csv = self.root / "errors.csv"
+        self.summary_json = self.root / "summary.json"
+        self.report_html = self.root / "report.html"
+        self.report_pictures = self.root / "report"
+        self.rank_csv = self.root / "rank.csv"  # crackseg labels rank
+        self._lock = FolderLock(self.root, "prediction", "--out")
+
+    def mask(self, name: str, raster: bool = False) -> Path:
+        return self.root / "masks" / f"{name}{'.tif' if raster else '.png'}"
+
+    def probabilities(self, name: str, raster: bool = False) -> Path:
+        return self.root / "probs" / f"{name}{'.tif' if raster else '.png'}"
+
+    def overlay(self, name: str) -> Path:
+        return self.root / "overlays" / f"{name}.jpg"
+
+    def vectors(self, name: str, fmt: str) -> Path:
+        return self.root / "vectors" / f"{name}{FORMATS[fmt][1]}"
+
+    def outputs(self, name: str, spec: OutputSpec, raster: bool = False) -> list[Path]:
+        """The files one input gets: its mask first, then what the spec asks for (rasters get no overlay)."""
+        paths = [self.mask(name, raster)]
+        if spec.save_prob:
+            paths.append(self.probabilities(name, raster))
+        if spec.overlay and not raster:
+            paths.append(self.overlay(name))
+        if spec.vectors:
+            paths.append(self.vectors(name, spec.vectors))
+        return paths
+
+    def name_of(self, mask: Path) -> str:
+        """The output name of an input from its mask's path (sub-folders kept)."""
+        masks = self.root / "masks"
+        return mask.relative_to(masks).with_suffix("").as_posix() if mask.is_relative_to(masks) else mask.stem
+
+    def prepare(self, outputs: list[list[Path]], overwrite: bool, skip_existing: bool) -> None:
+        """Before any work: take the folder's lock (one predict at a time), check that nothing is replaced
+        unless asked, and clear what an interrupted run left. The caller calls :meth:`release` at the end."""
+        if overwrite and skip_existing:
+            raise InputError("--overwrite and --skip-existing contradict each other; choose one")
+        ensure_writable_folder(self.root, "--out")
+        self._lock.acquire()
+        try:
+            if not (overwrite or skip_existing):
+                self._refuse_existing(outputs)
+        except BaseException:
+            self._lock.release()
+            raise
+        for folder in [self.root, *(path for path in self.root.rglob("*") if path.is_dir())]:
+            remove_orphan_temps(folder)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def _refuse_existing(self, outputs: list[list[Path]]) -> None:
+        existing = [path for paths in outputs for path in paths if path.exists()]
+        if existing:
+            raise InputError(
+                f"{len(existing)} outputs already exist in {self.root} (e.g. {existing[0]}); "
+                "pass --skip-existing to keep them and finish the rest, or --overwrite to replace them"
+            )
+        tables = [self.predictions_csv, self.cracks_csv, self.errors_csv, self.summary_json, self.report_html, self.rank_csv]
+        for table in tables:
+            if table.exists():
+                raise InputError(f"{table} already exists; pass --skip-existing or --overwrite")
+
+    def write_tables(self, records: Records, spec: OutputSpec, warnings: list[str], overwrite: bool,
+                     threshold: float | None = None) -> dict:
+        """predictions.csv, cracks.csv (when measuring), errors.csv (when anything failed, or to clear an old one)
+        and summary.json, from every process's records; returns the summary. A rank.csv of an earlier run is removed."""
+        rows = [records.rows[key] for key in sorted(records.rows)]
+        cracks = sorted(records.cracks, key=lambda r: (r["path"], r["crack"]))
+        write_csv(self.predictions_csv, rows)
+        if spec.measure:
+            write_csv(self.cracks_csv, cracks)
+        elif overwrite:
+            self.cracks_csv.unlink(missing_ok=True)  # it measured masks this run replaced
+        if records.errors or self.errors_csv.exists():
+            write_csv(self.errors_csv, records.errors, ["path", "error"])
+        self.rank_csv.unlink(missing_ok=True)  # it ranked an earlier run's probabilities
+        return write_summary(self, rows, records.cracks, spec, warnings, threshold)
+
+    def read_predictions(self) -> list[dict]:
+        """predictions.csv's rows, one per input, as text cells holding what predict wrote (names as given)."""
+        if not self.predictions_csv.is_file():
+            raise InputError(f"{self.predictions_csv}: not found; give a folder written by crackseg predict")
+        return read_csv(self.predictions_csv)
+
+    def read_cracks(self) -> list[dict]:
+        """cracks.csv's rows, one per crack, as text cells; none when predict did not measure (no cracks.csv)."""
+        return read_csv(self.cracks_csv) if self.cracks_csv.is_file() else []
+
+
+def read_saved_mask(path: Path) -> np.ndarray:
+    """(H, W) bool crack pixels of a mask PNG that predict wrote, read by the one mask reader."""
+    return crack_mask(path)
+
+
+@dataclass
+class Records:
+    """What a process predicted: predictions.csv rows by input key, cracks.csv rows, errors.csv rows."""
+
+    rows: dict[int, dict] = field(default_factory=dict)
+    cracks: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+
+    def add(self, key: int, row: dict, cracks: list[dict]) -> None:
+        self.rows[key] = row
+        self.cracks += cracks
+
+    def fail(self, path: Path, error: str) -> None:
+        """An input that failed: listed in errors.csv and said on stderr now."""
+        self.errors.append({"path": str(path), "error": error})
+        tqdm.write(f"crackseg: error: {path}: {error}", file=sys.stderr)
+
+    @staticmethod
+    def joined(parts: list[Records]) -> Records:
+        """Every process's records as one."""
+        joined = Records()
+        for part in parts:
+            joined.rows |= part.rows
+            joined.cracks += part.cracks
+            joined.errors += part.errors
+        return joined
+
+
+def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image: torch.Tensor, prob: torch.Tensor,
+                        threshold: float, spec: OutputSpec) -> tuple[dict, list[dict]]:
+    """Write one photo's files; returns its predictions.csv row and cracks.csv rows."""
+    mask = (prob >= threshold).numpy()
+    mask_path = folder.mask(name)
+    write_png(mask_path, mask.astype(np.uint8) * 255)
+    counts = mask_counts(mask)
+    if spec.save_prob:
+        levels = probability_levels(prob, spec.save_prob)
+        write_png(folder.probabilities(name), levels)
+        counts |= uncertainty(levels.astype(np.float32) / float(np.iinfo(levels.dtype).max), threshold)  # as rank reads the file
+    labels, cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px) if spec.measure else (None, [])
+    if spec.overlay:
+        write_atomic(folder.overlay(name), overlay_jpeg(image.permute(1, 2, 0).numpy(), mask if labels is None else labels > 0, cracks))
+    row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, "ok")
+    if spec.vectors:
+        lines = centrelines(skeleton_links(skeletonize(labels > 0), labels))
+        write_vectors(folder.vectors(name, spec.vectors), crack_rows, lines, None)
+    return row, crack_rows
+
+
+def summarize_existing(path: Path, mask_path: Path, spec: OutputSpec) -> tuple[dict, list[dict]]:
+    """The rows of an image whose outputs an earlier run wrote (``--skip-existing``)."""
+    mask = read_saved_mask(mask_path)
+    cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px)[1] if spec.measure else []
+    return table_rows(path, mask_path, mask_counts(mask), cracks, spec, "skipped: exists")
+
+
+def mask_counts(mask: np.ndarray) -> dict:
+    """The columns of predictions.csv that come from the mask alone."""
+    height, width = mask.shape
+    return {"width": width, "height": height, "crack_fraction": round(float(mask.mean()), 6), "area_px": int(mask.sum())}
+
+
+def uncertainty(prob: np.ndarray, threshold: float) -> dict:
+    """How unsure the model is of one image, from its probabilities (H, W) in [0, 1] (predictions.csv, rank.csv).
+
+    A pixel is unsure when its probability is nearer the decision threshold ``t`` than the sure
+    answer on its side (0 for background, 1 for crack): in [t/2, (1+t)/2). ``uncertainty`` is the
+    share of the image's pixels that are unsure; ``unsure_crack_share`` the share of the crack
+    pixels (probability >= t) that are.
+    """
+    unsure = (prob >= threshold / 2) & (prob < (1 + threshold) / 2)
+    crack = prob >= threshold
+    cracks = int(crack.sum())
+    return {"uncertainty": round(float(unsure.mean()), 6) if unsure.size else 0.0,
+            "unsure_crack_share": round(int((crack & unsure).sum()) / cracks, 6) if cracks else 0.0}
+
+
+def table_rows(path: Path, mask_path: Path, counts: dict, cracks: list[CrackMeasure], spec: OutputSpec,
+               status: str) -> tuple[dict, list[dict]]:
+    """predictions.csv's row for one mask (``counts``: see :func:`mask_counts`) and, when measuring,
+    cracks.csv's rows (mm and classes with a pixel size)."""
+    row = {"path": str(path), "mask": str(mask_path), **{k: counts[k] for k in ("width", "height", "crack_fraction")}}
+    if spec.measure:
+        total_length = sum(c.length_px for c in cracks)
+        row |= {
+            "cracks": len(cracks),
+            "length_px": round(total_length, 2),
+            "mean_width_px": round(sum(c.mean_width_px * c.length_px for c in cracks) / total_length, 3) if total_length else 0.0,
+            "max_width_px": round(max((c.max_width_px for c in cracks), default=0.0), 3),
+        }
+    row |= {k: v for k, v in counts.items() if k not in row}
+    crack_rows = [
+        {"path": str(path), "crack": c.id, "length_px": round(c.length_px, 2), "mean_width_px": round(c.mean_width_px, 3),
+         "max_width_px": round(c.max_width_px, 3), "area_px": c.area_px, "fragments": c.fragments,
+         "top": c.bbox[0], "left": c.bbox[1], "bottom": c.bbox[2], "right": c.bbox[3]}
+        for c in cracks
+    ]
+    if spec.px_size is not None:
+        for item in [row, *crack_rows]:
+            item |= in_mm(item, spec.px_size)
+    if spec.width_classes is not None and spec.px_size is not None:
+        classes = spec.width_classes
+        lengths = dict.fromkeys(classes.labels, 0.0)
+        for item in crack_rows:
+            item["max_width_class"] = classes.classify(item["max_width_mm"])
+            item["mean_width_class"] = classes.classify(item["mean_width_mm"])
+            lengths[item["max_width_class"]] += item["length_mm"]
+        row |= {f"length_mm[{label}]": round(value, 4) for label, value in lengths.items()}
+    row["status"] = status
+    return row, crack_rows
+
+
+def write_summary(folder: PredictionsFolder, rows: list[dict], crack_rows: list[dict], spec: OutputSpec, warnings: list[str],
+                  threshold: float | None = None) -> dict:
+    """``summary.json``: what the run found, for people and for ``crackseg report``.
+
+    ``spec`` is the run's: its pixel size is the one every image shares, or None; totals in mm
+    are given when every image had a pixel size, its own or the run's.
+    """
+    summary: dict = {"images": len(rows), "px_size_mm": spec.px_size, "warnings": warnings}
+    if threshold is not None:
+        summary["threshold"] = threshold  # the masks' decision threshold, which crackseg labels rank measures from
+    in_mm = bool(rows) and all("length_mm" in row for row in rows)
+    if spec.measure:
+        widest = max(crack_rows, key=lambda r: r["max_width_px"], default=None)
+        summary |= {
+            "cracks": len(crack_rows),
+            "length_px": round(sum(r["length_px"] for r in crack_rows), 2),
+            "widest": {key: widest[key] for key in ("path", "crack", "max_width_px", "max_width_mm") if key in widest} if widest else None,
+            "join_gap_px": spec.join_gap_px,
+            "min_length_px": spec.min_length_px,
+        }
+        if in_mm:
+            summary["length_mm"] = round(sum(r["length_mm"] for r in crack_rows), 4)
+        if spec.width_classes is not None and in_mm:
+            classes = spec.width_classes
+            by_class = dict.fromkeys(classes.labels, 0.0)
+            for item in crack_rows:
+                by_class[item["max_width_class"]] += item["length_mm"]
+            summary["width_classes"] = {
+                "name": classes.name, "edges_mm": list(classes.edges_mm), "labels": list(classes.labels), "by": "max width",
+                "length_mm": {label: round(value, 4) for label, value in by_class.items()},
+                "cracks": {label: sum(r["max_width_class"] == label for r in crack_rows) for label in classes.labels},
+            }
+    write_atomic(folder.summary_json, json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def overlay_jpeg(photo: np.ndarray, cracks_mask: np.ndarray, cracks: list[CrackMeasure]) -> bytes:
+    """The (H, W, 3) photo with crack pixels tinted red and each crack's id written at it, for people to look at."""
+    photo = photo.astype(np.float32)
+    photo[cracks_mask] = 0.35 * photo[cracks_mask] + 0.65 * _TINT
+    picture = Image.fromarray(photo.round().astype(np.uint8))
+    if cracks:
+        draw = ImageDraw.Draw(picture)
+        font = ImageFont.load_default(size=max(10, min(picture.size) // 40))
+        for crack in cracks:
+            row, col = crack.anchor
+            box = draw.textbbox((col + 3, row + 3), str(crack.id), font=font)
+            draw.rectangle((box[0] - 2, box[1] - 1, box[2] + 2, box[3] + 1), fill=(255, 255, 255))
+            draw.text((col + 3, row + 3), str(crack.id), fill=(180, 0, 0), font=font)
+    buffer = io.BytesIO()
+    picture.save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def probability_levels(prob: torch.Tensor, bits: int) -> np.ndarray:
+    """Probabilities as 8- or 16-bit grey levels (0 = 0, the top level = 1)."""
+    if bits == 8:
+        return (prob * 255).round().byte().numpy()
+    return (prob.double() * 65535).round().numpy().astype(np.uint16)
+
+
+def write_png(path: Path, array: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, "PNG", compress_level=1)
+    write_atomic(path, buffer.getvalue())

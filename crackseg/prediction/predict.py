@@ -1,0 +1,370 @@
+"""Batch prediction: folders of photos of any size and large rasters -> crack masks, probability maps, overlays, measurements.
+
+:func:`predict_folder` reads top to bottom: plan (list the inputs, open each raster once,
+resolve the outputs' units and check the folder), load the runtime, predict the photos,
+predict the rasters, write the tables. The probabilities come from
+:class:`crackseg.model.inference.Predictor` (tiling, blending, batching, TTA); photos are decoded in
+loader workers and written in writer threads, beside the model; rasters are predicted by
+windows in :mod:`crackseg.prediction.streamed`. The files are named by
+:class:`crackseg.prediction.outputs.PredictionsFolder`, each written under a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib.util
+import sys
+from collections import OrderedDict
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from crackseg.core.config import (
+    AT_LEAST_ONE,
+    FRACTION,
+    JOIN_GAP,
+    MAX_PIXELS,
+    MIN_LENGTH,
+    NON_NEGATIVE,
+    POSITIVE,
+    InferenceOptions,
+    parse_length,
+)
+from crackseg.core.errors import InputError
+from crackseg.cracks.vectors import FORMATS as VECTOR_FORMATS
+from crackseg.cracks.vectors import require_geo
+from crackseg.cracks.widths import WidthClasses
+from crackseg.data.images import IMAGE_SUFFIXES, describe_error, load_image
+from crackseg.data.rasters import gdal_settings
+from crackseg.model import distributed
+from crackseg.model.inference import Predictor
+from crackseg.model.runtimes import Runtime, RuntimeChoice, choose_runtime, load_runtime
+from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, summarize_existing, write_image_outputs
+from crackseg.prediction.report import write_report
+from crackseg.prediction.streamed import Raster, RasterRun, allow_open_rasters, open_if_streamed, predict_rasters
+
+
+@dataclass
+class PredictOptions:
+    """What predict writes and how; ``inference`` is how the model runs (shared with evaluate)."""
+
+    out: Path
+    inference: InferenceOptions = field(default_factory=InferenceOptions)
+    threshold: float | None = None
+    save_prob: int | None = None  # 8 or 16 bits
+    overlay: bool = False
+    px_size: float | None = None  # millimetres per pixel
+    measure: bool = True
+    overwrite: bool = False
+    skip_existing: bool = False
+    workers: int | None = None  # 0 on CPU, spare cores on a GPU
+    recursive: bool = False
+    join_gap: str = JOIN_GAP  # "12px" or "3mm": gaps within one crack that are bridged
+    min_length: str = MIN_LENGTH  # cracks shorter than this are left out of tables and overlays
+    width_classes: str | None = None  # bre251, aci224 or edges in mm; needs px_size
+    report: bool = False  # also write OUT/report.html
+    vectors: str | None = None  # geojson or gpkg: OUT/vectors/<name>.<ext>, one centreline per crack
+    max_pixels: int = MAX_PIXELS  # larger rasters are refused
+    overviews: bool = False  # GeoTIFF outputs get overviews, for GIS software
+
+    def __post_init__(self) -> None:
+        """The same ranges the command line checks, for callers from Python."""
+        ranges = {"threshold": FRACTION, "px_size": POSITIVE, "workers": NON_NEGATIVE, "max_pixels": AT_LEAST_ONE}
+        for name, valid in ranges.items():
+            value = getattr(self, name)
+            problem = None if value is None else valid.problem(value)
+            if problem:
+                raise InputError(f"--{name.replace('_', '-')} {problem}")
+        self.output_spec()  # lengths and classes are checked now, not after every image ran
+
+    def scale_needed_by(self) -> str | None:
+        """The flag that needs a pixel size in mm (width classes, or a length in mm), if any."""
+        if self.width_classes is not None:
+            return "--width-classes"
+        for flag, text in (("--join-gap", self.join_gap), ("--min-length", self.min_length)):
+            if self._length(text, flag)[1] == "mm":
+                return f"{flag} {text}"
+        return None
+
+    def output_spec(self, image_px_size: float | None = None) -> OutputSpec:
+        """The outputs of an image, lengths in pixels: mm are converted with --px-size, else with the image's own scale.
+
+        Without either, a length in mm stays None: such an image is never measured (see ``_output_specs``).
+        """
+        px_size = self.px_size if self.px_size is not None else image_px_size
+        classes = None
+        if self.width_classes is not None:
+            try:
+                classes = WidthClasses.parse(self.width_classes)
+            except ValueError as error:
+                raise InputError(f"--width-classes {error}") from None
+        if self.vectors is not None and self.vectors not in VECTOR_FORMATS:
+            raise InputError(f"--vectors must be one of {', '.join(VECTOR_FORMATS)}, got {self.vectors!r}")
+        if self.vectors and not self.measure:
+            raise InputError("--vectors draws the measured cracks; leave out --no-measure")
+        if self.vectors:
+            require_geo()
+        return OutputSpec(self.save_prob, self.overlay, self.measure, px_size, self._pixels(self.join_gap, "--join-gap", px_size),
+                          self._pixels(self.min_length, "--min-length", px_size), classes, self.vectors)
+
+    @staticmethod
+    def _length(text: str, flag: str) -> tuple[float, str]:
+        try:
+            return parse_length(text)
+        except ValueError as error:
+            raise InputError(f"{flag} {error}") from None
+
+    def _pixels(self, text: str, flag: str, px_size: float | None) -> float | None:
+        value, unit = self._length(text, flag)
+        if unit == "px":
+            return value
+        return None if px_size is None else value / px_size
+
+
+def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | None = None) -> list[tuple[Path, str]]:
+    """(image path, output name) for every input file, folder or glob, in a stable order.
+
+    Output names mirror the inputs: a folder's files keep their path below it (without suffix),
+    single files and glob matches keep their stem. Two inputs with one output name are an error.
+    Nothing inside ``out`` is ever an input: walks skip it, and naming a file there is an error.
+    """
+    inside_out = (lambda p: Path(p).resolve().is_relative_to(Path(out).resolve())) if out is not None else (lambda p: False)
+    found: list[tuple[Path, str]] = []
+    for text in inputs:
+        path = Path(text)
+        if path.is_dir():
+            pattern = "**/*" if recursive else "*"
+            files = sorted(
+                p for p in path.glob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not inside_out(p)
+            )
+            found += [(p, p.relative_to(path).with_suffix("").as_posix()) for p in files]
+        elif path.is_file():
+            if inside_out(path):
+                raise InputError(f"{path}: is inside --out {out}, where predict writes; it is never read as input")
+            found.append((path, path.stem))
+        else:
+            matches = sorted(Path(p) for p in glob.glob(text, recursive=recursive) if Path(p).is_file() and not inside_out(p))
+            if not matches:
+                raise InputError(f"{text}: no such file or folder, and no file matches it as a pattern")
+            found += [(p, p.stem) for p in matches if p.suffix.lower() in IMAGE_SUFFIXES]
+    names: dict[str, Path] = {}
+    for image, name in found:
+        if name in names and names[name] != image:
+            raise InputError(f"{image} and {names[name]} would both be written as {name}.png; predict them into different --out folders")
+        names[name] = image
+    unique = list(OrderedDict((image, name) for image, name in found).items())
+    if not unique:
+        raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(inputs)}")
+    return unique
+
+
+class _Images(torch.utils.data.Dataset):
+    """Decoded inputs for loader workers; a file that fails to decode yields its error message."""
+
+    def __init__(self, inputs: list[tuple[int, Path]]):
+        self.inputs = inputs
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int):
+        key, path = self.inputs[index]
+        try:
+            return key, load_image(path), None
+        except Exception as error:  # any undecodable input is reported, the others go on
+            return key, None, describe_error(error)
+
+
+def predict_folder(checkpoint: Path, inputs: list[str], options: PredictOptions) -> int:
+    """Predict every input into ``options.out``; returns 0, or 1 when some input failed.
+
+    Under torchrun each process takes every WORLD_SIZE-th photo and a share of every raster's
+    tile rows; rank 0 joins the rasters' parts, measures them and writes the tables.
+    """
+    choice = choose_runtime(Path(checkpoint), options.inference)
+    env = distributed.setup(choice.device)
+    try:
+        with contextlib.ExitStack() as open_rasters:
+            return _predict(choice, inputs, options, env, open_rasters)
+    finally:
+        distributed.teardown()
+
+
+@dataclass
+class _Plan:
+    """The run decided before any work: photos (key, path, output name), open rasters, the run's spec, every input's outputs."""
+
+    folder: PredictionsFolder
+    photos: list[tuple[int, Path, str]]
+    rasters: list[Raster]
+    spec: OutputSpec
+    outputs: dict[int, list[Path]]
+    warnings: list[str]
+
+
+def _predict(choice: RuntimeChoice, inputs: list[str], options: PredictOptions, env: distributed.Environment,
+             open_rasters: contextlib.ExitStack) -> int:
+    plan = _plan(inputs, options, open_rasters)
+    runtime = load_runtime(choice, env.device)  # a model file that is refused leaves no --out folder behind
+    distributed.decided_on_main(env, plan.folder.prepare, list(plan.outputs.values()), options.overwrite, options.skip_existing)
+    try:
+        return _run(plan, runtime, options, env)
+    finally:
+        plan.folder.release()
+
+
+def _run(plan: _Plan, runtime: Runtime, options: PredictOptions, env: distributed.Environment) -> int:
+    threshold = runtime.threshold if options.threshold is None else options.threshold
+    predictor = Predictor(runtime.model, runtime.device, options.inference, runtime.amp_dtype)
+    if env.is_main:
+        for warning in plan.warnings:
+            print(f"crackseg: warning: {warning}", file=sys.stderr)
+    records = Records()
+    _predict_photos(plan, predictor, threshold, options.workers, options.skip_existing, env, records)
+    run = RasterRun(predictor, threshold, plan.folder, options.save_prob, options.overviews, options.skip_existing)
+    predict_rasters(plan.rasters, run, env, records)
+    gathered = Records.joined(distributed.gather_objects(records, env))
+    return _write_tables(plan, gathered, options, threshold) if env.is_main else 0
+
+
+def _plan(inputs: list[str], options: PredictOptions, open_rasters: contextlib.ExitStack) -> _Plan:
+    """List the inputs, open each raster (kept open in ``open_rasters`` until it is predicted), and
+    resolve every input's outputs: sizes, pixel types and units are checked before any work."""
+    folder = PredictionsFolder(options.out)
+    listed = collect_inputs(inputs, options.recursive, folder.root)
+    tiffs = sum(path.suffix.lower() in (".tif", ".tiff") for path, _ in listed)
+    if tiffs and importlib.util.find_spec("rasterio") is not None:  # without it, open_if_streamed says what a raster needs
+        open_rasters.enter_context(gdal_settings())
+        allow_open_rasters(tiffs)
+    sources = {}
+    for key, (path, _) in enumerate(listed):
+        source = open_if_streamed(path, options.max_pixels)
+        if source is not None:
+            open_rasters.callback(source.close)
+            sources[key] = source
+    scales, notes = {}, []  # a raster's own pixel size in mm, or None; why a georeferenced raster has none
+    for key, source in sources.items():
+        scales[key], note = source.px_size_mm()
+        if note and options.px_size is None:
+            notes.append(note)
+    spec, raster_specs = _output_specs(listed, scales, options)
+    rasters = [Raster(key, listed[key][0], listed[key][1], source, raster_specs[key]) for key, source in sources.items()]
+    photos = [(key, path, name) for key, (path, name) in enumerate(listed) if key not in sources]
+    outputs = {key: folder.outputs(name, raster_specs.get(key, spec), raster=key in sources) for key, (_, name) in enumerate(listed)}
+    warnings = notes + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
+    return _Plan(folder, photos, rasters, spec, outputs, warnings)
+
+
+def _predict_photos(plan: _Plan, predictor: Predictor, threshold: float, workers: int | None, skip_existing: bool,
+                    env: distributed.Environment, records: Records) -> None:
+    """This process's share of the photos: decoded in loader workers, written in writer threads."""
+    todo = []
+    for key, path, name in plan.photos[env.rank :: env.world_size]:
+        if skip_existing and all(file.exists() for file in plan.outputs[key]):
+            records.add(key, *summarize_existing(path, plan.folder.mask(name), plan.spec))
+        else:
+            todo.append((key, path))
+    names = {key: (path, name) for key, path, name in plan.photos}
+    workers = default_workers(env.device) if workers is None else workers
+    loader = torch.utils.data.DataLoader(
+        _Images(todo), batch_size=None, num_workers=workers, pin_memory=env.device.type == "cuda",
+        prefetch_factor=4 if workers else None,
+    )
+    decoded: dict[int, torch.Tensor] = {}
+
+    def images():
+        for key, image, error in loader:
+            if error is not None:
+                records.fail(names[key][0], error)
+                continue
+            decoded[key] = image
+            yield key, image
+
+    with ThreadPoolExecutor(workers) if workers else _Inline() as writers:
+        futures = []
+        for key, prob in tqdm(predictor.probabilities(images()), total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
+            futures.append((key, writers.submit(write_image_outputs, plan.folder, *names[key], decoded.pop(key), prob, threshold, plan.spec)))
+        for key, future in futures:
+            try:
+                records.add(key, *future.result())
+            except OSError as error:
+                records.errors.append({"path": str(names[key][0]), "error": f"cannot write outputs: {error}"})
+
+
+def _write_tables(plan: _Plan, records: Records, options: PredictOptions, threshold: float) -> int:
+    """predictions.csv, cracks.csv, errors.csv, summary.json and the report; returns the exit status."""
+    folder = plan.folder
+    summary = folder.write_tables(records, plan.spec, plan.warnings, options.overwrite, threshold)
+    print(f"{len(records.rows)} images predicted into {folder.root}"
+          + (f"; {len(records.errors)} failed, listed in {folder.errors_csv}" if records.errors else ""))
+    if plan.spec.measure:
+        print(_summary_line(summary))
+    if options.report:
+        print(f"report written to {write_report(folder.root)}")
+    return 1 if records.errors else 0
+
+
+def default_workers(device: torch.device) -> int:
+    """Decoding processes (and writer threads) when the user names none.
+
+    On CPU the model's threads already use every core, and decoding and writing beside them
+    slowed prediction down more than doing them in turn (docs/benchmarks.md).
+    """
+    return 0 if device.type == "cpu" else distributed.spare_cores()
+
+
+def _output_specs(listed: list[tuple[Path, str]], scales: dict[int, float | None],
+                  options: PredictOptions) -> tuple[OutputSpec, dict[int, OutputSpec]]:
+    """The run's spec (photos and the summary) and each raster's, with the raster's own scale unless --px-size is given.
+
+    Width classes and lengths in mm need a scale for every image; the run's scale is --px-size,
+    or the one scale all inputs share when every input is a raster that carries it.
+    """
+    needed_by = options.scale_needed_by()
+    if needed_by and options.px_size is None:
+        for key, (path, _) in enumerate(listed):
+            if scales.get(key) is None:
+                kind = "a photo" if key not in scales else "a raster without a projected, square-pixel georeferencing"
+                raise InputError(f"{needed_by} needs the pixel size in mm: give --px-size ({path} is {kind}, which carries none)")
+    own = set(scales.values())
+    common = own.pop() if len(own) == 1 and len(scales) == len(listed) else None
+    return options.output_spec(common), {key: options.output_spec(scale) for key, scale in scales.items()}
+
+
+def _resolution_warnings(spec: OutputSpec) -> list[str]:
+    """Width classes finer than a pixel cannot be told apart: a width is known to about +-1 px."""
+    classes = spec.width_classes
+    if classes is None or spec.px_size is None or classes.narrowest_band_mm() >= spec.px_size:
+        return []
+    return [f"width classes {classes.name}: the narrowest band is {classes.narrowest_band_mm():g} mm, less than one pixel "
+            f"({spec.px_size:g} mm); widths are known to about +-1 px, so cracks near a band edge may be classed one band off"]
+
+
+def _summary_line(summary: dict) -> str:
+    line = f"{summary['cracks']} cracks, {summary['length_px']:g} px"
+    if summary.get("length_mm") is not None:
+        line += f" = {summary['length_mm'] / 1000:.3f} m"
+        if summary["px_size_mm"] is not None:
+            line += f" (pixel size {summary['px_size_mm']:g} mm)"
+    classes = summary.get("width_classes")
+    if classes:
+        line += "; length by max-width class (mm): " + ", ".join(f"{k}: {v:g}" for k, v in classes["length_mm"].items())
+    return line
+
+
+class _Inline(Executor):
+    """Runs each task as it is submitted: with --workers 0 all work stays in the main thread."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as error:  # delivered by result(), as a thread pool would
+            future.set_exception(error)
+        return future
+
+

@@ -1,0 +1,350 @@
+"""Prediction of rasters too large to hold (orthomosaics, stitched facades), block by block.
+
+The raster is read a tile at a time (:class:`crackseg.data.rasters.RasterSource`), its
+probabilities come from :meth:`crackseg.model.inference.Predictor.blocks`, and each finished
+block is thresholded and written to tiled, compressed GeoTIFFs as soon as a whole row of
+their tiles is complete. Memory does not grow with the raster's area, and grows with its
+width only through the overlap rows and one row of output tiles. Outputs carry the input's CRS and
+geotransform; pixels outside the surveyed area (nodata, alpha 0) are masked in them and
+left out of the counts. Under torchrun every process predicts a share of each raster's
+tile rows and rank 0 joins the parts, then measures the mask a band of rows at a time.
+
+Each input raster is opened once per process, by :func:`open_if_streamed` when the run is
+planned, and that source serves predicting and joining.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import resource
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from scipy.cluster.hierarchy import DisjointSet
+from tqdm import tqdm
+
+from crackseg.core.config import MAX_PIXELS, STREAM_ABOVE
+from crackseg.core.errors import InputError
+from crackseg.core.files import temp_path
+from crackseg.cracks.measure import CrackMeasure, crack_measure, crack_parts
+from crackseg.cracks.vectors import centrelines, skeleton_links, write_vectors
+from crackseg.data.images import CRACK_THRESHOLD
+from crackseg.data.rasters import BLOCK, GEOTIFF_TAGS, RasterSink, RasterSource, gdal_settings, on_map, rasterio
+from crackseg.model import distributed
+from crackseg.model.inference import Predictor, part_rows
+from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, probability_levels, table_rows
+
+HALO = 64  # px above and below each measured band: cracks narrower than this are measured as on the whole mask
+
+
+def open_if_streamed(path: Path, max_pixels: int = MAX_PIXELS) -> RasterSource | None:
+    """The open source of ``path`` when it is predicted by windows: a TIFF that is georeferenced (a
+    CRS or a geotransform), has a nodata value (pixels outside the survey, which a photo would
+    predict) or is larger than STREAM_ABOVE; None for other images, which are decoded whole, as photos.
+
+    Without the geo extra, such a TIFF is a one-line error naming it: read whole it would lose
+    its georeferencing, or its size. Too many pixels or an unsupported pixel type is a one-line
+    error too, before any work.
+    """
+    if Path(path).suffix.lower() not in (".tif", ".tiff"):
+        return None
+    try:
+        rio = rasterio()
+    except InputError as error:
+        if _geotiff_or_large(path):
+            raise InputError(f"{path}: a GeoTIFF or a TIFF over {STREAM_ABOVE / 1e6:.0f} megapixels is read by windows; {error}") from None
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rio.errors.NotGeoreferencedWarning)  # a plain TIFF: read as a photo
+            dataset = rio.open(path)
+    except rio.errors.RasterioIOError:
+        return None  # not a TIFF GDAL reads: the photo path reports what is wrong with it
+    placed = dataset.crs is not None or not dataset.transform.is_identity  # a CRS, or a geotransform without one
+    if not (placed or dataset.nodata is not None or dataset.width * dataset.height > STREAM_ABOVE):
+        dataset.close()
+        return None
+    return RasterSource(path, max_pixels, dataset)
+
+
+def _geotiff_or_large(path: Path) -> bool:
+    """From the TIFF header alone (Pillow, nothing decoded): georeferencing tags, or more pixels than STREAM_ABOVE."""
+    try:
+        with Image.open(path) as image:
+            return bool(GEOTIFF_TAGS & set(getattr(image, "tag_v2", {}))) or image.width * image.height > STREAM_ABOVE
+    except (OSError, ValueError):  # not a TIFF Pillow reads: the photo path reports what is wrong with it
+        return False
+
+
+def allow_open_rasters(count: int) -> None:
+    """Raise this process's limit of open files (to the hard limit at most) so ``count`` rasters can stay open."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = count + 256  # and room for the photos, loader workers and outputs
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(hard, wanted), hard))
+
+
+@dataclass(frozen=True)
+class Raster:
+    """One input raster of a run: its key (row order in predictions.csv), path, output name, open source and spec."""
+
+    key: int
+    path: Path
+    name: str
+    source: RasterSource
+    spec: OutputSpec
+
+
+@dataclass(frozen=True)
+class RasterRun:
+    """What every raster of a run is predicted with."""
+
+    predictor: Predictor
+    threshold: float
+    folder: PredictionsFolder
+    save_prob: int | None = None  # 8 or 16 bits
+    overviews: bool = False
+    skip_existing: bool = False
+
+
+def predict_rasters(rasters: list[Raster], run: RasterRun, env: distributed.Environment, records: Records) -> None:
+    """Predict each raster (every process its share of the tile rows), join the parts on rank 0
+    and measure them there; rank 0's ``records`` get the rows, and the errors of rasters that failed."""
+    for raster in rasters:
+        try:
+            _predict_one(raster, run, env, records)
+        finally:
+            raster.source.close()
+
+
+def _predict_one(raster: Raster, run: RasterRun, env: distributed.Environment, records: Records) -> None:
+    outputs = run.folder.outputs(raster.name, raster.spec, raster=True)
+    written = outputs[: 2 if run.save_prob else 1]
+    done = run.skip_existing and all(path.exists() for path in outputs)
+    failure, pixels = None, None  # pixels: (crack, valid) counted while predicting
+    if not done:
+        parts = distributed.gather_objects(_predict_part(raster.source, written, run, env), env)
+        failure = next((error for error, _ in parts if error), None)
+        if env.is_main and failure is None and env.distributed:
+            try:
+                merge_parts(raster.source, written, run.predictor.tile, run.predictor.overlap, env.world_size, run.overviews)
+            except (InputError, OSError) as error:
+                failure = f"joining the processes' parts: {error}"
+        pixels = None if failure else tuple(map(sum, zip(*(counts for _, counts in parts))))
+    if not env.is_main:
+        return
+    try:
+        if failure:
+            raise InputError(failure)
+        row, cracks = _raster_rows(raster, run.folder, "skipped: exists" if done else "ok", pixels)
+    except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
+        discard_parts(written, env.world_size)
+        records.fail(raster.path, str(error))
+        return
+    records.add(raster.key, row, cracks)
+
+
+def _predict_part(source: RasterSource, outputs: list[Path], run: RasterRun,
+                  env: distributed.Environment) -> tuple[str | None, tuple[int, int]]:
+    """This process's part of a raster: (what went wrong or None, its (crack, valid) pixel counts)."""
+    try:
+        return None, predict_raster(source, outputs, run, (env.rank, env.world_size), progress=env.is_main)
+    except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
+        return str(error), (0, 0)
+
+
+def _raster_rows(raster: Raster, folder: PredictionsFolder, status: str,
+                 pixels: tuple[int, int] | None) -> tuple[dict, list[dict]]:
+    """The table rows of a raster predicted by windows, with the pixel size of its spec; writes its vectors."""
+    spec, mask_path = raster.spec, folder.mask(raster.name, raster=True)
+    counts, cracks, links = summarize_raster(mask_path, spec.measure, spec.join_gap_px, spec.min_length_px, pixels=pixels,
+                                             links=bool(spec.vectors))
+    transform = counts.pop("transform")
+    counts["px_size_mm"] = spec.px_size
+    row, crack_rows = table_rows(raster.path, mask_path, counts, cracks, spec, status)
+    if transform is not None:
+        for item in crack_rows:  # the bounding box in map coordinates too
+            xs, ys = zip(*(transform @ (col, row) for row in (item["top"], item["bottom"]) for col in (item["left"], item["right"])))
+            item |= {"x_min": min(xs), "y_min": min(ys), "x_max": max(xs), "y_max": max(ys)}
+    if spec.vectors:
+        write_vectors(folder.vectors(raster.name, spec.vectors), crack_rows, centrelines(links, transform),
+                      counts["crs"] or None)
+    return row, crack_rows
+
+
+def predict_raster(source: RasterSource, outputs: list[Path], run: RasterRun, part: tuple[int, int] = (0, 1),
+                   progress: bool = True) -> tuple[int, int]:
+    """Write the mask (uint8 0/255) and, with ``run.save_prob``, the probabilities of one raster
+    to ``outputs``; returns its (crack, valid) pixel counts.
+
+    ``part`` (index, count) of processes sharing the raster writes only its rows, to
+    :func:`part_paths`; :func:`merge_parts` then makes the outputs. Nothing is left under
+    the outputs' names unless the whole raster was predicted.
+    """
+    index, count = part
+    save_prob, predictor, threshold = run.save_prob, run.predictor, run.threshold
+    with gdal_settings():
+        start, stop = part_rows(source.height, predictor.tile, predictor.overlap, part)
+        if start == stop:
+            return 0, 0
+        crack_pixels = valid_pixels = 0
+        sinks = []
+        try:
+            for target, dtype in zip(outputs if count == 1 else part_paths(outputs, index), ["uint8", "uint8" if save_prob == 8 else "uint16"]):
+                sinks.append(RasterSink(target, source, dtype, (start, stop)))
+            megapixels = round((stop - start) * source.width / 1e6, 1)
+            with tqdm(total=megapixels, desc=f"predict {source.path.name}", unit="MP", disable=None if progress else True) as bar:
+                for top, left, prob, valid in predictor.blocks(source.read, source.height, source.width, part):
+                    cracks = (prob >= threshold).numpy() & valid
+                    crack_pixels += int(np.count_nonzero(cracks))
+                    valid_pixels += int(np.count_nonzero(valid))
+                    sinks[0].write_block(top - start, left, cracks.astype(np.uint8) * 255, valid)
+                    if save_prob:
+                        sinks[1].write_block(top - start, left, np.where(valid, probability_levels(prob, save_prob), 0), valid)
+                    bar.update(round(prob.numel() / 1e6, 3))
+            for sink in sinks:
+                sink.commit(run.overviews and count == 1)
+        except BaseException:
+            for sink in sinks:
+                sink.abort()
+            raise
+    return crack_pixels, valid_pixels
+
+
+def part_paths(outputs: list[Path], index: int) -> list[Path]:
+    """Where process ``index`` writes its part of each raster output: hidden, and named as the
+    temporary files that the next run removes if this one is cut short."""
+    return [temp_path(path, f"part{index}", path.suffix) for path in outputs]
+
+
+def merge_parts(source: RasterSource, outputs: list[Path], tile: int, overlap: int, count: int, overviews: bool = False) -> None:
+    """Make the raster outputs of ``source`` from the parts that ``count`` processes wrote, top to
+    bottom, and remove the parts. Reads and writes a band of rows at a time."""
+    rio = rasterio()
+    with gdal_settings():
+        spans = [part_rows(source.height, tile, overlap, (index, count)) for index in range(count)]
+        written = [index for index, (start, stop) in enumerate(spans) if start < stop]
+        for output in outputs:
+            parts = [part_paths([output], index)[0] for index in written]
+            with rio.open(parts[0]) as first:
+                dtype = first.dtypes[0]
+            sink = RasterSink(output, source, dtype)
+            try:
+                for file in parts:
+                    with rio.open(file) as raster:
+                        for top in range(0, raster.height, BLOCK):
+                            window = rio.windows.Window(0, top, raster.width, min(BLOCK, raster.height - top))
+                            sink.write_block(top, 0, raster.read(1, window=window), raster.dataset_mask(window=window) > 0)
+                sink.commit(overviews)
+            except BaseException:
+                sink.abort()
+                raise
+            for file in parts:
+                file.unlink()
+
+
+def discard_parts(outputs: list[Path], count: int) -> None:
+    """Remove what processes wrote of a raster that failed."""
+    for index in range(count):
+        for file in part_paths(outputs, index):
+            file.unlink(missing_ok=True)
+
+
+def summarize_raster(mask_path: Path, measure: bool, join_gap: float = 0.0, min_length: float = 0.0,
+                     band_pixels: int = 4_000_000, pixels: tuple[int, int] | None = None,
+                     links: bool = False) -> tuple[dict, list[CrackMeasure], np.ndarray]:
+    """A mask GeoTIFF's counts (predictions.csv's columns in px, the CRS and geotransform) and, when
+    ``measure``, its cracks (longest first, ids from 1) and, with ``links``, their skeleton links
+    (rows of :func:`crackseg.cracks.vectors.skeleton_links`, last column the crack id: held for the
+    whole raster, so only asked for when drawing vectors). Read a band of rows at a time; not
+    at all without ``measure`` when ``pixels`` (crack, valid), counted while predicting, is given.
+
+    Each band is measured with HALO rows (plus the join gap) above and below it
+    (:func:`crackseg.cracks.measure.crack_parts` counts only the band's own rows), and cracks that
+    the shared rows show to be the same are merged (a disjoint set), so a crack crossing bands
+    is one crack with its whole length. The figures equal the whole mask's where cracks are
+    narrower than the halo, with two known exceptions: ``fragments`` counts a piece twice
+    where its top lies in two places of one band (a V opening upwards), and a skeleton end
+    in a halo, whose direction the band's edge distorts, can bridge a gap that the whole
+    mask leaves open, merging two cracks into one.
+    """
+    with gdal_settings():  # GDAL's own block cache (5% of RAM) would fill with the mask's tiles
+        return _summarize(mask_path, measure, join_gap, min_length, band_pixels, pixels, links)
+
+
+def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: float,
+               band_pixels: int, pixels: tuple[int, int] | None, with_links: bool) -> tuple[dict, list[CrackMeasure], np.ndarray]:
+    rio = rasterio()
+    halo = HALO + math.ceil(join_gap)
+    with rio.open(mask_path) as raster:
+        georeferenced = on_map(raster)
+        transform = raster.transform if georeferenced else None
+        crs = raster.crs.to_string() if raster.crs else ""
+        height, width = raster.height, raster.width
+        band = max(64, min(1024, band_pixels // width))
+        crack_pixels = valid_pixels = 0
+        nodes = DisjointSet()  # a crack's parts in each band; merged where shared rows show them to be one
+        sums: list[np.ndarray] = []  # per band and label: length, gap, area, max width, fragments
+        boxes: list[np.ndarray] = []
+        links: list[np.ndarray] = []  # skeleton links in raster rows, last column the node
+        previous = None  # (labels of the rows shared with the next window, the first node of their window)
+        for top in range(0, height if measure or pixels is None else 0, band):
+            bottom = min(top + band, height)
+            start, stop = (max(0, top - halo), min(height, bottom + halo)) if measure else (top, bottom)
+            mask = raster.read(1, window=rio.windows.Window(0, start, width, stop - start)) > CRACK_THRESHOLD  # predict's own 0 / 255 mask
+            own = slice(top - start, bottom - start)
+            crack_pixels += int(mask[own].sum())
+            valid_pixels += int((raster.dataset_mask(window=rio.windows.Window(0, top, width, bottom - top)) > 0).sum())
+            if not measure:
+                continue
+            parts = crack_parts(mask, join_gap, own)
+            first = len(nodes)
+            for node in range(first, first + len(parts.area) - 1):
+                nodes.add(node)
+            sums.append(np.stack([parts.length, parts.gap, parts.area, parts.max_width, parts.fragments], axis=1)[1:])
+            boxes.append(parts.box[1:] + np.array([start, 0, start, 0]))
+            if with_links:
+                links.append(skeleton_links(parts.skeleton, parts.labels, own) + np.array([start, 0, start, 0, first - 1]))
+            if previous is not None:
+                shared, above = previous
+                below = parts.labels[: len(shared)]
+                both = (shared > 0) & (below > 0)
+                for a, b in np.unique(np.stack([shared[both], below[both]], axis=1), axis=0):
+                    nodes.merge(above + int(a) - 1, first + int(b) - 1)
+            previous = (parts.labels[max(0, bottom - halo) - start :], first)
+    crack_pixels, valid_pixels = (crack_pixels, valid_pixels) if pixels is None else pixels
+    counts = {"width": width, "height": height, "crack_fraction": round(crack_pixels / max(valid_pixels, 1), 6),
+              "area_px": crack_pixels, "valid_px": valid_pixels, "crs": crs, "transform": transform}
+    cracks, crack_of_node = _merged_cracks(nodes, sums, boxes, min_length)
+    all_links = np.concatenate(links) if links else np.zeros((0, 5), np.int64)
+    all_links[:, 4] = crack_of_node[all_links[:, 4]] if len(all_links) else 0
+    return counts, cracks, all_links[all_links[:, 4] > 0]
+
+
+def _merged_cracks(nodes: DisjointSet, sums: list[np.ndarray], boxes: list[np.ndarray],
+                   min_length: float) -> tuple[list[CrackMeasure], np.ndarray]:
+    """The cracks of the merged nodes, longest first, and each node's crack id (0: dropped)."""
+    if not len(nodes):
+        return [], np.zeros(0, int)
+    sums_all, boxes_all = np.concatenate(sums), np.concatenate(boxes)
+    roots = np.array([nodes[node] for node in range(len(nodes))])
+    found = []
+    for root in np.unique(roots):
+        members = roots == root
+        length, gap, area, _, fragments = sums_all[members].sum(axis=0)
+        if area == 0:
+            continue
+        counted = boxes_all[members & (sums_all[:, 2] > 0)]  # the bands where the crack has pixels of its own
+        box = (int(counted[:, 0].min()), int(counted[:, 1].min()), int(counted[:, 2].max()), int(counted[:, 3].max()))
+        crack = crack_measure(0, float(length), float(gap), int(area), float(sums_all[members, 3].max()), box, int(fragments))
+        if crack.length_px >= min_length:
+            found.append((crack, root))
+    found.sort(key=lambda item: (-item[0].length_px, item[0].bbox))
+    crack_of_root = np.zeros(len(nodes), int)
+    for number, (_, root) in enumerate(found, 1):
+        crack_of_root[root] = number
+    return [dataclasses.replace(crack, id=number) for number, (crack, _) in enumerate(found, 1)], crack_of_root[roots]

@@ -1,0 +1,130 @@
+"""The command line as a user meets it: help, version, one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from crackseg.cli.main import build_parser
+
+COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "crackseg", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_version():
+    result = _run("--version")
+    assert result.returncode == 0 and result.stdout.startswith("crackseg ")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_with_defaults(command):
+    result = _run(command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: crackseg " + command in result.stdout
+    assert "default" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["synth", "OUT", "--count", "0"], "--count"),
+        (["synth", "OUT", "--size", "abc"], "--size"),
+        (["nosuchcommand"], "nosuchcommand"),
+    ],
+)
+def test_bad_values_exit_2_with_one_line(args, named):
+    result = _run(*args)
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("crackseg") and "error:" in last and named in last
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args, named", [
+    (["train", "--run", "r", "--data", "d", "--epochs", "0"], "--epochs"),
+    (["predict", "in", "--checkpoint", "m.pt", "--out", "o", "--tile", "0"], "--tile"),
+    (["evaluate", "--pred", "p", "--gt", "g", "--tolerance", "nan"], "--tolerance"),
+    (["predict", "in", "--out", "o"], "--checkpoint"),
+    (["predict", "in", "--checkpoint", "m.pt", "--out", "o", "--no-such-flag"], "--no-such-flag"),
+])
+def test_a_mistake_caught_while_parsing_is_one_line_not_the_usage(args, named):
+    result = _run(*args)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("crackseg: error: ") and named in result.stderr and "--help" in result.stderr
+
+
+def test_input_error_is_one_line_naming_the_path(tmp_path):
+    assert _run("synth", str(tmp_path), "--count", "1", "--size", "32").returncode == 0
+    result = _run("synth", str(tmp_path), "--count", "1", "--size", "32")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("crackseg: error: ") and str(tmp_path) in result.stderr
+
+
+def _main(*args: str) -> tuple[int, str]:
+    """Exit status and stderr of ``crackseg ARGS`` run in this process."""
+    import contextlib
+    import io
+
+    from crackseg.cli.main import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit:
+            code = exit.code
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize("args, named", [
+    (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--threshold", "1.5"], "--threshold"),
+    (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--overlap", "-1"], "--overlap"),
+    (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--tile", "0"], "--tile"),
+    (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--px-size", "nan"], "--px-size"),
+    (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--workers", "-1"], "--workers"),
+    (["evaluate", "--pred", "p", "--gt", "g", "--tolerance", "-1"], "--tolerance"),
+    (["evaluate", "--pred", "p", "--gt", "g", "--tolerance", "1000"], "--tolerance"),
+    (["evaluate", "--pred", "p", "--gt", "g", "--threshold", "inf"], "--threshold"),
+    (["train", "--data", "d", "--run", "r", "--lr", "0"], "--lr"),
+    (["train", "--data", "d", "--run", "r", "--keep-last", "0"], "--keep-last"),
+    (["train", "--data", "d", "--run", "r", "--pos-weight", "0"], "--pos-weight"),
+    (["synth", "OUT", "--seed", "-3"], "--seed"),
+    (["convert", "c.pt", "--arch", "unet16", "--out", "m.pt", "--threshold", "-0.1"], "--threshold"),
+    (["labels", "import", "a.json", "--format", "coco", "--images", "i", "--out", "o", "--line-width", "0"], "--line-width"),
+    (["labels", "rank", "p", "--top", "0"], "--top"),
+    (["labels", "rank", "p", "--threshold", "1.5"], "--threshold"),
+    (["labels", "export", "p", "--format", "yolo", "--out", "o"], "--format"),
+    (["labels", "export", "p", "--format", "coco", "--out", "o", "--rle", "--polygons"], "--polygons"),
+])
+def test_out_of_range_numbers_are_one_line_errors(args, named):
+    code, err = _main(*args)
+    assert code == 2 and "Traceback" not in err
+    assert err.count("\n") == 1 and err.startswith("crackseg: error: ") and named in err
+
+
+@pytest.mark.parametrize("device, message", [
+    ("foo", "--device foo: unknown device"),
+    ("mps", "crackseg runs on cpu or cuda"),
+    pytest.param("cuda", "--device cuda: no CUDA GPU is visible", marks=pytest.mark.skipif(
+        __import__("torch").cuda.is_available(), reason="a GPU is present")),
+])
+def test_devices_that_are_not_there_are_one_line_errors(tmp_path, device, message):
+    for args in (["predict", str(tmp_path), "--checkpoint", "m.pt", "--out", str(tmp_path / "o")],
+                 ["train", "--data", str(tmp_path), "--run", str(tmp_path / "r")]):
+        code, err = _main(*args, "--device", device)
+        assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_output_paths_that_are_files_are_refused_before_work(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for args in (["synth", str(tmp_path / "file"), "--count", "1"],
+                 ["train", "--data", str(tmp_path), "--run", str(tmp_path / "file"), "--device", "cpu"],
+                 ["evaluate", "--pred", str(tmp_path), "--gt", str(tmp_path), "--out", str(tmp_path / "file")]):
+        code, err = _main(*args)
+        assert code == 2 and err.count("\n") == 1 and "is a file, not a folder" in err, (args, err)

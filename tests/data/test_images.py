@@ -1,0 +1,138 @@
+"""Photos and masks as viewers show them: EXIF orientation, 0/1 masks, Pillow's size limit."""
+
+from __future__ import annotations
+
+import csv
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import pavement, predict_tiled
+from PIL import Image, ImageOps
+
+from crackseg.cli.main import main
+from crackseg.data.datasets import open_dataset
+from crackseg.data.images import displayed_size, load_image, load_mask, read_probability
+from crackseg.training.loader import CrackDataset
+
+
+def _rotated_jpeg(path: Path, shown: np.ndarray, orientation: int = 6) -> None:
+    """Store ``shown`` (H, W, 3) so that a viewer applying the EXIF tag shows exactly it."""
+    stored = Image.fromarray(shown).transpose(Image.Transpose.ROTATE_90)  # undone by orientation 6
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    stored.save(path, quality=98, exif=exif)
+
+
+def _photo_with_line(height: int, width: int, row: int) -> np.ndarray:
+    photo = np.full((height, width, 3), 200, np.uint8)
+    photo[row, :] = 20
+    return photo
+
+
+def test_phone_jpeg_is_read_as_viewers_show_it(tmp_path):
+    shown = _photo_with_line(64, 32, row=10)  # displayed 32 wide, 64 high
+    _rotated_jpeg(tmp_path / "phone.jpg", shown)
+    with Image.open(tmp_path / "phone.jpg") as image:
+        assert image.size == (64, 32) and displayed_size(image) == (32, 64)  # stored landscape, shown portrait
+        expected = np.asarray(ImageOps.exif_transpose(image))
+    loaded = load_image(tmp_path / "phone.jpg")
+    assert loaded.shape == (3, 64, 32)
+    assert np.array_equal(loaded.permute(1, 2, 0).numpy(), expected)
+    assert loaded[:, 10].float().mean() < 60 < loaded[:, 30].float().mean()  # the dark line where it is seen
+
+
+def test_a_mask_traced_on_the_shown_photo_lines_up_in_training(tmp_path):
+    for sub in ("images", "masks"):
+        (tmp_path / sub).mkdir()
+    shown = _photo_with_line(48, 48, row=7)  # square: the sizes cannot tell the orientation apart
+    _rotated_jpeg(tmp_path / "images" / "a.jpg", shown)
+    mask = np.zeros((48, 48), np.uint8)
+    mask[7] = 255
+    Image.fromarray(mask).save(tmp_path / "masks" / "a.png")
+    found = open_dataset(tmp_path)
+    assert not found.problems
+    image, truth = CrackDataset(found.samples)[0]
+    on_crack = image[:, truth[0].bool()].float().mean()
+    off_crack = image[:, ~truth[0].bool()].float().mean()
+    assert on_crack < 60 and off_crack > 150
+
+
+def test_inspect_names_the_orientation_tag_when_only_the_stored_size_matches(tmp_path, capsys):
+    for sub in ("images", "masks"):
+        (tmp_path / sub).mkdir()
+    _rotated_jpeg(tmp_path / "images" / "a.jpg", _photo_with_line(64, 32, row=3))
+    Image.fromarray(np.zeros((32, 64), np.uint8)).save(tmp_path / "masks" / "a.png")  # traced on the stored pixels
+    assert main(["inspect", str(tmp_path)]) == 1
+    output = capsys.readouterr().out
+    assert "a.png: mask is 64x32 px but its image is 32x64 as shown" in output
+    assert "EXIF orientation tag (6)" in output
+
+
+def test_predicted_masks_and_overlays_have_the_displayed_size(tmp_path):
+    import crackseg
+    from crackseg.model.checkpoint import save_model
+
+    torch.manual_seed(0)
+    save_model(crackseg.build_model("mobilenet_v2"), tmp_path / "model.pt")
+    (tmp_path / "in").mkdir()
+    _rotated_jpeg(tmp_path / "in" / "phone.jpg", _photo_with_line(64, 32, row=5))
+    assert main(["predict", str(tmp_path / "in"), "--checkpoint", str(tmp_path / "model.pt"), "--out", str(tmp_path / "out"),
+                 "--overlay", "--device", "cpu"]) == 0
+    assert Image.open(tmp_path / "out" / "masks" / "phone.png").size == (32, 64)
+    assert Image.open(tmp_path / "out" / "overlays" / "phone.jpg").size == (32, 64)
+
+
+def test_zero_one_masks_and_predictions_read_like_zero_255(tmp_path):
+    levels = np.zeros((6, 8), np.uint8)
+    levels[2, 1:7] = 1
+    Image.fromarray(levels).save(tmp_path / "zero_one.png")
+    Image.fromarray(levels * 255).save(tmp_path / "zero_255.png")
+    assert torch.equal(load_mask(tmp_path / "zero_one.png"), load_mask(tmp_path / "zero_255.png"))
+    assert torch.equal(read_probability(tmp_path / "zero_one.png"), read_probability(tmp_path / "zero_255.png"))
+    Image.fromarray(np.zeros((6, 8), np.uint8)).save(tmp_path / "empty.png")
+    assert load_mask(tmp_path / "empty.png").sum() == 0
+
+
+def _png_header_only(path: Path, width: int, height: int) -> None:
+    """A PNG whose header claims ``width`` x ``height`` px: enough for Pillow's size guard to fire."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("command", ["inspect", "train", "evaluate"])
+def test_an_image_over_pillows_limit_is_one_line_naming_it(tmp_path, command, capsys):
+    for sub in ("images", "masks"):
+        (tmp_path / sub).mkdir()
+    _png_header_only(tmp_path / "images" / "huge.png", 20000, 20000)
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "masks" / "huge.png")
+    args = {
+        "inspect": ["inspect", str(tmp_path)],
+        "train": ["train", "--data", str(tmp_path), "--run", str(tmp_path / "run"), "--device", "cpu"],
+        "evaluate": ["evaluate", "--pred", str(tmp_path / "images"), "--gt", str(tmp_path / "masks")],
+    }[command]
+    try:
+        code = main(args)
+    except SystemExit as exit:
+        code = exit.code
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert code in (1, 2) and "Traceback" not in text
+    line = next(line for line in text.splitlines() if "huge.png" in line)
+    assert "over the limit of" in line and "megapixels" in line and "GeoTIFF" in line
+
+
+def test_a_photo_too_large_to_decode_whole_says_how_to_convert_it(tmp_path, dark_checkpoint, monkeypatch, capsys):
+    (tmp_path / "in").mkdir()
+    Image.fromarray(pavement(200, 300).transpose(1, 2, 0)).save(tmp_path / "in" / "huge.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 20_000)  # Pillow refuses images over twice this
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--no-measure") == 1
+    (row,) = csv.DictReader(open(tmp_path / "out" / "errors.csv"))
+    assert row["path"].endswith("huge.png") and "tiled GeoTIFF" in row["error"] and "gdal_translate" in row["error"]
+    assert "gdal_translate" in capsys.readouterr().err

@@ -1,0 +1,202 @@
+"""Rasters read by windows (crackseg/data/rasters.py): 16-bit and grey bands, nodata and alpha, georeferenced
+outputs, limits, and each raster's own pixel size in mm."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+rasterio = pytest.importorskip("rasterio")
+from affine import Affine  # noqa: E402
+from conftest import pavement, predict_tiled, read_mask, utm_transform, write_geotiff  # noqa: E402
+
+
+def test_geotiff_outputs_keep_the_georeferencing_and_the_photo_path_keeps_png(tmp_path, dark_checkpoint):
+    (tmp_path / "in").mkdir()
+    write_geotiff(tmp_path / "in" / "ortho.tif", pavement(700, 900))
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--save-prob", "16") == 0
+    mask, valid, info = read_mask(tmp_path / "out" / "masks" / "ortho.tif")
+    assert info["crs"].to_epsg() == 32633 and info["transform"] == utm_transform() and info["tiled"]
+    expected = pavement(700, 900)[0] < 100
+    assert np.array_equal(mask > 0, expected) and set(np.unique(mask)) == {0, 255} and valid.all()
+    with rasterio.open(tmp_path / "out" / "probs" / "ortho.tif") as probs:
+        assert probs.dtypes[0] == "uint16" and probs.crs.to_epsg() == 32633
+    (row,) = csv.DictReader(open(tmp_path / "out" / "predictions.csv"))
+    assert float(row["px_size_mm"]) == pytest.approx(2.0) and row["crs"] == "EPSG:32633"
+    assert int(row["area_px"]) == expected.sum()
+    cracks = list(csv.DictReader(open(tmp_path / "out" / "cracks.csv")))
+    assert len(cracks) == int(row["cracks"]) == 1 and float(cracks[0]["length_mm"]) == pytest.approx(2 * float(cracks[0]["length_px"]))
+    for crack in cracks:  # the box in map coordinates: UTM metres from the geotransform
+        assert float(crack["x_min"]) == pytest.approx(500000.0 + 0.002 * int(crack["left"]))
+        assert float(crack["y_max"]) == pytest.approx(5000000.0 - 0.002 * int(crack["top"]))
+
+
+def test_nodata_and_alpha_areas_are_neither_predicted_nor_counted(tmp_path, dark_checkpoint):
+    (tmp_path / "in").mkdir()
+    pixels = pavement(600, 800)
+    pixels[:, :, :300] = 0  # black, which the model would call crack, but declared nodata
+    write_geotiff(tmp_path / "in" / "nodata.tif", pixels, nodata=0)
+    alpha = np.full((1, 600, 800), 255, np.uint8)
+    alpha[:, 400:, :] = 0
+    write_geotiff(tmp_path / "in" / "rgba.tif", np.concatenate([pavement(600, 800), alpha]), photometric="RGB", alpha="YES")
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--no-measure") == 0
+    mask, valid, _ = read_mask(tmp_path / "out" / "masks" / "nodata.tif")
+    assert not mask[:, :300].any() and not valid[:, :300].any() and valid[:, 300:].all() and mask[:, 300:].any()
+    mask, valid, _ = read_mask(tmp_path / "out" / "masks" / "rgba.tif")
+    assert not mask[400:].any() and not valid[400:].any() and np.array_equal(mask[:400] > 0, (pavement(600, 800)[0] < 100)[:400])
+    rows = {row["path"].rsplit("/", 1)[1]: row for row in csv.DictReader(open(tmp_path / "out" / "predictions.csv"))}
+    assert int(rows["nodata.tif"]["valid_px"]) == 600 * 500
+    assert int(rows["nodata.tif"]["area_px"]) == int((pavement(600, 800)[0, :, 300:] < 100).sum())
+
+
+def test_sixteen_bit_and_single_band_rasters_read_like_their_eight_bit_rgb(tmp_path, dark_checkpoint):
+    (tmp_path / "in").mkdir()
+    pixels = pavement(300, 500)
+    write_geotiff(tmp_path / "in" / "rgb8.tif", pixels)
+    write_geotiff(tmp_path / "in" / "rgb16.tif", pixels.astype(np.uint16) * 257)
+    write_geotiff(tmp_path / "in" / "rgb12.tif", ((pixels.astype(np.uint32) * 4095 + 127) // 255).astype(np.uint16))
+    write_geotiff(tmp_path / "in" / "grey.tif", pixels[:1])
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--no-measure") == 0
+    masks = {name: read_mask(tmp_path / "out" / "masks" / f"{name}.tif")[0] for name in ("rgb8", "rgb16", "rgb12", "grey")}
+    assert masks["rgb8"].any()
+    for name in ("rgb16", "rgb12", "grey"):
+        assert np.array_equal(masks[name], masks["rgb8"]), name
+
+
+def test_limits_and_georeferencing_without_a_scale_are_one_line(tmp_path, dark_checkpoint, capsys):
+    (tmp_path / "in").mkdir()
+    write_geotiff(tmp_path / "in" / "big.tif", pavement(300, 400))
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--max-pixels", "100000") == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "big.tif" in error and "--max-pixels" in error
+    (tmp_path / "geo").mkdir()
+    write_geotiff(tmp_path / "geo" / "lonlat.tif", pavement(300, 400), crs="EPSG:4326", transform=Affine(1e-7, 0.0, 15.0, 0.0, -1e-7, 48.0))
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "geo", "--out", tmp_path / "out2", "--no-measure") == 0
+    assert "not projected" in capsys.readouterr().err
+    (row,) = csv.DictReader(open(tmp_path / "out2" / "predictions.csv"))
+    assert row["px_size_mm"] == "" and "area_mm2" not in row
+
+
+def test_px_size_overrides_the_scale_of_the_georeferencing(tmp_path, dark_checkpoint, capsys):
+    (tmp_path / "in").mkdir()
+    write_geotiff(tmp_path / "in" / "utm.tif", pavement(300, 400))  # 2 mm pixels
+    write_geotiff(tmp_path / "in" / "lonlat.tif", pavement(300, 400), crs="EPSG:4326", transform=Affine(1e-7, 0.0, 15.0, 0.0, -1e-7, 48.0))
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--px-size", "5") == 0
+    assert "warning" not in capsys.readouterr().err
+    rows = list(csv.DictReader(open(tmp_path / "out" / "predictions.csv")))
+    cracks = list(csv.DictReader(open(tmp_path / "out" / "cracks.csv")))
+    assert len(rows) == 2 and len(cracks) >= 2
+    for row in rows:
+        assert float(row["px_size_mm"]) == 5.0 and float(row["area_mm2"]) == pytest.approx(25 * int(row["area_px"]))
+    for crack in cracks:
+        assert float(crack["length_mm"]) == pytest.approx(5 * float(crack["length_px"]), abs=1e-3)
+
+
+def test_width_classes_and_lengths_in_mm_use_each_rasters_own_scale(tmp_path, dark_checkpoint, capsys):
+    import json
+
+    from PIL import Image
+
+    from crackseg.cracks.widths import WidthClasses
+
+    (tmp_path / "in").mkdir()
+    write_geotiff(tmp_path / "in" / "fine.tif", pavement(300, 400))  # 2 mm pixels
+    write_geotiff(tmp_path / "in" / "coarse.tif", pavement(300, 400), transform=utm_transform(0.004))
+    flags = ["--width-classes", "5,10", "--min-length", "200mm"]
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", *flags) == 0
+    rows = {row["path"].rsplit("/", 1)[1]: row for row in csv.DictReader(open(tmp_path / "out" / "predictions.csv"))}
+    cracks = list(csv.DictReader(open(tmp_path / "out" / "cracks.csv")))
+    classes = WidthClasses.parse("5,10")
+    for name, scale in (("fine.tif", 2.0), ("coarse.tif", 4.0)):
+        assert float(rows[name]["px_size_mm"]) == scale
+        own = [crack for crack in cracks if crack["path"].endswith(name)]
+        assert own and all(float(crack["length_px"]) * scale >= 200 for crack in own)  # 100 px fine, 50 px coarse
+        for crack in own:
+            assert float(crack["length_mm"]) == pytest.approx(scale * float(crack["length_px"]), abs=1e-3)
+            assert crack["max_width_class"] == classes.classify(float(crack["max_width_mm"]))
+    assert {c["max_width_class"] for c in cracks if "fine" in c["path"]} != {c["max_width_class"] for c in cracks if "coarse" in c["path"]}
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["px_size_mm"] is None and summary["min_length_px"] is None  # two scales: no one figure in px
+    assert summary["length_mm"] == pytest.approx(sum(float(c["length_mm"]) for c in cracks), abs=1e-2)
+    assert sum(summary["width_classes"]["length_mm"].values()) == pytest.approx(summary["length_mm"])
+
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in" / "fine.tif", "--out", tmp_path / "one", *flags) == 0
+    summary = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert summary["px_size_mm"] == 2.0 and summary["min_length_px"] == 100.0 and "pixel size 2 mm" in capsys.readouterr().out
+
+    Image.fromarray(pavement(300, 400).transpose(1, 2, 0)).save(tmp_path / "in" / "photo.png")
+    write_geotiff(tmp_path / "in" / "lonlat.tif", pavement(300, 400), crs="EPSG:4326", transform=Affine(1e-7, 0.0, 15.0, 0.0, -1e-7, 48.0))
+    for source, name in ((tmp_path / "in" / "photo.png", "a photo"), (tmp_path / "in" / "lonlat.tif", "a raster without")):
+        out = tmp_path / f"refused-{source.stem}"
+        assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in" / "fine.tif", source, "--out", out, *flags) == 2
+        error = capsys.readouterr().err.strip()
+        assert "\n" not in error and "--width-classes needs the pixel size in mm: give --px-size" in error
+        assert f"{source} is {name}" in error and not out.exists()
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in" / "photo.png", "--out", tmp_path / "photo", "--min-length", "2mm") == 2
+    assert "--min-length 2mm needs the pixel size in mm" in capsys.readouterr().err
+
+
+def test_a_raster_without_a_crs_keeps_its_nodata_out_and_its_geotransform(tmp_path, dark_checkpoint, capsys):
+    (tmp_path / "in").mkdir()
+    pixels = pavement(300, 400)
+    pixels[:, :, :100] = 0  # black, which the model calls crack, but declared nodata
+    write_geotiff(tmp_path / "in" / "nocrs.tif", pixels, crs=None, nodata=0)
+    write_geotiff(tmp_path / "in" / "plain.tif", pixels, crs=None, transform=Affine.identity(), nodata=0)
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 0
+    assert "nocrs.tif: a geotransform without a CRS" in capsys.readouterr().err
+    for name in ("nocrs", "plain"):
+        mask, valid, info = read_mask(tmp_path / "out" / "masks" / f"{name}.tif")
+        assert not valid[:, :100].any() and valid[:, 100:].all() and not mask[:, :100].any()
+    assert read_mask(tmp_path / "out" / "masks" / "nocrs.tif")[2]["transform"] == utm_transform()
+    rows = {row["path"]: row for row in csv.DictReader(open(tmp_path / "out" / "predictions.csv"))}
+    assert all(int(row["valid_px"]) == 300 * 300 and row["px_size_mm"] == "" for row in rows.values())
+
+
+def test_a_damaged_tile_is_one_line_naming_the_raster_and_the_rest_is_written(tmp_path, dark_checkpoint, capsys):
+    (tmp_path / "in").mkdir()
+    write_geotiff(tmp_path / "in" / "damaged.tif", pavement(1100, 900))
+    write_geotiff(tmp_path / "in" / "whole.tif", pavement(300, 400))
+    with rasterio.open(tmp_path / "in" / "damaged.tif") as raster:
+        offset = int(raster.get_tag_item("BLOCK_OFFSET_1_1", "TIFF", bidx=1))
+    with open(tmp_path / "in" / "damaged.tif", "r+b") as file:
+        file.seek(offset)
+        file.write(b"\xff" * 64)  # the deflate stream of one tile
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 1
+    error = capsys.readouterr().err
+    lines = [line for line in error.splitlines() if line.startswith("crackseg: error:")]
+    assert len(lines) == 1 and "damaged.tif" in lines[0] and "cannot be decoded" in lines[0] and "Traceback" not in error
+    assert "previous exception" not in lines[0]
+    assert (tmp_path / "out" / "masks" / "whole.tif").exists() and not (tmp_path / "out" / "masks" / "damaged.tif").exists()
+    (failed,) = csv.DictReader(open(tmp_path / "out" / "errors.csv"))
+    assert failed["path"].endswith("damaged.tif")
+
+
+@pytest.mark.slow
+def test_a_geotiff_torn_by_a_full_disk_never_takes_the_outputs_name(tmp_path, dark_checkpoint):
+    """RLIMIT_FSIZE fails large writes as a full disk would, and libtiff reports some failures on stderr only."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "in").mkdir()
+    write_geotiff(tmp_path / "in" / "ortho.tif", pavement(1100, 900))
+
+    def small_files_only():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    command = [sys.executable, "-m", "crackseg", "predict", str(tmp_path / "in"), "--checkpoint", str(dark_checkpoint),
+               "--out", str(tmp_path / "out"), "--save-prob", "16", "--tile", "256", "--overlap", "32", "--workers", "0"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, preexec_fn=small_files_only)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "out" / "probs" / "ortho.tif").exists() and not list((tmp_path / "out").rglob("*crackseg-tmp*"))
+    (failed,) = csv.DictReader(open(tmp_path / "out" / "errors.csv"))
+    assert failed["path"].endswith("ortho.tif")
+    assert subprocess.run([*command, "--skip-existing"], env=env, capture_output=True, timeout=240).returncode == 0
+    with rasterio.open(tmp_path / "out" / "probs" / "ortho.tif") as probs:
+        assert probs.read(1).shape == (1100, 900)

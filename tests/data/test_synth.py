@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from scipy import ndimage
+
+from crackseg.core.errors import InputError
+from crackseg.data.synth import make_sample, parse_size, write_dataset
+
+
+def _files(root):
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_same_seed_gives_identical_bytes_and_other_seeds_differ(tmp_path):
+    write_dataset(tmp_path / "a", count=4, size=(48, 64), seed=3, truth=True)
+    write_dataset(tmp_path / "b", count=4, size=(48, 64), seed=3, truth=True, workers=2)
+    write_dataset(tmp_path / "c", count=4, size=(48, 64), seed=4, truth=True)
+    a, b, c = (_files(tmp_path / name) for name in "abc")
+    assert len(a) == 13  # 4 images, 4 masks, 4 truth labels, truth.json
+    assert a == b
+    assert all(a[name] != c[name] for name in a if name.suffix == ".jpg")
+
+
+def test_masks_are_binary_png_of_the_image_size(tmp_path):
+    stems = write_dataset(tmp_path, count=5, size=(40, 72), seed=1)
+    for stem in stems:
+        image = Image.open(tmp_path / "images" / f"{stem}.jpg")
+        mask = Image.open(tmp_path / "masks" / f"{stem}.png")
+        assert image.size == mask.size == (72, 40)
+        assert image.mode == "RGB" and mask.mode == "L"
+        assert set(np.unique(np.asarray(mask))) <= {0, 255}
+
+
+def test_crack_pixels_are_darker_than_their_surroundings():
+    rng = np.random.default_rng(0)
+    contrasts = []
+    for _ in range(20):
+        sample = make_sample(rng, 96, 96)
+        if not sample.mask.any():
+            continue
+        grey = sample.image.mean(axis=2)
+        ring = ndimage.binary_dilation(sample.mask, iterations=4) & ~sample.mask
+        contrasts.append(grey[ring].mean() - grey[sample.mask].mean())
+    assert len(contrasts) >= 10
+    assert np.mean(contrasts) > 15  # grey levels
+
+
+def test_some_images_are_crack_free():
+    rng = np.random.default_rng(1)
+    empty = [not make_sample(rng, 32, 32).mask.any() for _ in range(60)]
+    assert 2 <= sum(empty) <= 25
+
+
+def test_distractors_are_visible_but_not_labelled():
+    rng = np.random.default_rng(2)
+    contrasts = []
+    for _ in range(40):
+        sample = make_sample(rng, 96, 96)
+        marks = sample.distractors & ~ndimage.binary_dilation(sample.mask, iterations=6)
+        assert not sample.mask[marks].any()
+        grey = sample.image.mean(axis=2)
+        labels, count = ndimage.label(marks, np.ones((3, 3)))
+        for index in range(1, count + 1):
+            mark = labels == index
+            if mark.sum() >= 15:
+                ring = ndimage.binary_dilation(mark, iterations=3) & ~ndimage.binary_dilation(marks)
+                contrasts.append(abs(grey[mark].mean() - grey[ring].mean()))
+    assert len(contrasts) >= 10
+    assert np.median(contrasts) > 5  # grey levels: the marks show in the photo
+
+
+def test_truth_lengths_and_widths_are_plausible(tmp_path):
+    write_dataset(tmp_path, count=6, size=(128, 128), seed=5, truth=True)
+    truth = json.loads((tmp_path / "truth.json").read_text())
+    cracks = [crack for stem in truth for crack in truth[stem]]
+    assert cracks
+    for crack in cracks:
+        assert 1.0 <= crack["mean_width_px"] <= crack["max_width_px"] <= 10.0
+        assert crack["length_px"] >= 0
+    for stem, listed in truth.items():
+        crack_pixels = np.asarray(Image.open(tmp_path / "masks" / f"{stem}.png")).astype(bool).sum()
+        nominal_area = sum(c["length_px"] * c["mean_width_px"] for c in listed)
+        if nominal_area > 200:
+            assert 0.4 < crack_pixels / nominal_area < 1.6  # overlapping branches make it inexact
+
+
+def test_existing_output_is_not_overwritten(tmp_path):
+    write_dataset(tmp_path, count=1, size=(32, 32), seed=0)
+    before = _files(tmp_path)
+    with pytest.raises(InputError, match="already holds files"):
+        write_dataset(tmp_path, count=1, size=(32, 32), seed=1)
+    assert _files(tmp_path) == before
+    write_dataset(tmp_path, count=1, size=(32, 32), seed=1, overwrite=True)
+    assert _files(tmp_path) != before
+
+
+@pytest.mark.parametrize("text, expected", [("256", (256, 256)), ("320x480", (320, 480)), ("64X32", (64, 32))])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "10", "3x4x5", "-5"])
+def test_parse_size_rejects_bad_text(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_overwrite_with_fewer_images_leaves_only_the_new_dataset(tmp_path):
+    write_dataset(tmp_path, count=5, size=(32, 32), seed=1, truth=True)
+    write_dataset(tmp_path, count=2, size=(32, 32), seed=2, overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == ["00000.jpg", "00001.jpg"]
+    assert sorted(p.name for p in (tmp_path / "masks").iterdir()) == ["00000.png", "00001.png"]
+    assert not (tmp_path / "truth.json").exists()
+    (tmp_path / "images" / "holiday.jpg").write_bytes(b"someone else's photo")
+    with pytest.raises(InputError, match="holiday.jpg: not written by crackseg synth"):
+        write_dataset(tmp_path, count=2, size=(32, 32), seed=2, overwrite=True)
+    assert (tmp_path / "images" / "holiday.jpg").exists()

@@ -1,0 +1,280 @@
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from crackseg.model.checkpoint import save_model
+from crackseg.cli.main import main
+from crackseg.core.config import InferenceOptions
+from crackseg.core.errors import InputError
+from crackseg.evaluation.evaluate import Scoring, evaluate_checkpoint, evaluate_files
+from crackseg.model.networks import build_model
+
+
+def _masks(folder, arrays: dict[str, np.ndarray], bits: int = 8):
+    folder.mkdir(parents=True, exist_ok=True)
+    for stem, array in arrays.items():
+        if bits == 16:
+            Image.fromarray((array * 65535).round().astype(np.uint16)).save(folder / f"{stem}.png")
+        else:
+            Image.fromarray((array * 255).round().astype(np.uint8)).save(folder / f"{stem}.png")
+
+
+def _truth():
+    a = np.zeros((20, 30))
+    a[10, 3:27] = 1
+    b = np.zeros((20, 30))
+    b[2:18, 7] = 1
+    return {"a": a, "b": b, "empty": np.zeros((20, 30))}
+
+
+def test_perfect_masks_score_one_and_report_files_are_written(tmp_path):
+    truth = _truth()
+    _masks(tmp_path / "gt", truth)
+    _masks(tmp_path / "pred", truth)
+    report = evaluate_files(tmp_path / "pred", tmp_path / "gt")
+    assert report["images"] == 3
+    for value in [*report["dataset"].values(), *report["per_image_mean"].values(), report["ods"]["f1"], report["ois"]["f1"], report["ap"]]:
+        assert value == pytest.approx(1.0)
+    assert main(["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt"), "--out", str(tmp_path / "r")]) == 0
+    for name in ("report.json", "report.md", "per_image.csv", "pr_curve.csv", "pr_curve.png"):
+        assert (tmp_path / "r" / name).exists()
+    assert "Definitions" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_cli_report_matches_the_api_and_lists_worst_first(tmp_path):
+    truth = _truth()
+    rng = np.random.default_rng(0)
+    probs = {stem: np.clip(0.6 * t + 0.5 * rng.random(t.shape), 0, 1) for stem, t in truth.items()}
+    probs["b"] = np.roll(probs["b"], 2, axis=1)  # misplaced: the worst image
+    _masks(tmp_path / "gt", truth)
+    _masks(tmp_path / "pred", probs, bits=16)
+    (tmp_path / "split.txt").write_text("a\nb\n")
+    api = evaluate_files(tmp_path / "pred", tmp_path / "gt", tmp_path / "split.txt", tolerance=1.0, threshold=0.6)
+    code = main(["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt"), "--split", str(tmp_path / "split.txt"),
+                 "--tolerance", "1", "--threshold", "0.6", "--out", str(tmp_path / "r")])
+    assert code == 0
+    saved = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert saved["dataset"] == pytest.approx(api["dataset"]) and saved["ods"] == pytest.approx(api["ods"])
+    assert saved["ap"] == pytest.approx(api["ap"]) and saved["images"] == 2
+    with open(tmp_path / "r" / "per_image.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert rows[0]["image"] == "b" and float(rows[0]["f1"]) <= float(rows[1]["f1"])
+    assert saved["worst_images"][0] == "b"
+
+
+def test_tolerance_helps_a_one_pixel_offset(tmp_path):
+    truth = _truth()
+    _masks(tmp_path / "gt", truth)
+    _masks(tmp_path / "pred", {stem: np.roll(t, 1, axis=0) for stem, t in truth.items()})
+    strict = evaluate_files(tmp_path / "pred", tmp_path / "gt")
+    relaxed = evaluate_files(tmp_path / "pred", tmp_path / "gt", tolerance=2)
+    assert relaxed["dataset"]["f1"] > 0.9 > 0.7 > strict["dataset"]["f1"]
+    assert relaxed["dataset"]["iou_crack"] == strict["dataset"]["iou_crack"]  # IoU is always strict
+    assert not any(math.isnan(v) for v in strict["dataset"].values())
+
+
+def test_missing_predictions_and_size_mismatches_are_errors(tmp_path):
+    truth = _truth()
+    _masks(tmp_path / "gt", truth)
+    _masks(tmp_path / "pred", {"a": truth["a"], "b": truth["b"]})
+    with pytest.raises(InputError, match="1 ground-truth masks have no prediction"):
+        evaluate_files(tmp_path / "pred", tmp_path / "gt")
+    _masks(tmp_path / "pred", {"empty": np.zeros((10, 10))})
+    with pytest.raises(InputError, match="empty.png: prediction is"):
+        evaluate_files(tmp_path / "pred", tmp_path / "gt")
+
+
+def test_existing_report_is_not_overwritten(tmp_path, capsys):
+    truth = _truth()
+    _masks(tmp_path / "gt", truth)
+    args = ["evaluate", "--pred", str(tmp_path / "gt"), "--gt", str(tmp_path / "gt"), "--out", str(tmp_path / "r")]
+    assert main(args) == 0
+    with pytest.raises(SystemExit) as exit:
+        main(args)
+    assert exit.value.code == 2 and "already exists" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 0
+
+
+def test_checkpoint_mode_predicts_the_split_and_scores_it(synth_root, tmp_path):
+    torch.manual_seed(0)
+    model = build_model("mobilenet_v2")
+    model.threshold = 0.42
+    save_model(model, tmp_path / "m.pt")
+    import shutil
+
+    shutil.copytree(synth_root, tmp_path / "data")
+    (tmp_path / "data" / "test.txt").write_text("00001\n00004\n00007\n")
+    report = evaluate_checkpoint(tmp_path / "m.pt", tmp_path / "data", "test", tolerance=2, inference=InferenceOptions(device="cpu"))
+    assert report["images"] == 3 and report["threshold"] == pytest.approx(0.42, abs=0.005)  # the grid point scored, nearest 0.42
+    assert {row["image"] for row in report["per_image"]} == {"00001", "00004", "00007"}
+    assert evaluate_checkpoint(tmp_path / "m.pt", tmp_path / "data", "all", inference=InferenceOptions(device="cpu"))["images"] == 12
+    with pytest.raises(InputError, match="no val.txt"):
+        evaluate_checkpoint(tmp_path / "m.pt", tmp_path / "data", "val", inference=InferenceOptions(device="cpu"))
+
+
+def test_zero_one_ground_truth_scores_like_zero_255(tmp_path):
+    truth = _truth()
+    _masks(tmp_path / "pred", truth)
+    (tmp_path / "gt01").mkdir()
+    for stem, array in truth.items():
+        Image.fromarray(array.astype(np.uint8)).save(tmp_path / "gt01" / f"{stem}.png")  # values 0 and 1
+    report = evaluate_files(tmp_path / "pred", tmp_path / "gt01")
+    assert report["dataset"]["f1"] == pytest.approx(1.0) and report["dataset"]["iou_crack"] == pytest.approx(1.0)
+
+
+def test_duplicate_stems_empty_folders_and_bad_split_files_are_refused(tmp_path):
+    truth = _truth()
+    _masks(tmp_path / "gt", truth)
+    _masks(tmp_path / "pred", truth)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no ground-truth masks"):
+        evaluate_files(tmp_path / "pred", tmp_path / "empty")
+    (tmp_path / "blank.txt").write_text("\n")
+    with pytest.raises(InputError, match="blank.txt: lists no stems"):
+        evaluate_files(tmp_path / "pred", tmp_path / "gt", tmp_path / "blank.txt")
+    (tmp_path / "twice.txt").write_text("a\nb\na\n")
+    with pytest.raises(InputError, match="twice.txt: lists 'a' more than once"):
+        evaluate_files(tmp_path / "pred", tmp_path / "gt", tmp_path / "twice.txt")
+    Image.fromarray((truth["a"] * 255).astype(np.uint8)).save(tmp_path / "gt" / "a.bmp")
+    with pytest.raises(InputError, match=r"a.bmp: shares its stem with a.png"):
+        evaluate_files(tmp_path / "pred", tmp_path / "gt")
+
+
+def test_tiles_smaller_than_the_default_overlap_work_with_evaluates_own_overlap(synth_root, tmp_path, capsys):
+    torch.manual_seed(0)
+    save_model(build_model("mobilenet_v2"), tmp_path / "m.pt")
+    args = ["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--data", str(synth_root), "--split", "all", "--device", "cpu",
+            "--tile", "32"]
+    with pytest.raises(SystemExit) as exit:
+        main(args)
+    assert exit.value.code == 2 and "--overlap (128 px) must be smaller than --tile (32 px)" in capsys.readouterr().err
+    assert main([*args, "--overlap", "8"]) == 0
+
+
+def test_probability_maps_in_float_16_and_8_bits_score_alike(tmp_path):
+    truth = _truth()["a"]
+    _masks(tmp_path / "gt", {"a": truth})
+    prob = np.where(truth > 0, 0.875, 0.125).astype(np.float32)  # exact in 8 and 16 bits too
+    (tmp_path / "float").mkdir()
+    Image.fromarray(prob).save(tmp_path / "float" / "a.tif")  # mode F, as many tools write probabilities
+    _masks(tmp_path / "p16", {"a": prob}, bits=16)
+    _masks(tmp_path / "p8", {"a": prob})
+    reports = [evaluate_files(tmp_path / kind, tmp_path / "gt") for kind in ("float", "p16", "p8")]
+    assert reports[0]["dataset"]["f1"] == 1.0
+    assert all(report["dataset"] == reports[0]["dataset"] and report["ods"]["f1"] == 1.0 for report in reports)
+
+
+def test_colour_ground_truth_and_floats_outside_zero_one_are_refused_naming_them(tmp_path, capsys):
+    truth = _truth()["a"]
+    _masks(tmp_path / "pred", {"a": truth})
+    (tmp_path / "gt").mkdir()
+    colour = np.zeros((*truth.shape, 3), np.uint8)
+    colour[truth > 0] = (0, 200, 0)  # a crack drawn green, whose grey level (117) is below 128
+    Image.fromarray(colour).save(tmp_path / "gt" / "a.png")
+    with pytest.raises(SystemExit) as exit:
+        main(["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt")])
+    error = capsys.readouterr().err
+    assert exit.value.code == 2
+    assert error.count("\n") == 1 and "a.png" in error and "rgb(0, 200, 0)" in error
+    _masks(tmp_path / "gt", {"a": truth})
+    (tmp_path / "pred" / "a.png").unlink()
+    Image.fromarray((truth * 255).astype(np.float32)).save(tmp_path / "pred" / "a.tif")  # 0..255 floats: not probabilities
+    with pytest.raises(SystemExit) as exit:
+        main(["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt")])
+    error = capsys.readouterr().err
+    assert exit.value.code == 2
+    assert error.count("\n") == 1 and "a.tif" in error and "[0, 1]" in error
+
+
+def _crack_free_case(tmp_path):
+    """One photo with a crack, three crack-free: a 30 px false crack plus a 3 px speck; a 5 px speck; two 7 px
+    pieces 3 px apart on one line (one 17 px crack when joined, two specks apart)."""
+    shape = (40, 60)
+    truth = {name: np.zeros(shape) for name in ("crack", "free1", "free2", "free3")}
+    truth["crack"][20, 5:55] = 1
+    pred = {name: np.zeros(shape) for name in truth}
+    pred["crack"][20, 5:55] = 1
+    pred["free1"][10, 5:35] = 1
+    pred["free1"][30, 50:53] = 1
+    pred["free2"][20, 5:10] = 1
+    pred["free3"][20, 5:12] = 1
+    pred["free3"][20, 15:22] = 1
+    _masks(tmp_path / "gt", truth)
+    _masks(tmp_path / "pred", pred)
+    return shape
+
+
+def test_crack_free_photos_are_reported_apart_counting_cracks_as_predict_does(tmp_path):
+    height, width = _crack_free_case(tmp_path)
+    report = evaluate_files(tmp_path / "pred", tmp_path / "gt")
+    free = report["crack_free"]
+    assert free["images"] == 3 and free["with_predicted_cracks"] == 2  # free2's 5 px speck is under --min-length 10
+    assert free["false_crack_pixels_per_megapixel"] == pytest.approx(1e6 * (30 + 3 + 5 + 14) / (3 * height * width))
+    assert (free["threshold"], free["min_length_px"], free["join_gap_px"]) == (0.5, 10.0, 10.0)
+    assert list(report).index("crack_free") == list(report).index("worst_images") + 1 and "crack_free" in report["definitions"]
+    rows = {row["image"]: row for row in report["per_image"]}
+    assert rows["crack"]["crack_free"] == 0 and "false_cracks" not in rows["crack"]
+    assert [(rows[n]["false_cracks"], rows[n]["false_crack_pixels"]) for n in ("free1", "free2", "free3")] == [(1, 33), (0, 5), (1, 14)]
+    # The figures over the photos with cracks are those of a report without the crack-free photos' marks.
+    assert report["per_image_mean"]["f1"] == pytest.approx(np.mean([row["f1"] for row in report["per_image"]]))
+    unjoined = evaluate_files(tmp_path / "pred", tmp_path / "gt", scoring=Scoring(join_gap=0))
+    assert unjoined["crack_free"]["with_predicted_cracks"] == 1  # free3's pieces apart are each under 10 px
+    apart = evaluate_files(tmp_path / "pred", tmp_path / "gt", scoring=Scoring(min_length=4, join_gap=0))
+    assert apart["crack_free"]["with_predicted_cracks"] == 3  # free2's speck and free3's two pieces now count
+    assert [row["false_cracks"] for row in sorted(apart["per_image"], key=lambda r: r["image"]) if row["crack_free"]] == [1, 1, 2]
+
+
+def test_crack_free_figures_reach_the_report_files_and_need_crack_free_truth(tmp_path):
+    _crack_free_case(tmp_path)
+    args = ["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt"), "--min-length", "4", "--join-gap", "0"]
+    assert main([*args, "--out", str(tmp_path / "r")]) == 0
+    saved = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert saved["crack_free"]["min_length_px"] == 4.0 and saved["crack_free"]["join_gap_px"] == 0.0
+    with open(tmp_path / "r" / "per_image.csv") as file:
+        rows = {row["image"]: row for row in csv.DictReader(file)}
+    assert rows["crack"]["crack_free"] == "0" and rows["free1"]["crack_free"] == "1" and rows["free1"]["false_cracks"] == "1"
+    assert "crack-free" in (tmp_path / "r" / "report.md").read_text()
+    (tmp_path / "cracks.txt").write_text("crack\n")
+    assert main([*args, "--split", str(tmp_path / "cracks.txt"), "--out", str(tmp_path / "c")]) == 0
+    assert "crack_free" not in json.loads((tmp_path / "c" / "report.json").read_text())
+    assert (tmp_path / "c" / "per_image.csv").read_text().splitlines()[0] == "image,crack_pixels,precision,recall,f1,iou,best_f1"
+
+
+def test_every_protocol_scores_a_checkpoint_and_saved_files_and_names_itself(synth_root, tmp_path):
+    import shutil
+
+    shutil.copytree(synth_root, tmp_path / "data")
+    Image.fromarray(np.zeros((64, 64), np.uint8)).save(tmp_path / "data" / "masks" / "00003.png")  # a crack-free photo
+    torch.manual_seed(0)
+    save_model(build_model("mobilenet_v2"), tmp_path / "m.pt")
+    for protocol in ("scsegamba", "deepsegmentor", "omnicrack"):
+        report = evaluate_checkpoint(tmp_path / "m.pt", tmp_path / "data", "all", inference=InferenceOptions(device="cpu"),
+                                     scoring=Scoring(protocol))
+        assert report["protocol"] == protocol and report["images"] == 12 and report["source"]["split"] == "all"
+        assert report["crack_free"]["images"] == 1 and {row["image"] for row in report["per_image"] if row["crack_free"]} == {"00003"}
+        out = tmp_path / protocol
+        assert main(["evaluate", "--pred", str(tmp_path / "data" / "masks"), "--gt", str(tmp_path / "data" / "masks"),
+                     "--protocol", protocol, "--out", str(out)]) == 0
+        saved = json.loads((out / "report.json").read_text())
+        assert saved["protocol"] == protocol and f"Protocol: {protocol}, as github.com/" in (out / "report.md").read_text()
+        assert (out / "pr_curve.png").exists() == (protocol != "omnicrack")
+        perfect = {"scsegamba": saved.get("ois", {}).get("f1"), "deepsegmentor": saved.get("ods", {}).get("f1"), "omnicrack": saved.get("cliou")}
+        assert perfect[protocol] < 1.0 if protocol == "scsegamba" else perfect[protocol] == pytest.approx(1.0)  # scsegamba: crack-free score 0
+
+
+def test_tolerance_belongs_to_the_crackseg_protocol(tmp_path, capsys):
+    truth = _truth()
+    _masks(tmp_path / "gt", truth)
+    with pytest.raises(SystemExit) as exit:
+        main(["evaluate", "--pred", str(tmp_path / "gt"), "--gt", str(tmp_path / "gt"), "--protocol", "scsegamba", "--tolerance", "2"])
+    error = capsys.readouterr().err
+    assert exit.value.code == 2 and error.count("\n") == 1 and "--tolerance belongs to the crackseg protocol" in error
+    with pytest.raises(InputError, match="--protocol nonsense"):
+        evaluate_files(tmp_path / "gt", tmp_path / "gt", scoring=Scoring("nonsense"))

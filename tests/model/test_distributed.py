@@ -1,0 +1,138 @@
+"""Plumbing that only shows under torchrun: restarts of a gloo job."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+WORKER = textwrap.dedent(
+    """
+    import os
+    import torch
+    import torch.distributed as dist
+    from crackseg.model import distributed
+
+    env = distributed.setup("cpu")
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    total = distributed.all_reduce_sum(torch.ones(1))
+    if attempt == 0 and env.rank == 1:
+        os.kill(os.getpid(), 9)  # die after the group formed: torchrun restarts both ranks
+    distributed.all_reduce_sum(total)
+    print(f"attempt {attempt} rank {env.rank} total {total.item():g}", flush=True)
+    distributed.teardown()
+    """
+)
+
+
+@pytest.mark.slow
+def test_gloo_group_forms_again_after_a_torchrun_restart(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", str(script)],
+        capture_output=True, text=True, env=env, timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "attempt 1 rank 0 total 4" in result.stdout and "attempt 1 rank 1 total 4" in result.stdout
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+TINY = ["--encoder", "mobilenet_v2", "--encoder-weights", "none", "--crop-size", "64", "--batch-size", "2", "--workers", "0",
+        "--val-fraction", "0.25", "--log-every", "1", "--device", "cpu"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _launch_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    # torchrun gives each of several local processes one thread; the same everywhere makes runs comparable bit for bit.
+    return {**env, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+
+
+def _two_nodes(data, run, port: int, restarts: int, epochs: int, log_dir):
+    """Two launch.sh invocations, one CPU process each, meeting at a c10d rendezvous on 127.0.0.1."""
+    nodes = []
+    for rank in (0, 1):
+        log = open(log_dir / f"node{rank}.log", "w")
+        nodes.append(subprocess.Popen(
+            ["bash", str(ROOT / "launch.sh"), "--nproc", "1", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint",
+             f"127.0.0.1:{port}", "--max-restarts", str(restarts), "train", "--data", str(data), "--run", str(run),
+             "--epochs", str(epochs), *TINY],
+            stdout=log, stderr=subprocess.STDOUT, env=_launch_env(), start_new_session=True,
+        ))
+    return nodes
+
+
+def _finish(nodes, timeout: float) -> list[int]:
+    import signal
+
+    try:
+        return [node.wait(timeout=timeout) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+
+
+def _weights(path):
+    from crackseg.model.checkpoint import read_checkpoint
+
+    return read_checkpoint(path)["model"]["state_dict"]
+
+
+@pytest.mark.slow
+def test_two_nodes_train_the_weights_of_two_processes_on_one(synth_root, tmp_path):
+    import torch
+
+    one = subprocess.run(
+        ["bash", str(ROOT / "launch.sh"), "--nproc", "2", "--max-restarts", "0", "train", "--data", str(synth_root),
+         "--run", str(tmp_path / "one"), "--epochs", "2", *TINY],
+        capture_output=True, text=True, env=_launch_env(), timeout=300,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    codes = _finish(_two_nodes(synth_root, tmp_path / "two", _free_port(), 0, 2, tmp_path), timeout=300)
+    assert codes == [0, 0], (tmp_path / "node0.log").read_text()[-3000:]
+    single, multi = _weights(tmp_path / "one" / "last.pt"), _weights(tmp_path / "two" / "last.pt")
+    assert all(torch.equal(single[key], multi[key]) for key in single)
+
+
+def _kill_second_nodes_worker_after_epoch_1(nodes, run) -> None:
+    import signal
+    import time
+
+    deadline = time.time() + 180
+    while not (run / "epoch_0001.pt").exists() and time.time() < deadline and all(n.poll() is None for n in nodes):
+        time.sleep(0.05)
+    worker = subprocess.run(["pgrep", "-P", str(nodes[1].pid)], capture_output=True, text=True).stdout.split()[0]
+    os.kill(int(worker), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_on_one_node_restarts_both_and_the_run_finishes(synth_root, tmp_path):
+    run = tmp_path / "run"
+    nodes = _two_nodes(synth_root, run, _free_port(), 1, 4, tmp_path)
+    _kill_second_nodes_worker_after_epoch_1(nodes, run)
+    assert _finish(nodes, timeout=300) == [0, 0], (tmp_path / "node1.log").read_text()[-3000:]
+    from crackseg.model.checkpoint import read_checkpoint
+
+    assert read_checkpoint(run / "last.pt")["epoch"] == 4 and "resuming from" in (run / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_without_restarts_a_killed_worker_fails_both_nodes_without_hanging(synth_root, tmp_path):
+    run = tmp_path / "run"
+    nodes = _two_nodes(synth_root, run, _free_port(), 0, 20, tmp_path)
+    _kill_second_nodes_worker_after_epoch_1(nodes, run)
+    codes = _finish(nodes, timeout=120)
+    assert all(code != 0 for code in codes)

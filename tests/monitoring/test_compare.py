@@ -1,0 +1,681 @@
+"""crackseg compare end to end: inspections with known truth (a crack extended, one widened, one added,
+one removed, the camera moved), GeoTIFF pairs with different origins, the register over three visits; and what
+is refused before any work, what fails one pair only, and the files that predict and datasets really hold."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from scipy import ndimage
+from skimage.draw import line as draw_line
+from skimage.transform import SimilarityTransform, warp
+
+from crackseg.cli.main import main
+from conftest import predict_cli
+from conftest import browser, needs_browser
+
+SIZE = 480
+# Cracks of the first visit in its pixels: (row0, col0, row1, col1, width px).
+A = (60, 60, 110, 200, 3)  # untouched
+B = (260, 60, 260, 200, 3)  # extended by 50 px
+C = (320, 300, 440, 420, 3)  # widened to 7 px
+D = (80, 330, 200, 440, 3)  # repaired (gone)
+F = (380, 60, 440, 200, 3)  # new at the second visit
+MOVE = SimilarityTransform(scale=1.04, rotation=np.deg2rad(3), translation=(-18, 9))  # the second photo's viewpoint
+
+
+def _draw(cracks, shape=(SIZE, SIZE)) -> np.ndarray:
+    mask = np.zeros(shape, bool)
+    for r0, c0, r1, c1, width in cracks:
+        centre = np.zeros(shape, bool)
+        rows, cols = draw_line(r0, c0, r1, c1)
+        centre[rows, cols] = True
+        mask |= ndimage.distance_transform_edt(~centre) <= (width - 1) / 2
+    return mask
+
+
+def _texture(seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    fine = ndimage.gaussian_filter(rng.random((SIZE, SIZE)), 1.5)
+    coarse = ndimage.gaussian_filter(rng.random((SIZE, SIZE)), 12)
+    texture = 0.6 * (fine - fine.min()) / np.ptp(fine) + 0.4 * (coarse - coarse.min()) / np.ptp(coarse)
+    return 0.35 + 0.55 * texture
+
+
+def _photo(texture: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    grey = np.where(mask, 0.08, texture)
+    return (np.repeat(grey[..., None], 3, axis=2) * 255).round().astype(np.uint8)
+
+
+def _write_visit(root: Path, photo: np.ndarray, mask: np.ndarray, name: str = "wall") -> Path:
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "masks").mkdir(parents=True, exist_ok=True)
+    Image.fromarray(photo).save(root / "images" / f"{name}.png")
+    Image.fromarray(mask.astype(np.uint8) * 255).save(root / "masks" / f"{name}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def two_visits(tmp_path_factory) -> tuple[Path, Path]:
+    """The first visit, and the second seen from a moved camera with B longer, C wider, D gone and F new."""
+    root = tmp_path_factory.mktemp("visits")
+    texture = _texture()
+    first = _draw([A, B, C, D])
+    second = _draw([A, (B[0], B[1], B[2], B[3] + 50, 3), C[:4] + (7,), F])
+    before = _write_visit(root / "before", _photo(texture, first), first)
+    moved = warp(_photo(texture, second), MOVE.inverse, preserve_range=True, order=1, mode="edge").round().astype(np.uint8)
+    moved_mask = warp(second.astype(float), MOVE.inverse, order=1) > 0.5
+    after = _write_visit(root / "after", moved, moved_mask)
+    return before, after
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def _by_status(rows: list[dict]) -> dict[str, list[dict]]:
+    found: dict[str, list[dict]] = {}
+    for row in rows:
+        found.setdefault(row["status"], []).append(row)
+    return found
+
+
+def _near(row: dict, point: tuple[int, int], transform=None) -> bool:
+    """Whether the row's AFTER box holds ``point`` (row, col of the first visit, mapped when ``transform``)."""
+    r, c = point
+    if transform is not None:
+        c, r = transform(np.array([[c, r]]))[0]
+    return float(row["top"]) - 3 <= r <= float(row["bottom"]) + 3 and float(row["left"]) - 3 <= c <= float(row["right"]) + 3
+
+
+def test_a_moved_camera_gives_the_true_changes_and_leaves_the_untouched_crack_unchanged(two_visits, tmp_path):
+    before, after = two_visits
+    out = tmp_path / "changes"
+    assert main(["compare", str(before), str(after), "--out", str(out), "--px-size", "0.5"]) == 0
+    pairs = _rows(out / "pairs.csv")
+    assert len(pairs) == 1 and pairs[0]["status"] == "registered" and pairs[0]["method"] == "orb-similarity"
+    assert int(pairs[0]["inliers"]) >= 20 and float(pairs[0]["residual_px"]) < 2 and float(pairs[0]["error_px"]) < 2
+    assert float(pairs[0]["tolerance_px"]) == pytest.approx(3 + float(pairs[0]["error_px"]), abs=2e-3)  # the pair's own
+    found = _by_status(_rows(out / "changes.csv"))
+    assert sorted(found) == ["gone", "longer", "new", "unchanged", "wider"], found.keys()
+    assert all(len(rows) == 1 for rows in found.values())
+    assert _near(found["unchanged"][0], (85, 130), MOVE)
+    longer = found["longer"][0]
+    growth = float(longer["length_px_after"]) - float(longer["length_px_before"]) * 1.04
+    assert abs(growth - 50 * 1.04) <= 0.15 * 50 * 1.04, growth
+    wider = found["wider"][0]
+    width_growth = float(wider["mean_width_px_after"]) - float(wider["mean_width_px_before"]) * 1.04
+    assert abs(width_growth - 4 * 1.04) <= 1.0, width_growth
+    assert found["gone"][0]["crack_after"] == "" and _near(found["gone"][0], (140, 385), MOVE)
+    assert found["new"][0]["crack_before"] == "" and _near(found["new"][0], (410, 130), MOVE)
+    # mm: the AFTER pixel size, the BEFORE pixels through the registration's scale
+    assert float(longer["length_mm_after"]) == pytest.approx(float(longer["length_px_after"]) * 0.5, abs=1e-3)
+    assert float(longer["length_mm_before"]) == pytest.approx(float(longer["length_px_before"]) * 0.5 * 1.04, rel=0.01)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["registered"] == 1 and summary["cracks"]["new"] == 1 and summary["cracks"]["gone"] == 1
+    assert "tolerance_px" not in summary
+
+
+def test_predictions_folders_compare_with_the_ids_of_their_cracks_csv(two_visits, dark_checkpoint, tmp_path):
+    """Two predict outputs (a model that calls dark pixels cracks): ids and lengths are those of each cracks.csv,
+    the change layer and the report are written."""
+    pyogrio = pytest.importorskip("pyogrio")
+    predictions = []
+    for visit in two_visits:
+        out = tmp_path / f"predicted-{visit.name}"
+        assert predict_cli("--checkpoint", dark_checkpoint, visit / "images", "--out", out) == 0
+        predictions.append(out)
+    out = tmp_path / "changes"
+    assert main(["compare", *map(str, predictions), "--out", str(out), "--vectors", "gpkg", "--report"]) == 0
+    changes = _rows(out / "changes.csv")
+    # the model also marks dark specks that the moved camera brings in at the border: new, and short
+    assert sorted(row["status"] for row in changes if float(row["length_px_after"] or 100) > 30) == ["gone", "longer", "new", "unchanged", "wider"]
+    for side, folder in zip(("before", "after"), predictions):
+        lengths = {row["crack"]: float(row["length_px"]) for row in _rows(folder / "cracks.csv")}
+        for row in changes:
+            if row[f"crack_{side}"]:
+                assert float(row[f"length_px_{side}"]) == pytest.approx(lengths[row[f"crack_{side}"]], abs=0.01)
+    meta, _, geometry, fields = pyogrio.raw.read(out / "vectors" / "wall.gpkg", layer="changes")
+    assert sorted(fields[list(meta["fields"]).index("status")]) == sorted(row["status"] for row in changes)
+    assert all(geometry) and meta["crs"] is None
+    pair = _rows(out / "pairs.csv")[0]
+    assert "picture_before" not in pair
+    page = (out / "report.html").read_text()
+    assert "report/pair0-before.jpg" in page and (out / "report" / "pair0-after.jpg").stat().st_size > 1000
+
+
+def test_an_unchanged_visit_is_unchanged_everywhere(two_visits, tmp_path):
+    before, _ = two_visits
+    out = tmp_path / "same"
+    assert main(["compare", str(before), str(before), "--out", str(out)]) == 0
+    statuses = {row["status"] for row in _rows(out / "changes.csv")}
+    assert statuses == {"unchanged"}
+
+
+def test_a_pair_without_features_is_unregistered_and_not_compared(tmp_path, two_visits, capsys):
+    before, _ = two_visits
+    blank = np.full((SIZE, SIZE, 3), 128, np.uint8)
+    after = _write_visit(tmp_path / "after", blank, _draw([A]))
+    out = tmp_path / "out"
+    assert main(["compare", str(before), str(after), "--out", str(out)]) == 0
+    pair = _rows(out / "pairs.csv")[0]
+    assert pair["status"] == "unregistered" and pair["reason"] and pair["error_px"] == ""  # no mapping, so no error either
+    assert json.loads((out / "summary.json").read_text())["unregistered"] == ["wall"]
+    assert _rows(out / "changes.csv") == []
+    assert "0 of 1 pairs compared" in capsys.readouterr().out
+
+
+def test_names_on_one_side_only_are_listed_and_pairs_csv_pairs_other_names(tmp_path, two_visits):
+    before, after = two_visits
+    renamed = tmp_path / "renamed"
+    for kind in ("images", "masks"):
+        (renamed / kind).mkdir(parents=True)
+        (renamed / kind / "wall-2026.png").write_bytes((after / kind / "wall.png").read_bytes())
+        (renamed / kind / "extra.png").write_bytes((after / kind / "wall.png").read_bytes())
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text(f"before,after\n{before / 'images' / 'wall.png'},wall-2026\n")
+    out = tmp_path / "out"
+    assert main(["compare", str(before), str(renamed), "--out", str(out), "--pairs", str(pairs)]) == 0
+    rows = _rows(out / "pairs.csv")
+    assert [row["status"] for row in rows] == ["registered", "only after"]
+    assert rows[1]["name_after"] == "extra"
+
+
+@pytest.mark.parametrize("problem", ["empty", "nothing pairs", "bad pairs"])
+def test_bad_input_is_one_line(tmp_path, two_visits, capsys, problem):
+    before, after = two_visits
+    other = tmp_path / "other"
+    if problem == "empty":
+        (other / "images").mkdir(parents=True)
+        (other / "masks").mkdir()
+        args = [str(before), str(other)]
+    elif problem == "nothing pairs":
+        _write_visit(other, np.zeros((8, 8, 3), np.uint8), np.zeros((8, 8), bool), name="elsewhere")
+        args = [str(before), str(other)]
+    else:
+        (tmp_path / "pairs.csv").write_text("before,after\nwall,nowhere\n")
+        args = [str(before), str(after), "--pairs", str(tmp_path / "pairs.csv")]
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", *args, "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("crackseg: error:") and err.count("\n") == 1
+    assert {"empty": "no image with a mask", "nothing pairs": "nothing pairs", "bad pairs": "nowhere"}[problem] in err
+
+
+def test_results_are_not_replaced_unasked(tmp_path, two_visits, capsys):
+    before, after = two_visits
+    out = tmp_path / "out"
+    assert main(["compare", str(before), str(after), "--out", str(out)]) == 0
+    first = (out / "changes.csv").read_bytes()
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", str(before), str(before), "--out", str(out)])
+    assert stop.value.code == 2 and "--overwrite" in capsys.readouterr().err
+    assert (out / "changes.csv").read_bytes() == first
+    assert main(["compare", str(before), str(before), "--out", str(out), "--overwrite"]) == 0
+    assert (out / "changes.csv").read_bytes() != first
+
+
+def _write_geotiff(path: Path, array: np.ndarray, origin: tuple[float, float], px: float, crs: str = "EPSG:32633") -> None:
+    import rasterio
+    from rasterio.transform import from_origin
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bands = array[None] if array.ndim == 2 else np.moveaxis(array, 2, 0)
+    with rasterio.open(path, "w", driver="GTiff", width=array.shape[1], height=array.shape[0], count=len(bands), dtype="uint8",
+                       crs=crs, transform=from_origin(*origin, px, px)) as raster:
+        raster.write(bands)
+
+
+def _geo_visit(root: Path, cracks, origin: tuple[float, float], px: float, crs: str = "EPSG:32633") -> Path:
+    """A raster visit: cracks given in 10-mm pixels from the map point (500000, 6000000), drawn at this visit's origin and pixel size."""
+    def to_pixels(crack):
+        r0, c0, r1, c1, width = crack
+        row = lambda r: round((origin[1] - (6_000_000 - r * 0.01)) / px)  # noqa: E731
+        col = lambda c: round((500_000 + c * 0.01 - origin[0]) / px)  # noqa: E731
+        return row(r0), col(c0), row(r1), col(c1), max(1, round(width * 0.01 / px))
+
+    mask = _draw([to_pixels(crack) for crack in cracks])
+    _write_geotiff(root / "images" / "ortho.tif", _photo(_texture(), mask), origin, px, crs)
+    _write_geotiff(root / "masks" / "ortho.tif", mask.astype(np.uint8) * 255, origin, px, crs)
+    return root
+
+
+def test_geotiff_pairs_align_by_map_coordinates_with_other_origins_and_pixel_sizes(tmp_path):
+    """The second orthomosaic starts 0.4 m east and 0.3 m south and has 8 mm pixels instead of 10 mm."""
+    before = _geo_visit(tmp_path / "v1", [A, B], (500_000, 6_000_000), 0.01)
+    after = _geo_visit(tmp_path / "v2", [A, (B[0], B[1], B[2], B[3] + 50, 3)], (500_000.4, 5_999_999.7), 0.008)
+    out = tmp_path / "out"
+    assert main(["compare", str(before), str(after), "--out", str(out), "--vectors", "geojson"]) == 0
+    pair = _rows(out / "pairs.csv")[0]
+    assert pair["method"] == "map" and pair["status"] == "registered"
+    found = _by_status(_rows(out / "changes.csv"))
+    assert sorted(found) == ["longer", "unchanged"]
+    longer = found["longer"][0]
+    assert float(longer["length_mm_after"]) - float(longer["length_mm_before"]) == pytest.approx(500, rel=0.15)  # 50 px of 10 mm
+    assert 500_000 < float(longer["x_min"]) < float(longer["x_max"]) < 500_003 and float(longer["y_max"]) < 6_000_000
+    layer = json.loads((out / "vectors" / "ortho.geojson").read_text())
+    assert {feature["properties"]["status"] for feature in layer["features"]} == {"longer", "unchanged"}
+    assert "32633" in json.dumps(layer.get("crs", {}))
+
+
+def test_geotiffs_in_different_crss_are_one_line(tmp_path, capsys):
+    before = _geo_visit(tmp_path / "v1", [A], (500_000, 6_000_000), 0.01)
+    after = _geo_visit(tmp_path / "v2", [A], (500_000, 6_000_000), 0.01, crs="EPSG:32634")
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", str(before), str(after), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "EPSG:32633" in err and "EPSG:32634" in err and err.count("\n") == 1
+
+
+def test_the_register_accumulates_three_visits(tmp_path):
+    """Visit 3 widens B again; the register follows B from visit 1 through 3 in one query."""
+    from crackseg.monitoring.history import width_history
+
+    texture = _texture()
+    visits = []
+    for number, width in enumerate([3, 5, 9], 1):
+        mask = _draw([A, B[:4] + (width,)])
+        visits.append(_write_visit(tmp_path / f"v{number}", _photo(texture, mask), mask))
+    register = tmp_path / "site.gpkg"
+    dates = ["2024-05-01", "2025-05-02", "2026-05-03"]
+    for number in (0, 1):
+        assert main(["compare", str(visits[number]), str(visits[number + 1]), "--out", str(tmp_path / f"c{number}"),
+                     "--register", str(register), "--before-date", dates[number], "--after-date", dates[number + 1]]) == 0
+    with sqlite3.connect(register) as db:
+        assert [row[0] for row in db.execute("SELECT date FROM surveys ORDER BY date")] == dates
+        assert db.execute("SELECT count(*) FROM cracks").fetchone()[0] == 6  # two cracks per visit, the middle one registered once
+    crack_b = next(int(row["crack_before"]) for row in _rows(tmp_path / "c0" / "changes.csv") if row["status"] == "wider")
+    history = width_history(register, dates[0], "wall", crack_b)
+    assert [row["date"] for row in history] == dates and [row["status"] for row in history] == [None, "wider", "wider"]
+    widths = [row["max_width_px"] for row in history]
+    assert widths == sorted(widths) and widths[-1] - widths[0] == pytest.approx(6, abs=1.5)
+
+
+def test_the_register_needs_dates(tmp_path, two_visits, capsys):
+    before, after = two_visits
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", str(before), str(after), "--out", str(tmp_path / "out"), "--register", str(tmp_path / "site.gpkg")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--before-date" in err and not (tmp_path / "site.gpkg").exists()
+
+
+def test_the_register_dates_surveys_by_their_photos_exif(tmp_path):
+    texture = _texture()
+    visits = []
+    for number, (width, taken) in enumerate([(3, "2023:06:01 10:00:00"), (5, "2024:06:03 11:30:00")]):
+        mask = _draw([A, B[:4] + (width,)])
+        root = _write_visit(tmp_path / f"v{number}", _photo(texture, mask), mask)
+        exif = Image.Exif()
+        exif.get_ifd(0x8769)[36867] = taken
+        (root / "images" / "wall.png").unlink()
+        Image.fromarray(_photo(texture, mask)).save(root / "images" / "wall.jpg", quality=95, exif=exif)
+        visits.append(root)
+    register = tmp_path / "site.gpkg"
+    assert main(["compare", str(visits[0]), str(visits[1]), "--out", str(tmp_path / "out"), "--register", str(register)]) == 0
+    with sqlite3.connect(register) as db:
+        assert [row[0] for row in db.execute("SELECT date FROM surveys ORDER BY survey")] == ["2023-06-01", "2024-06-03"]
+
+
+@needs_browser
+def test_the_report_of_a_comparison_renders_in_a_real_browser(two_visits, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    out = tmp_path / "out"
+    assert main(["compare", *map(str, two_visits), "--out", str(out), "--report", "--px-size", "0.5"]) == 0
+    driver = browser()
+    try:
+        driver.get((out / "report.html").as_uri())
+        assert [s.get_attribute("id") for s in driver.find_elements(By.CSS_SELECTOR, "section.pair")] == ["pair-0"]
+        for picture in driver.find_elements(By.CSS_SELECTOR, "section.pair img"):
+            driver.execute_script("arguments[0].scrollIntoView()", picture)
+            WebDriverWait(driver, 10).until(lambda _: driver.execute_script("return arguments[0].complete", picture))
+        assert driver.execute_script("return [...document.querySelectorAll('section.pair img')].map(i => i.naturalWidth)") == [SIZE, SIZE]
+        page = driver.find_element(By.CSS_SELECTOR, "#pair-0").text
+        assert all(status in page for status in ("longer", "wider", "new", "gone", "unchanged")) and "mm" in page
+        assert not [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    finally:
+        driver.quit()
+
+
+# A pair that cannot be read fails alone; the run goes on.
+
+
+def _copy_visit(source: Path, target: Path, names: list[str]) -> Path:
+    for kind in ("images", "masks"):
+        (target / kind).mkdir(parents=True, exist_ok=True)
+        for name in names:
+            (target / kind / f"{name}.png").write_bytes((source / kind / "wall.png").read_bytes())
+    return target
+
+
+def test_a_pair_whose_photo_cannot_be_decoded_fails_alone_and_the_others_are_compared(tmp_path, two_visits, capsys):
+    before = _copy_visit(two_visits[0], tmp_path / "v1", ["wall", "broken"])
+    after = _copy_visit(two_visits[0], tmp_path / "v2", ["wall", "broken"])
+    (after / "images" / "broken.png").unlink()
+    photo = Image.open(after / "images" / "wall.png")
+    photo.save(after / "images" / "broken.jpg", quality=90)
+    whole = (after / "images" / "broken.jpg").read_bytes()
+    (after / "images" / "broken.jpg").write_bytes(whole[: len(whole) // 3])  # the header reads, the pixels do not
+    out = tmp_path / "out"
+    assert main(["compare", str(before), str(after), "--out", str(out), "--report"]) == 0
+    pairs = {row["name_after"]: row for row in _rows(out / "pairs.csv")}
+    assert pairs["wall"]["status"] == "registered" and pairs["broken"]["status"] == "failed"
+    assert "broken.jpg" in pairs["broken"]["reason"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"] == ["broken"] and summary["unregistered"] == [] and summary["registered"] == 1
+    assert "broken.jpg" in capsys.readouterr().err
+
+
+def test_a_georeferenced_shot_is_opened_at_most_twice(tmp_path, monkeypatch):
+    """Whether a file lies on the map, its facts and its pixels come from one open; the pixel-size check before any
+    work (--width-classes without --px-size) adds the second."""
+    import rasterio
+
+    before = _geo_visit(tmp_path / "v1", [A, B], (500_000, 6_000_000), 0.01)
+    after = _geo_visit(tmp_path / "v2", [A, (B[0], B[1], B[2], B[3] + 50, 3)], (500_000.4, 5_999_999.7), 0.008)
+    opened: list[str] = []
+    rasterio_open, pillow_open = rasterio.open, Image.open
+    monkeypatch.setattr(rasterio, "open", lambda path, *a, **k: opened.append(str(path)) or rasterio_open(path, *a, **k))
+    monkeypatch.setattr(Image, "open", lambda path, *a, **k: opened.append(str(path)) or pillow_open(path, *a, **k))
+    for flags, most in (([], 1), (["--width-classes", "bre251"], 2)):
+        opened.clear()
+        assert main(["compare", str(before), str(after), "--out", str(tmp_path / f"out{most}"), *flags]) == 0
+        masks = [str(visit / "masks" / "ortho.tif") for visit in (before, after)]
+        assert [opened.count(mask) for mask in masks] == [most, most]
+        assert not any("images" in path for path in opened)  # a raster's image is not opened when its mask is on the map
+
+
+# Masks are read by the project's mask rules, whatever their format.
+
+
+@pytest.mark.parametrize("georeferenced", [False, True])
+def test_zero_one_tiff_masks_are_read_as_masks_are_everywhere(tmp_path, monkeypatch, georeferenced):
+    """A TIFF mask of 0 and 1 is a 0/1 mask (as images.py reads masks), not an empty one; a plain TIFF needs no rasterio."""
+    mask = _draw([A, B])
+    if georeferenced:
+        visit = _geo_visit(tmp_path / "v", [A, B], (500_000, 6_000_000), 0.01)
+        _write_geotiff(visit / "masks" / "ortho.tif", mask.astype(np.uint8), (500_000, 6_000_000), 0.01)
+    else:
+        visit = _write_visit(tmp_path / "v", _photo(_texture(), mask), mask)
+        (visit / "masks" / "wall.png").unlink()
+        Image.fromarray(mask.astype(np.uint8)).save(visit / "masks" / "wall.tif")
+        monkeypatch.setitem(sys.modules, "rasterio", None)  # the geo extra missing: import rasterio raises ImportError
+    out = tmp_path / "out"
+    assert main(["compare", str(visit), str(visit), "--out", str(out)]) == 0
+    assert [row["status"] for row in _rows(out / "changes.csv")] == ["unchanged", "unchanged"]
+
+
+def test_a_blob_without_a_centreline_link_goes_into_the_layer_and_the_register(tmp_path):
+    """A round blob's skeleton is one pixel: no link, so no line; its feature and register row get an empty geometry."""
+    pyogrio = pytest.importorskip("pyogrio")
+    from skimage.draw import disk
+
+    mask = _draw([A, B])
+    mask[disk((400, 400), 7)] = True
+    visit = _write_visit(tmp_path / "v", _photo(_texture(), mask), mask)
+    out, register = tmp_path / "out", tmp_path / "site.gpkg"
+    assert main(["compare", str(visit), str(visit), "--out", str(out), "--vectors", "gpkg", "--register", str(register),
+                 "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    assert len({row["crack_after"] for row in _rows(out / "changes.csv") if row["crack_after"]}) == 3
+    geometries = pyogrio.raw.read(out / "vectors" / "wall.gpkg", layer="changes")[2]
+    assert len(geometries) >= 3
+    with sqlite3.connect(register) as db:
+        assert db.execute("SELECT count(*) FROM cracks").fetchone()[0] == 6
+
+
+# The register: refused before any work, nothing appended without a compared pair, mm and classes of photos.
+
+
+@pytest.mark.parametrize("case", ["after registered", "not a register", "exif dates out of order"])
+def test_what_the_register_would_refuse_is_refused_before_any_work(tmp_path, two_visits, case, capsys):
+    before, after = two_visits
+    register = tmp_path / "site.gpkg"
+    dates = ["--before-date", "2024-01-01", "--after-date", "2025-01-01"]
+    if case == "after registered":
+        assert main(["compare", str(before), str(after), "--out", str(tmp_path / "first"), "--register", str(register), *dates]) == 0
+    elif case == "not a register":
+        register.write_text("survey,date\n")
+    else:
+        exifs = []
+        for visit, taken in ((before, "2025:06:01 10:00:00"), (after, "2024:06:01 10:00:00")):
+            exif = Image.Exif()
+            exif.get_ifd(0x8769)[36867] = taken
+            target = _copy_visit(visit, tmp_path / f"exif-{visit.name}", [])
+            Image.open(visit / "images" / "wall.png").save(target / "images" / "wall.jpg", quality=95, exif=exif)
+            (target / "masks" / "wall.png").write_bytes((visit / "masks" / "wall.png").read_bytes())
+            exifs.append(target)
+        before, after, dates = *exifs, []
+    original = register.read_bytes() if register.exists() else None
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", str(before), str(after), "--out", str(out), "--register", str(register), *dates])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert {"after registered": "is already registered", "not a register": "not a crack register",
+            "exif dates out of order": "--after-date 2024-06-01: not later than --before-date 2025-06-01"}[case] in err
+    assert not out.exists() and (register.read_bytes() if register.exists() else None) == original
+
+
+def test_a_comparison_without_a_registered_pair_appends_nothing(tmp_path, two_visits, capsys):
+    before, _ = two_visits
+    after = _write_visit(tmp_path / "after", np.full((SIZE, SIZE, 3), 128, np.uint8), _draw([A]))
+    out, register = tmp_path / "out", tmp_path / "site.gpkg"
+    assert main(["compare", str(before), str(after), "--out", str(out), "--register", str(register),
+                 "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    assert not register.exists()
+    assert json.loads((out / "summary.json").read_text())["register"] == {"appended": False, "reason": "no pair was registered"}
+    assert f"nothing appended to {register}: no pair was registered" in capsys.readouterr().out
+
+
+def test_the_register_of_photos_has_mm_and_width_classes_with_a_pixel_size(tmp_path):
+    """BEFORE cracks in mm through the registration's scale, as changes.csv gives them; AFTER ones by --px-size."""
+    texture = _texture()
+    visits = []
+    for number, width in enumerate([3, 7]):
+        mask = _draw([A, B[:4] + (width,)])
+        visits.append(_write_visit(tmp_path / f"v{number}", _photo(texture, mask), mask))
+    register, out = tmp_path / "site.gpkg", tmp_path / "out"
+    assert main(["compare", *map(str, visits), "--out", str(out), "--register", str(register), "--px-size", "0.5",
+                 "--width-classes", "bre251", "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    changed = {(row["crack_before"], row["crack_after"]): row for row in _rows(out / "changes.csv")}
+    with sqlite3.connect(register) as db:
+        rows = db.execute("SELECT survey, crack, max_width_px, max_width_mm, max_width_class FROM cracks").fetchall()
+    assert len(rows) == 4 and all(mm is not None and width_class for _, _, _, mm, width_class in rows)
+    for survey, crack, _, mm, width_class in rows:
+        side = "before" if survey == 1 else "after"
+        row = next(row for key, row in changed.items() if key[survey - 1] == str(crack))
+        assert mm == pytest.approx(float(row[f"max_width_mm_{side}"]), abs=1e-3)
+        assert width_class == row[f"max_width_class_{side}"]
+
+
+def _register_lock(register: Path, pid: int) -> Path:
+    """The register's lock as a compare of process ``pid`` on this host leaves it when it is killed (core.locks' record)."""
+    import socket
+
+    lock = register.with_name(f".{register.name}.lock")
+    lock.write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "process_start": None, "since": "earlier",
+                                "job": None, "attempt": 0}) + "\n")
+    return lock
+
+
+def test_a_register_lock_of_a_killed_compare_is_taken_over_and_a_live_one_refused(tmp_path, two_visits, capsys):
+    before, after = two_visits
+    register = tmp_path / "site.gpkg"
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed.wait()
+    lock = _register_lock(register, killed.pid)
+    assert main(["compare", str(before), str(after), "--out", str(tmp_path / "first"), "--register", str(register),
+                 "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    assert f"{lock}: left by pid {killed.pid} on this host, which is no longer running; taking it over" in capsys.readouterr().err
+    assert not lock.exists()
+    with sqlite3.connect(register) as db:
+        assert db.execute("SELECT count(*) FROM surveys").fetchone()[0] == 2
+    original = register.read_bytes()
+
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        _register_lock(register, running.pid)
+        with pytest.raises(SystemExit) as stop:
+            main(["compare", str(after), str(before), "--out", str(tmp_path / "second"), "--register", str(register),
+                  "--before-date", "2025-01-01", "--after-date", "2026-01-01"])
+    finally:
+        running.kill()
+        running.wait()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert f"{register}: another crackseg compare is appending to it: pid {running.pid} on " in err and f"delete {lock} " in err
+    assert register.read_bytes() == original and lock.exists()
+
+
+def test_the_register_names_itself_when_the_geo_libraries_are_missing(tmp_path, two_visits, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyogrio", None)  # import pyogrio raises ImportError
+    with pytest.raises(SystemExit):
+        main(["compare", *map(str, two_visits), "--out", str(tmp_path / "out"), "--register", str(tmp_path / "site.gpkg")])
+    assert "--register needs pyogrio; pip install 'crackseg[geo]'" in capsys.readouterr().err
+
+
+# --out and what is in it.
+
+
+def test_out_inside_an_inspection_is_refused(two_visits, capsys):
+    before, after = two_visits
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", str(before), str(after), "--out", str(before / "changes")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "lies in the BEFORE inspection" in err
+    assert not (before / "changes").exists()
+
+
+def test_layers_and_pictures_of_an_earlier_compare_are_refused_and_replaced_with_overwrite_only(tmp_path, two_visits, capsys):
+    before, _ = two_visits
+    out = tmp_path / "out"
+    layer, picture = out / "vectors" / "old.geojson", out / "report" / "pair7-before.jpg"
+    temp = out / "vectors" / "site" / ".wall.gpkg.0a1b.crackseg-tmp.gpkg"  # left by an interrupted compare
+    for path in (layer, picture, temp):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"earlier")
+    for path in (layer, picture):
+        with pytest.raises(SystemExit) as stop:
+            main(["compare", str(before), str(before), "--out", str(out)])
+        assert stop.value.code == 2 and f"{path} already exists" in capsys.readouterr().err
+        path.rename(tmp_path / path.name)
+    for path in (layer, picture):
+        (tmp_path / path.name).rename(path)
+    assert main(["compare", str(before), str(before), "--out", str(out), "--report", "--overwrite"]) == 0
+    assert not any(path.exists() for path in (layer, picture, temp))
+    assert (out / "report" / "pair0-before.jpg").exists() and (out / "report.html").exists()
+    assert main(["compare", str(before), str(before), "--out", str(out), "--overwrite"]) == 0  # no --report this time
+    assert not (out / "report.html").exists() and not list((out / "report").glob("*.jpg"))
+
+
+def test_the_out_lock_is_released_when_preparing_the_folder_fails(tmp_path, two_visits, monkeypatch, capsys):
+    def fail(folder):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr("crackseg.monitoring.comparison_folder.remove_orphan_temps", fail)
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", *map(str, two_visits), "--out", str(tmp_path / "out")])
+    assert stop.value.code == 1 and "disk gone" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "lock").exists()
+
+
+# Pixel sizes.
+
+
+def test_width_classes_without_any_pixel_size_are_refused_before_any_work(tmp_path, two_visits, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", *map(str, two_visits), "--out", str(tmp_path / "out"), "--width-classes", "bre251"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "--width-classes needs the pixel size in mm: give --px-size" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_px_size_gives_mm_to_rasters_whose_crs_has_no_scale(tmp_path):
+    """Degrees have no size in mm: --px-size does, as for photos."""
+    mask, visit = _draw([A, B]), tmp_path / "v"
+    _write_geotiff(visit / "images" / "ortho.tif", _photo(_texture(), mask), (10.0, 50.0), 1e-7, "EPSG:4326")
+    _write_geotiff(visit / "masks" / "ortho.tif", mask.astype(np.uint8) * 255, (10.0, 50.0), 1e-7, "EPSG:4326")
+    out = tmp_path / "out"
+    assert main(["compare", str(visit), str(visit), "--out", str(out), "--px-size", "2", "--width-classes", "bre251"]) == 0
+    rows = _rows(out / "changes.csv")
+    assert rows and all(float(row["length_mm_after"]) == pytest.approx(2 * float(row["length_px_after"]), rel=1e-4) for row in rows)
+    assert all(row["max_width_class_after"] for row in rows)
+
+
+# Predictions folders: the paths predictions.csv gives, the settings summary.json gives.
+
+
+def _predictions(root: Path, visit: Path, name: str, photo: str, summary: dict) -> Path:
+    """A predictions folder as predict writes it when run from ``root.parent`` with --out ROOT.name."""
+    mask = root / "masks" / f"{name}.png"
+    mask.parent.mkdir(parents=True)
+    mask.write_bytes((visit / "masks" / "wall.png").read_bytes())
+    (root / "predictions.csv").write_text(f"path,mask,status\n{photo},{root.name}/masks/{name}.png,ok\n")
+    (root / "summary.json").write_text(json.dumps(summary))
+    return root
+
+
+def test_predictions_folders_find_their_photos_and_names_as_predict_wrote_them(tmp_path, two_visits, monkeypatch, capsys):
+    """predict ran in run/ (paths relative to it), names hold a folder called masks, lengths were in mm."""
+    run = tmp_path / "run"
+    (run / "photos").mkdir(parents=True)
+    (run / "photos" / "wall.png").write_bytes((two_visits[0] / "images" / "wall.png").read_bytes())
+    predicted = _predictions(run / "preds", two_visits[0], "site/masks/wall", "photos/wall.png", {"join_gap_px": None, "min_length_px": None})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["compare", str(predicted), str(predicted), "--out", "out"]) == 0
+    pair = _rows(elsewhere / "out" / "pairs.csv")[0]
+    assert pair["name_after"] == "site/masks/wall" and pair["status"] == "registered"
+    assert "crack ids may differ from" in capsys.readouterr().err
+
+
+def test_a_predicted_photo_that_is_nowhere_fails_its_pair_and_dates_say_so(tmp_path, two_visits, capsys):
+    predicted = _predictions(tmp_path / "preds", two_visits[0], "wall", "gone/wall.png", {})
+    out = tmp_path / "out"
+    assert main(["compare", str(predicted), str(predicted), "--out", str(out)]) == 0
+    pair = _rows(out / "pairs.csv")[0]
+    assert pair["status"] == "failed" and pair["reason"] == "photo not found: gone/wall.png"
+    with pytest.raises(SystemExit):
+        main(["compare", str(predicted), str(predicted), "--out", str(tmp_path / "out2"), "--register", str(tmp_path / "site.gpkg")])
+    assert "its photos were not found (e.g. gone/wall.png)" in capsys.readouterr().err
+
+
+def test_lengths_predict_gave_in_mm_are_converted_by_each_raster_own_pixel_size(tmp_path, monkeypatch):
+    from crackseg.monitoring import changes
+
+    visit = _geo_visit(tmp_path / "v", [A], (500_000, 6_000_000), 0.01)  # 10 mm pixels
+    root = tmp_path / "preds"
+    (root / "masks").mkdir(parents=True)
+    (root / "masks" / "ortho.tif").write_bytes((visit / "masks" / "ortho.tif").read_bytes())
+    (root / "predictions.csv").write_text(f"path,mask,status\n{visit / 'images' / 'ortho.tif'},{root / 'masks' / 'ortho.tif'},ok\n")
+    (root / "summary.json").write_text(json.dumps({"join_gap_px": None, "join_gap_mm": 50, "min_length_px": None, "min_length_mm": 100}))
+    measured = []
+    measure = changes.measure_date
+    monkeypatch.setattr(changes, "measure_date", lambda mask, gap, shortest: measured.append((gap, shortest)) or measure(mask, gap, shortest))
+    assert main(["compare", str(root), str(root), "--out", str(tmp_path / "out")]) == 0
+    assert measured == [(5.0, 10.0), (5.0, 10.0)]
+
+
+def test_comparing_prediction_folders_does_not_load_torch(tmp_path, two_visits):
+    """compare uses no model: importing torch would triple the start-up of a small job."""
+    run = tmp_path / "run"
+    (run / "photos").mkdir(parents=True)
+    (run / "photos" / "wall.png").write_bytes((two_visits[0] / "images" / "wall.png").read_bytes())
+    predicted = _predictions(run / "preds", two_visits[0], "wall", str(run / "photos" / "wall.png"), {})
+    code = ("import sys; from crackseg.cli.main import main; "
+            f"code = main(['compare', {str(predicted)!r}, {str(predicted)!r}, '--out', {str(tmp_path / 'out')!r}, '--report', '--vectors', 'gpkg']); "
+            "sys.exit(10 + code if 'torch' in sys.modules else code)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    assert _rows(tmp_path / "out" / "pairs.csv")[0]["status"] == "registered"

@@ -1,0 +1,241 @@
+"""The crack register (crackseg/monitoring/history.py): three visits in one GeoPackage, the width-history query in Python and
+in the sqlite3 shell, map coordinates, and appends that are refused or interrupted leaving the file as it was."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pyogrio = pytest.importorskip("pyogrio")
+shapely = pytest.importorskip("shapely")
+
+from crackseg.core.errors import InputError  # noqa: E402
+from crackseg.monitoring.history import WIDTH_HISTORY, Survey, append_comparison, check_append, width_history  # noqa: E402
+
+VISITS = [Survey("2023-04-01", "visits/2023"), Survey("2024-04-01", "visits/2024"), Survey("2025-04-01", "visits/2025")]
+
+
+def _crack(crack: int, length: float, width: float, y: float, mm_per_px: float | None = None) -> dict:
+    """A horizontal crack of a.png from x = 10, in pixel coordinates."""
+    row = {"image": "a.png", "crack": crack, "length_px": length, "mean_width_px": width * 0.75, "max_width_px": width,
+           "geometry": shapely.LineString([(10, y), (10 + length, y)])}
+    if mm_per_px is not None:
+        row |= {"length_mm": length * mm_per_px, "mean_width_mm": width * 0.75 * mm_per_px, "max_width_mm": width * mm_per_px,
+                "max_width_class": "0.3-1 mm" if width * mm_per_px > 0.3 else "< 0.3 mm"}
+    return row
+
+
+# Visit 1 has no pixel size (mm unknown); 2 and 3 have 0.5 mm pixels. Crack ids are per visit (1 = longest).
+CRACKS = [
+    [_crack(1, 100, 3, 10), _crack(2, 40, 2, 50)],
+    [_crack(1, 120, 3, 10, 0.5), _crack(2, 40, 4, 50, 0.5), _crack(3, 30, 1, 90, 0.5)],
+    [_crack(1, 120, 5, 10, 0.5), _crack(2, 30, 1, 90, 0.5)],
+]
+def _link(before: int, after: int, status: str) -> dict:
+    return {"before_image": "a.png", "before_crack": before, "after_image": "a.png", "after_crack": after, "status": status}
+
+
+LINKS = [[_link(1, 1, "longer"), _link(2, 2, "wider")],  # visit 1 -> 2; crack 3 of visit 2 is new
+         [_link(1, 1, "wider"), _link(3, 2, "unchanged")]]  # visit 2 -> 3; crack 2 of visit 2 is gone
+
+
+def _compare(register, first: int, crs: str | None = None, cracks=None) -> dict:
+    """Append the comparison of visit ``first`` with the next one."""
+    return append_comparison(register, VISITS[first], VISITS[first + 1], cracks or (CRACKS[first], CRACKS[first + 1]),
+                             LINKS[first], crs)
+
+
+def _table(register, sql: str) -> list[tuple]:
+    with sqlite3.connect(register) as db:
+        return db.execute(sql).fetchall()
+
+
+def test_three_visits_make_one_register_that_follows_a_crack_through_them(tmp_path):
+    register = tmp_path / "site.gpkg"
+    assert _compare(register, 0) == {"surveys": 2, "cracks": 5, "links": 2}
+    assert _compare(register, 1) == {"surveys": 1, "cracks": 2, "links": 2}  # visit 2 is reused, not added again
+    assert [p.name for p in tmp_path.iterdir()] == ["site.gpkg"]  # no temp or journal file left beside it
+
+    assert _table(register, "SELECT survey, date, source FROM surveys ORDER BY survey") == [
+        (1, "2023-04-01", "visits/2023"), (2, "2024-04-01", "visits/2024"), (3, "2025-04-01", "visits/2025")]
+    assert _table(register, "SELECT survey, count(*) FROM cracks GROUP BY survey") == [(1, 2), (2, 3), (3, 2)]
+    keys = [key for (key,) in _table(register, "SELECT crack_key FROM cracks")]
+    assert len(set(keys)) == 7
+    assert _table(register, """SELECT b.survey, b.crack, a.survey, a.crack, l.status FROM links AS l
+                               JOIN cracks AS b ON b.crack_key = l.before_key JOIN cracks AS a ON a.crack_key = l.after_key
+                               ORDER BY b.survey, b.crack""") == [
+        (1, 1, 2, 1, "longer"), (1, 2, 2, 2, "wider"), (2, 1, 3, 1, "wider"), (2, 3, 3, 2, "unchanged")]
+
+    # GIS tools list the three tables: one layer of lines, two attribute tables
+    assert sorted(map(tuple, pyogrio.list_layers(register))) == [("cracks", "MultiLineString"), ("links", None), ("surveys", None)]
+    assert sorted(_table(register, "SELECT table_name, data_type FROM gpkg_contents")) == [
+        ("cracks", "features"), ("links", "attributes"), ("surveys", "attributes")]
+    info, _, geometries, fields = pyogrio.raw.read(register, layer="cracks")
+    columns = dict(zip(info["fields"], fields))
+    assert info["crs"] is None and [int(v) for v in columns["crack"]] == [1, 2, 1, 2, 3, 1, 2]
+    lines = shapely.from_wkb(geometries)
+    assert lines[0].equals(shapely.MultiLineString([[(10, 10), (110, 10)]])) and lines[6].length == 30
+    assert columns["max_width_mm"][0] != columns["max_width_mm"][0] and columns["max_width_mm"][2] == 1.5  # NULL reads as NaN
+    assert list(columns["max_width_class"][:3]) == [None, None, "0.3-1 mm"]
+
+    history = width_history(register, "2023-04-01", "a.png", 1)
+    assert [(row["date"], row["max_width_px"], row["max_width_mm"], row["status"]) for row in history] == [
+        ("2023-04-01", 3.0, None, None), ("2024-04-01", 3.0, 1.5, "longer"), ("2025-04-01", 5.0, 2.5, "wider")]
+    assert [row["date"] for row in width_history(register, "2024-04-01", "a.png", 2)] == ["2024-04-01"]  # gone in 2025
+
+    sqlite_shell = shutil.which("sqlite3")
+    if sqlite_shell:  # the query as the README gives it: quoted text parameters (unquoted, 2023-04-01 would be 2018)
+        shell = subprocess.run([sqlite_shell, "-bail", register, ".parameter set :date \"'2023-04-01'\"",
+                                ".parameter set :image \"'a.png'\"", ".parameter set :crack 1", WIDTH_HISTORY],
+                               capture_output=True, text=True, check=True)
+        assert shell.stdout.split() == ["2023-04-01|a.png|1|3.0||", "2024-04-01|a.png|1|3.0|1.5|longer",
+                                        "2025-04-01|a.png|1|5.0|2.5|wider"]
+
+
+def test_a_georeferenced_register_keeps_its_crs_and_map_coordinates(tmp_path):
+    register = tmp_path / "site.gpkg"
+    east, north = 500000.0, 5000000.0  # UTM 33N metres, 2 mm pixels
+    cracks = ([{**_crack(1, 1000, 2, 0, 2.0), "geometry": shapely.LineString([(east, north), (east + 2, north - 1)])}],
+              [{**_crack(1, 1250, 3, 0, 2.0), "geometry": shapely.LineString([(east, north), (east + 2.5, north - 1)])}])
+    append_comparison(register, VISITS[0], VISITS[1], cracks, [_link(1, 1, "longer+wider")], "EPSG:32633")
+    info, _, geometries, _ = pyogrio.raw.read(register, layer="cracks")
+    assert info["crs"] == "EPSG:32633"
+    assert [line.bounds for line in shapely.from_wkb(geometries)] == [(east, north - 1, east + 2, north), (east, north - 1, east + 2.5, north)]
+
+
+def test_an_error_in_the_middle_of_an_append_leaves_the_register_as_it_was(tmp_path, monkeypatch):
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    original = register.read_bytes()
+    write = pyogrio.raw.write
+
+    def fail_at_links(path, *args, layer=None, **kwargs):
+        if layer == "links":  # surveys and cracks are already appended to the copy
+            raise OSError("disk full")
+        return write(path, *args, layer=layer, **kwargs)
+
+    monkeypatch.setattr(pyogrio.raw, "write", fail_at_links)
+    with pytest.raises(OSError, match="disk full"):
+        _compare(register, 1)
+    assert register.read_bytes() == original and [p.name for p in tmp_path.iterdir()] == ["site.gpkg"]
+
+    with pytest.raises(OSError, match="disk full"):  # a new register: no file at all
+        _compare(tmp_path / "new.gpkg", 0)
+    assert [p.name for p in tmp_path.iterdir()] == ["site.gpkg"]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("after registered", "the survey of 2024-04-01 from visits/2024 is already registered; nothing appended"),
+    ("older visit", "its latest survey is 2024-04-01 from visits/2024; visits are appended in date order"),
+    ("other crs", "its cracks are in pixel coordinates (no CRS), this comparison's in EPSG:32633"),
+    ("other settings", "crack 2 of a.png differs from the one registered for that survey (it was probably measured with other settings"),
+])
+def test_a_refused_append_names_the_register_and_leaves_it_as_it_was(tmp_path, case, message):
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    original = register.read_bytes()
+    with pytest.raises(InputError, match=f"^{register}: ") as error:
+        if case == "after registered":
+            append_comparison(register, Survey("2022-01-01", "visits/2022"), VISITS[1], ([], CRACKS[1]), [], None)
+        elif case == "older visit":
+            append_comparison(register, Survey("2024-01-01", "visits/2024-01"), VISITS[2], ([], CRACKS[2]), [], None)
+        elif case == "other crs":
+            _compare(register, 1, crs="EPSG:32633")
+        else:
+            _compare(register, 1, cracks=(CRACKS[1][:1] + [_crack(2, 41, 4, 50, 0.5)] + CRACKS[1][2:], CRACKS[2]))
+    assert message in str(error.value)
+    assert register.read_bytes() == original and [p.name for p in tmp_path.iterdir()] == ["site.gpkg"]
+
+
+@pytest.mark.parametrize("before, after, message", [
+    ("2024/04/01", "2025-04-01", "--before-date 2024/04/01: not a date; give it as YYYY-MM-DD"),
+    ("2024-04-01", "2025-02-30", "--after-date 2025-02-30: not a date"),
+    ("2024-04-01", "20250401", "--after-date 20250401: not a date"),
+    ("2024-04-01", "2024-04-01", "--after-date 2024-04-01: not later than --before-date 2024-04-01"),
+])
+def test_dates_are_iso_dates_in_order(tmp_path, before, after, message):
+    with pytest.raises(InputError, match=message):
+        append_comparison(tmp_path / "site.gpkg", Survey(before, "b"), Survey(after, "a"), ([], []), [], None)
+    assert not list(tmp_path.iterdir())
+
+
+def test_check_append_refuses_what_the_append_would_before_any_work_and_writes_nothing(tmp_path):
+    register = tmp_path / "site.gpkg"
+    check_append(register, VISITS[0], VISITS[1])  # a new register: nothing to refuse
+    assert not register.exists()
+    _compare(register, 0)
+    original = register.read_bytes()
+    check_append(register, VISITS[1], VISITS[2])
+    for before, after, message in [(VISITS[0], VISITS[1], "is already registered"), (Survey("2024-01-01", "x"), VISITS[2], "date order"),
+                                   (VISITS[1], Survey("2024-04-01", "y"), "not later than")]:
+        with pytest.raises(InputError, match=message):
+            check_append(register, before, after)
+    (tmp_path / "notes.gpkg").write_text("not a database")
+    with pytest.raises(InputError, match="not a crack register"):
+        check_append(tmp_path / "notes.gpkg", VISITS[0], VISITS[1])
+    assert register.read_bytes() == original and sorted(p.name for p in tmp_path.iterdir()) == ["notes.gpkg", "site.gpkg"]
+
+
+def _lock(lock: Path, pid: int) -> None:
+    """A register lock as core.locks writes it for process ``pid`` of this host."""
+    import json
+    import socket
+
+    lock.write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "process_start": None, "since": "earlier",
+                                "job": None, "attempt": 0}) + "\n")
+
+
+def test_a_register_another_compare_is_appending_to_is_refused_naming_its_lock(tmp_path):
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    original = register.read_bytes()
+    lock = tmp_path / ".site.gpkg.lock"
+    _lock(lock, os.getpid())  # a live process: this one
+    with pytest.raises(InputError, match=f"^{register}: another crackseg compare is appending to it: pid {os.getpid()} .*delete {lock} "):
+        _compare(register, 1)
+    assert register.read_bytes() == original and lock.exists()
+    lock.write_text("12345\n")  # an older crackseg's lock: a bare pid, no host to check it on
+    with pytest.raises(InputError, match=f"its lock file {lock} is unreadable"):
+        _compare(register, 1)
+    lock.unlink()
+    _compare(register, 1)
+    assert not lock.exists()
+
+
+def test_a_register_lock_left_by_a_dead_process_is_taken_over(tmp_path, capsys):
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    _lock(tmp_path / ".site.gpkg.lock", dead.pid)
+    _compare(register, 1)
+    assert "no longer running; taking it over" in capsys.readouterr().err
+    assert not (tmp_path / ".site.gpkg.lock").exists()
+    assert _table(register, "SELECT count(*) FROM surveys")[0][0] == 3
+
+
+def test_the_new_register_is_on_disk_before_it_replaces_the_old_one(tmp_path, monkeypatch):
+    """fsync of the written copy and of the folder after the rename: a power loss leaves the old register or the new."""
+    synced = []
+    fsync = os.fsync
+
+    def record(descriptor):
+        mode = os.fstat(descriptor).st_mode
+        synced.append("file" if stat.S_ISREG(mode) else "folder" if stat.S_ISDIR(mode) else "other")
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", record)
+    _compare(tmp_path / "site.gpkg", 0)
+    assert synced[-2:] == ["file", "folder"]
+
+
+def test_the_readme_gives_the_width_history_query_as_the_register_runs_it():
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "compare.md").read_text()
+    shown = readme[readme.index("```sql") + len("```sql"):].split("```")[0]
+    assert shown.split() == WIDTH_HISTORY.split()

@@ -1,0 +1,307 @@
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import csv_rows, predict_cli
+from PIL import Image
+
+from crackseg.core.errors import InputError
+from crackseg.model.checkpoint import save_model
+from crackseg.prediction.predict import collect_inputs, default_workers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(model, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "model.pt"
+    model.threshold = 0.5
+    save_model(model, path)
+    return path
+
+
+def _photos(folder: Path, sizes) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    paths = []
+    for index, (height, width) in enumerate(sizes):
+        path = folder / f"img{index}.jpg"
+        Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def test_masks_have_the_input_size_for_odd_sizes_and_tiles(tmp_path, checkpoint):
+    sizes = [(37, 53), (64, 64), (300, 700)]
+    _photos(tmp_path / "in", sizes)
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--tile", 256, "--overlap", 32,
+                    "--overlay", "--save-prob", 16, "--px-size", 0.5) == 0
+    for index, (height, width) in enumerate(sizes):
+        mask = np.asarray(Image.open(tmp_path / "out" / "masks" / f"img{index}.png"))
+        assert mask.shape == (height, width) and set(np.unique(mask)) <= {0, 255}
+        prob = Image.open(tmp_path / "out" / "probs" / f"img{index}.png")
+        assert prob.size == (width, height) and np.asarray(prob).dtype == np.uint16
+        assert Image.open(tmp_path / "out" / "overlays" / f"img{index}.jpg").size == (width, height)
+    rows = csv_rows(tmp_path / "out" / "predictions.csv")
+    assert [row["path"] for row in rows] == [str(tmp_path / "in" / f"img{i}.jpg") for i in range(3)]
+    assert all(row["status"] == "ok" and "length_mm" in row for row in rows)
+    assert (tmp_path / "out" / "cracks.csv").exists()
+    assert not list((tmp_path / "out").rglob("*crackseg-tmp*"))
+
+
+def test_no_measure_writes_the_same_masks_without_measurements(tmp_path, checkpoint):
+    _photos(tmp_path / "in", [(40, 56), (64, 64)])
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--px-size", 0.5) == 0
+    measured = {p.name: p.read_bytes() for p in (tmp_path / "out" / "masks").iterdir()}
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--px-size", 0.5,
+                    "--no-measure", "--overwrite") == 0
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out" / "masks").iterdir()} == measured
+    assert not (tmp_path / "out" / "cracks.csv").exists()  # it described the replaced masks
+    rows = csv_rows(tmp_path / "out" / "predictions.csv")
+    assert len(rows) == 2 and all(float(row["area_mm2"]) == int(row["area_px"]) * 0.25 for row in rows)
+    assert not {"cracks", "length_px", "mean_width_px", "max_width_px", "length_mm"} & set(rows[0])
+
+
+@pytest.mark.slow
+def test_workers_and_writer_threads_give_what_the_main_process_gives(tmp_path, checkpoint):
+    """Run as commands: loader workers leave a SIGCHLD handler in the process that started them,
+    which crashed this test process later, once OpenVINO had run in it (a CLI run is one process)."""
+    _photos(tmp_path / "in", [(40, 56), (64, 64), (33, 47)])
+    (tmp_path / "in" / "broken.jpg").write_bytes(b"not an image")
+    outputs = []
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    for workers in ("0", "2"):
+        out = tmp_path / f"out{workers}"
+        assert subprocess.run([sys.executable, "-m", "crackseg", "predict", str(tmp_path / "in"), "--checkpoint", str(checkpoint),
+                               "--out", str(out), "--device", "cpu", "--workers", workers], env=env, capture_output=True).returncode == 1
+        masks = {p.name: p.read_bytes() for p in (out / "masks").iterdir()}
+        rows = [{k: v for k, v in row.items() if k != "mask"} for row in csv_rows(out / "predictions.csv")]
+        outputs.append((masks, rows, (out / "cracks.csv").read_text(), len(csv_rows(out / "errors.csv"))))
+    assert outputs[0] == outputs[1] and len(outputs[0][0]) == 3 and outputs[0][3] == 1
+
+
+def test_default_workers_leave_cpu_cores_to_the_model_and_share_them_on_gpu_machines(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert default_workers(torch.device("cpu")) == 0
+    assert default_workers(torch.device("cuda", 0)) == 8  # at most 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert default_workers(torch.device("cuda", 3)) == 3  # 16 cores / 4 processes, less the process's own
+
+
+def test_channels_last_gives_the_probabilities_of_the_default_layout(tmp_path, checkpoint, monkeypatch):
+    import crackseg.prediction.predict as predict_module
+
+    layouts = []
+    real = predict_module.Predictor
+    monkeypatch.setattr(predict_module, "Predictor", lambda model, *args: layouts.append(
+        next(model.parameters()).is_contiguous(memory_format=torch.channels_last)) or real(model, *args))
+    _photos(tmp_path / "in", [(48, 72)])
+    for out, flags in (("default", []), ("nhwc", ["--channels-last"])):
+        assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / out, "--save-prob", "16", *flags) == 0
+    assert layouts == [False, True]
+    probs = [np.asarray(Image.open(tmp_path / out / "probs" / "img0.png"), dtype=np.float64) / 65535 for out in ("default", "nhwc")]
+    assert np.abs(probs[0] - probs[1]).max() < 1e-4
+
+
+def test_corrupt_input_is_listed_and_the_rest_written(tmp_path, checkpoint):
+    _photos(tmp_path / "in", [(32, 32), (32, 32)])
+    (tmp_path / "in" / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 1
+    assert sorted(p.name for p in (tmp_path / "out" / "masks").iterdir()) == ["img0.png", "img1.png"]
+    (error,) = csv_rows(tmp_path / "out" / "errors.csv")
+    assert error["path"].endswith("broken.jpg") and error["error"]
+
+
+def test_existing_outputs_need_overwrite_or_skip_existing(tmp_path, checkpoint, capsys):
+    photos = _photos(tmp_path / "in", [(32, 32), (32, 48)])
+    assert predict_cli("--checkpoint", checkpoint, photos[0], "--out", tmp_path / "out") == 0
+    first = tmp_path / "out" / "masks" / "img0.png"
+    first.write_bytes(first.read_bytes())  # marker: any rewrite changes the modification time
+    os.utime(first, (1, 1))
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 2
+    assert "already exist" in capsys.readouterr().err and first.stat().st_mtime == 1
+    assert not (tmp_path / "out" / "masks" / "img1.png").exists()
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--skip-existing") == 0
+    assert first.stat().st_mtime == 1 and (tmp_path / "out" / "masks" / "img1.png").exists()
+    statuses = [row["status"] for row in csv_rows(tmp_path / "out" / "predictions.csv")]
+    assert statuses == ["skipped: exists", "ok"]
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--overwrite") == 0
+    assert first.stat().st_mtime != 1
+
+
+@pytest.mark.parametrize("table", ["summary.json", "cracks.csv", "report.html", "errors.csv"])
+def test_a_table_of_another_run_is_not_replaced_without_overwrite(tmp_path, checkpoint, capsys, table):
+    photo = _photos(tmp_path / "in", [(32, 32)])[0]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / table).write_text("an earlier run's")
+    assert predict_cli("--checkpoint", checkpoint, photo, "--out", tmp_path / "out", "--report") == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and table in error and "--overwrite" in error
+    assert (tmp_path / "out" / table).read_text() == "an earlier run's" and not (tmp_path / "out" / "masks").exists()
+    assert predict_cli("--checkpoint", checkpoint, photo, "--out", tmp_path / "out", "--report", "--overwrite") == 0
+
+
+def test_one_predict_at_a_time_per_output_folder(tmp_path, checkpoint, capsys):
+    import json
+    import socket
+
+    photo = _photos(tmp_path / "in", [(32, 32)])[0]
+    out = tmp_path / "out"
+    out.mkdir()
+    live = {"pid": os.getpid(), "host": socket.gethostname(), "process_start": None, "since": "now", "job": None, "attempt": 0}
+    (out / "lock").write_text(json.dumps(live))
+    assert predict_cli("--checkpoint", checkpoint, photo, "--out", out) == 2
+    error = capsys.readouterr().err
+    assert f"in use by pid {os.getpid()}" in error and "another --out" in error and not (out / "masks").exists()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / "lock").write_text(json.dumps({**live, "pid": dead.pid}))
+    assert predict_cli("--checkpoint", checkpoint, photo, "--out", out) == 0
+    assert "taking it over" in capsys.readouterr().err and not (out / "lock").exists() and (out / "masks" / "img0.png").exists()
+
+
+def test_a_name_that_looks_like_a_formula_is_text_in_every_table(tmp_path, checkpoint, monkeypatch):
+    source = _photos(tmp_path / "in", [(48, 48)])[0]
+    monkeypatch.chdir(tmp_path / "in")
+    os.rename(source, tmp_path / "in" / "=HYPERLINK(1).jpg")
+    assert predict_cli("--checkpoint", checkpoint, "=HYPERLINK(1).jpg", "--out", tmp_path / "out", "--threshold", "0.3") == 0
+    rows = csv_rows(tmp_path / "out" / "predictions.csv")
+    assert rows[0]["path"] == "'=HYPERLINK(1).jpg" and float(rows[0]["crack_fraction"]) > 0
+    cracks = csv_rows(tmp_path / "out" / "cracks.csv")
+    assert cracks and all(row["path"] == "'=HYPERLINK(1).jpg" for row in cracks)
+
+
+def test_threshold_comes_from_the_checkpoint_unless_given(tmp_path, checkpoint, model):
+    (photo,) = _photos(tmp_path / "in", [(48, 48)])
+    with torch.no_grad():
+        prob = torch.sigmoid(model(torch.from_numpy(np.array(Image.open(photo))).permute(2, 0, 1)[None]))[0, 0].numpy()
+    assert predict_cli("--checkpoint", checkpoint, photo, "--out", tmp_path / "a") == 0
+    assert predict_cli("--checkpoint", checkpoint, photo, "--out", tmp_path / "b", "--threshold", float(np.median(prob))) == 0
+    a = np.asarray(Image.open(tmp_path / "a" / "masks" / "img0.png")) > 0
+    b = np.asarray(Image.open(tmp_path / "b" / "masks" / "img0.png")) > 0
+    assert np.array_equal(a, prob >= 0.5)
+    assert b.mean() == pytest.approx(0.5, abs=0.05)
+
+
+def test_two_processes_write_every_output_once(tmp_path, checkpoint):
+    _photos(tmp_path / "in", [(32, 32)] * 5)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env["PYTHON"] = sys.executable
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch.sh"), "--nproc", "2", "predict", "--checkpoint", str(checkpoint), str(tmp_path / "in"),
+         "--out", str(tmp_path / "out"), "--device", "cpu", "--workers", "0"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = csv_rows(tmp_path / "out" / "predictions.csv")
+    assert sorted(row["path"] for row in rows) == sorted(str(tmp_path / "in" / f"img{i}.jpg") for i in range(5))
+    assert len({row["path"] for row in rows}) == 5
+    assert len(list((tmp_path / "out" / "masks").iterdir())) == 5
+
+
+def test_inputs_mirror_names_and_refuse_collisions(tmp_path):
+    _photos(tmp_path / "a" / "sub", [(8, 8)])
+    _photos(tmp_path / "a", [(8, 8)])
+    _photos(tmp_path / "b", [(8, 8)])
+    listed = collect_inputs([str(tmp_path / "a")], recursive=True)
+    assert [name for _, name in listed] == ["img0", "sub/img0"]
+    with pytest.raises(InputError, match="would both be written as img0.png"):
+        collect_inputs([str(tmp_path / "a" / "img0.jpg"), str(tmp_path / "b" / "img0.jpg")])
+    with pytest.raises(InputError, match="no such file or folder"):
+        collect_inputs([str(tmp_path / "nothing*.jpg")])
+
+
+def test_outputs_inside_a_recursive_input_are_never_read_again(tmp_path, checkpoint):
+    _photos(tmp_path / "din", [(32, 32)] * 4)
+    for flag in ("--overwrite", "--overwrite", "--skip-existing"):
+        assert predict_cli("--checkpoint", checkpoint, tmp_path / "din", "--recursive", "--out", tmp_path / "din" / "pred",
+                        "--overlay", flag) == 0
+        assert len(csv_rows(tmp_path / "din" / "pred" / "predictions.csv")) == 4
+    assert len(list((tmp_path / "din" / "pred" / "masks").rglob("*.png"))) == 4
+    with pytest.raises(InputError, match="is inside --out"):
+        collect_inputs([str(tmp_path / "din" / "pred" / "masks" / "img0.png")], out=tmp_path / "din" / "pred")
+
+
+def test_skip_existing_redoes_an_image_whose_requested_outputs_are_incomplete(tmp_path, checkpoint):
+    _photos(tmp_path / "in", [(32, 32), (40, 40)])
+    args = ["--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--overlay", "--save-prob", 8]
+    assert predict_cli(*args) == 0
+    (tmp_path / "out" / "overlays" / "img1.jpg").unlink()
+    (tmp_path / "out" / "probs" / "img0.png").unlink()
+    assert predict_cli(*args, "--skip-existing") == 0
+    assert (tmp_path / "out" / "overlays" / "img1.jpg").exists() and (tmp_path / "out" / "probs" / "img0.png").exists()
+    assert [row["status"] for row in csv_rows(tmp_path / "out" / "predictions.csv")] == ["ok", "ok"]
+    assert predict_cli(*args, "--skip-existing") == 0
+    assert [row["status"] for row in csv_rows(tmp_path / "out" / "predictions.csv")] == ["skipped: exists"] * 2
+
+
+def test_out_that_is_a_file_is_refused_before_any_work(tmp_path, checkpoint, capsys):
+    _photos(tmp_path / "in", [(32, 32)])
+    (tmp_path / "out").write_text("not a folder")
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_interrupted_writes_are_cleared_and_full_disks_reported_per_image(tmp_path, checkpoint):
+    """RLIMIT_FSIZE fails every large write as a full disk would: the CSVs still list what was done."""
+    import resource
+    import signal
+
+    _photos(tmp_path / "in", [(192, 192), (200, 160)])
+    (tmp_path / "out" / "masks").mkdir(parents=True)
+    orphan = tmp_path / "out" / "masks" / ".img0.png.abcd.crackseg-tmp"
+    orphan.write_bytes(b"torn")
+    users = [tmp_path / "out" / ".notes.tmp", tmp_path / "out" / "masks" / ".draft.tmp.txt"]  # not crackseg's: kept
+    for path in users:
+        path.write_text("mine")
+
+    def small_files_only():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, 16_000))
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    result = subprocess.run(
+        [sys.executable, "-m", "crackseg", "predict", str(tmp_path / "in"), "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"),
+         "--save-prob", "16", "--threshold", "1", "--device", "cpu", "--workers", "0"],
+        capture_output=True, text=True, env=env, timeout=240, preexec_fn=small_files_only,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert not orphan.exists() and not list((tmp_path / "out").rglob(".*.crackseg-tmp*"))
+    assert all(path.read_text() == "mine" for path in users)
+    errors = csv_rows(tmp_path / "out" / "errors.csv")
+    assert len(errors) == 2 and all("cannot write outputs" in e["error"] and "File too large" in e["error"] for e in errors)
+    assert (tmp_path / "out" / "predictions.csv").exists()
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(threshold=1.5), "--threshold must be in [0, 1]"),
+    (dict(overlap=-1), "--overlap must be >= 0"),
+    (dict(tile=256, overlap=256), "--overlap (256 px) must be smaller than --tile (256 px)"),
+    (dict(px_size=float("nan")), "--px-size must be a finite number"),
+    (dict(workers=-2), "--workers must be >= 0"),
+])
+def test_options_from_python_are_checked_like_the_flags(tmp_path, options, message):
+    from crackseg.core.config import InferenceOptions
+    from crackseg.prediction.predict import PredictOptions
+
+    inference = {name: options.pop(name) for name in ("tile", "overlap") if name in options}
+    with pytest.raises(InputError, match=re.escape(message)):
+        PredictOptions(out=tmp_path, inference=InferenceOptions(**inference), **options)
+
+
+def test_a_name_that_is_not_utf8_is_predicted_and_listed(tmp_path, checkpoint, capsys):
+    source = _photos(tmp_path / "in", [(48, 48)])[0]
+    name = os.fsdecode(b"caf\xe9")
+    os.rename(source, tmp_path / "in" / f"{name}.jpg")
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--overlay", "--report") == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert (tmp_path / "out" / "masks" / f"{name}.png").exists() and (tmp_path / "out" / "overlays" / f"{name}.jpg").exists()
+    text = (tmp_path / "out" / "predictions.csv").read_bytes().decode("utf-8")
+    assert "caf\\xe9.jpg" in text

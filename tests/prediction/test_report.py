@@ -1,0 +1,220 @@
+"""report.html from real predict (+ evaluate) runs, checked in a real headless Chromium.
+
+Skips when no Chromium / chromedriver is installed (.ci/run installs Debian's). Run as a
+script it photographs a report: ``python tests/prediction/test_report.py REPORT.html OUT.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import (
+    browser,
+    dark_pixel_model,
+    needs_browser,
+    pavement,
+    predict_cli,
+    predict_tiled,
+    utm_transform,
+    write_geotiff,
+)
+from PIL import Image
+
+from crackseg.cli.main import main
+
+
+def screenshot(report: Path, png: Path) -> None:
+    """The report's first screen as a PNG (the README's picture is made this way)."""
+    driver = browser()
+    try:
+        driver.get(Path(report).resolve().as_uri())
+        picture = Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("RGB")
+        picture.thumbnail((900, 900))
+        picture.save(png, optimize=True)
+    finally:
+        driver.quit()
+
+
+def _photos(folder: Path) -> dict[str, int]:
+    """Grey photos with 0-3 dark cracks 3 px wide (gaps in some); returns the cracks drawn per image."""
+    folder.mkdir(parents=True)
+    (folder.parent / "truth").mkdir()
+    drawn = {}
+    for index, rows in enumerate([[20], [20, 60], [15, 45, 80], []]):
+        photo = np.full((100, 160, 3), 200, np.uint8)
+        truth = np.zeros((100, 160), np.uint8)
+        for row in rows:
+            photo[row : row + 3, 10:150] = 20
+            truth[row : row + 3, 10:150] = 255
+        if index == 1:
+            photo[60:63, 70:75] = 200  # a 5 px gap: still one crack
+        Image.fromarray(photo).save(folder / f"img{index}.png")
+        Image.fromarray(truth).save(folder.parent / "truth" / f"img{index}.png")
+        drawn[f"img{index}"] = len(rows)
+    return drawn
+
+
+@needs_browser
+def test_report_in_a_real_browser(tmp_path):
+    from selenium.webdriver.common.by import By
+
+    model = dark_pixel_model(tmp_path)
+    drawn = _photos(tmp_path / "in")
+    assert main(["predict", str(tmp_path / "in"), "--model", str(model), "--out", str(tmp_path / "pred"),
+                 "--px-size", "0.5", "--width-classes", "bre251", "--save-prob", "8", "--device", "cpu"]) == 0
+    assert main(["evaluate", "--pred", str(tmp_path / "pred" / "probs"), "--gt", str(tmp_path / "truth"), "--out", str(tmp_path / "eval")]) == 0
+    assert main(["report", str(tmp_path / "pred"), "--evaluation", str(tmp_path / "eval")]) == 0
+    with open(tmp_path / "pred" / "cracks.csv") as file:
+        cracks = list(csv.DictReader(file))
+    assert {name: sum(Path(c["path"]).stem == name for c in cracks) for name in drawn} == drawn  # one crack per crack
+
+    driver = browser()
+    try:
+        driver.get((tmp_path / "pred" / "report.html").as_uri())
+        text = lambda css: driver.find_element(By.CSS_SELECTOR, css).text  # noqa: E731
+        assert text("#sum-images") == "4" and text("#sum-cracks") == str(len(cracks))
+        assert text("#sum-length") == f"{sum(float(c['length_mm']) for c in cracks) / 1000:.3f} m"
+        assert text("#sum-widest").endswith(" mm") and driver.find_element(By.ID, "classes")
+        assert driver.find_element(By.ID, "pr-curve") and len(driver.find_elements(By.CSS_SELECTOR, "#worst li")) == 4
+
+        names = lambda: [row.get_attribute("data-name") for row in driver.find_elements(By.CSS_SELECTOR, "tr.image-row")]  # noqa: E731
+        assert names() == ["img0", "img1", "img2", "img3"]
+        driver.find_element(By.CSS_SELECTOR, 'th[data-key="cracks"]').click()
+        assert names() == ["img2", "img1", "img0", "img3"]  # most cracks first
+        driver.find_element(By.CSS_SELECTOR, 'th[data-key="cracks"]').click()
+        assert names() == ["img3", "img0", "img1", "img2"]
+
+        driver.find_element(By.CSS_SELECTOR, 'tr.image-row[data-name="img2"]').click()
+        view = driver.find_element(By.ID, "view")
+        assert view.get_attribute("src").endswith("report/overlays/img2.jpg")
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#cracks tr")) == 1 + 3
+        driver.find_element(By.ID, "toggle").click()
+        assert view.get_attribute("src").endswith("report/photos/img2.jpg")
+        assert driver.execute_script("return document.getElementById('view').complete && document.getElementById('view').naturalWidth") > 0
+
+        picture = np.asarray(Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("L"), dtype=float)
+        assert picture.std() > 10  # not a blank page
+        severe = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+        assert severe == [], severe
+    finally:
+        driver.quit()
+
+
+@needs_browser
+def test_names_that_html_or_urls_give_a_meaning_to_show_as_they_are(tmp_path):
+    from selenium.webdriver.common.by import By
+
+    names = ["<!--<script>x", "a#b?c%20d", "back\\slash", "two\nlines", "<b>bold"]
+    (tmp_path / "in").mkdir()
+    for name in names:
+        photo = np.full((40, 60, 3), 200, np.uint8)
+        photo[20:23, 5:55] = 20
+        Image.fromarray(photo).save(tmp_path / "in" / f"{name}.png")
+    model = dark_pixel_model(tmp_path)
+    assert main(["predict", str(tmp_path / "in"), "--model", str(model), "--out", str(tmp_path / "pred"), "--report", "--device", "cpu"]) == 0
+    driver = browser()
+    try:
+        driver.get((tmp_path / "pred" / "report.html").as_uri())
+        rows = driver.find_elements(By.CSS_SELECTOR, "tr.image-row")
+        assert sorted(row.get_attribute("data-name") for row in rows) == sorted(names)
+        assert driver.find_element(By.CSS_SELECTOR, "#sum-images").text == str(len(names))
+        loaded = driver.execute_script("return [...document.querySelectorAll('img.thumb')].map(i => i.complete && i.naturalWidth > 0)")
+        assert loaded == [True] * len(names)
+        assert not driver.find_elements(By.CSS_SELECTOR, "tr.image-row b")  # a name is text, never markup
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
+
+
+@needs_browser
+def test_thousands_of_images_stay_paginated(tmp_path):
+    from selenium.webdriver.common.by import By
+
+    from crackseg.core.html import PAGE_ROWS
+    from crackseg.prediction.report import write_report
+
+    (tmp_path / "masks").mkdir()
+    rows = [{"path": f"/nowhere/p{i:04d}.jpg", "mask": str(tmp_path / "masks" / f"p{i:04d}.png"), "width": 10, "height": 10,
+             "crack_fraction": i / 3000, "cracks": i % 7, "length_px": float(i), "status": "ok"} for i in range(2500)]
+    for row in rows[:3]:
+        Image.fromarray(np.zeros((10, 10), np.uint8)).save(row["mask"])
+    with open(tmp_path / "predictions.csv", "w", newline="") as file:
+        writer = csv.DictWriter(file, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (tmp_path / "summary.json").write_text('{"images": 2500, "cracks": 7500, "length_px": 1.0, "px_size_mm": null, "warnings": []}')
+    write_report(tmp_path)
+    driver = browser()
+    try:
+        driver.get((tmp_path / "report.html").as_uri())
+        assert len(driver.find_elements(By.CSS_SELECTOR, "tr.image-row")) == PAGE_ROWS
+        driver.find_element(By.ID, "next").click()
+        assert driver.find_elements(By.CSS_SELECTOR, "tr.image-row")[0].get_attribute("data-name") == f"p{PAGE_ROWS:04d}"
+        assert "of 50" in driver.find_element(By.ID, "pager").text
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
+
+
+@needs_browser
+def test_the_report_of_rasters_in_two_scales_gives_metres_and_says_whose_scale(tmp_path, dark_checkpoint):
+    pytest.importorskip("rasterio")
+    from selenium.webdriver.common.by import By
+
+    (tmp_path / "in").mkdir()
+    write_geotiff(tmp_path / "in" / "fine.tif", pavement(300, 400))
+    write_geotiff(tmp_path / "in" / "coarse.tif", pavement(300, 400), transform=utm_transform(0.004))
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--width-classes", "5,10", "--report") == 0
+    cracks = list(csv.DictReader(open(tmp_path / "out" / "cracks.csv")))
+    driver = browser()
+    try:
+        driver.get((tmp_path / "out" / "report.html").as_uri())
+        text = lambda css: driver.find_element(By.CSS_SELECTOR, css).text  # noqa: E731
+        assert text("#sum-length") == f"{sum(float(c['length_mm']) for c in cracks) / 1000:.3f} m"
+        assert text("#scale").startswith("each raster in its own pixel size") and driver.find_element(By.ID, "classes")
+    finally:
+        driver.quit()
+
+
+def test_an_evaluation_under_another_protocol_is_refused_in_one_line(tmp_path):
+    from crackseg.core.errors import InputError
+    from crackseg.prediction.report import write_report
+
+    (tmp_path / "pred").mkdir()
+    (tmp_path / "pred" / "summary.json").write_text('{"images": 0, "px_size_mm": null, "warnings": []}')
+    (tmp_path / "pred" / "predictions.csv").write_text("path,mask,width,height,crack_fraction,status\n")
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "report.json").write_text('{"protocol": "scsegamba", "ods": {"f1": 0.5}}')
+    with pytest.raises(InputError, match="--protocol scsegamba"):
+        write_report(tmp_path / "pred", tmp_path / "eval")
+    assert not (tmp_path / "pred" / "report.html").exists()
+
+
+def test_the_report_names_and_pictures_photos_whose_names_look_like_formulas(tmp_path, monkeypatch, dark_checkpoint):
+    """predictions.csv holds '=x.jpg (a spreadsheet must not run it); the report reads back =x.jpg and finds the photo."""
+    import json
+
+    from crackseg.prediction.report import write_report
+
+    names = ["=x.jpg", "+1.jpg", "plain.jpg"]
+    (tmp_path / "in").mkdir()
+    for name in names:
+        photo = np.full((40, 60, 3), 200, np.uint8)
+        photo[20:23, 5:55] = 20
+        Image.fromarray(photo).save(tmp_path / "in" / name)
+    monkeypatch.chdir(tmp_path / "in")  # predict . from there: each name starts its row's path
+    assert predict_cli("--checkpoint", dark_checkpoint, ".", "--out", tmp_path / "pred") == 0
+    page = write_report(tmp_path / "pred").read_text(encoding="utf-8")
+    images = json.loads(page.split("const DATA = ", 1)[1].split(";\nconst PAGE_ROWS", 1)[0])["images"]
+    assert sorted(image["path"] for image in images) == sorted(names)
+    assert all(image["thumbs"] and image["cracks"] == 1 and len(image["cracks_table"]) == 1 for image in images)
+    assert (tmp_path / "pred" / "report" / "photos" / "=x.jpg").is_file()
+
+
+if __name__ == "__main__":
+    screenshot(Path(sys.argv[1]), Path(sys.argv[2]))
