@@ -128,3 +128,27 @@ def test_output_paths_that_are_files_are_refused_before_work(tmp_path):
                  ["evaluate", "--pred", str(tmp_path), "--gt", str(tmp_path), "--out", str(tmp_path / "file")]):
         code, err = _main(*args)
         assert code == 2 and err.count("\n") == 1 and "is a file, not a folder" in err, (args, err)
+
+
+@pytest.mark.parametrize("command", [
+    ["inspect", "{visit1}"],
+    ["compare", "{visit1}", "{visit2}", "--out", "{out}/changes"],
+    ["labels", "import", "{out}/labels.json", "--format", "coco", "--images", "{visit1}/images", "--out", "{out}/imported"],
+])
+def test_commands_without_a_model_start_without_torch(tmp_path, command):
+    """inspect, compare of dataset folders and labels run in a fresh interpreter that never loads torch."""
+    from crackseg.data.later_visit import write_later_visit
+    from crackseg.data.synth import write_dataset
+
+    visit1, visit2, out = tmp_path / "visit1", tmp_path / "visit2", tmp_path / "out"
+    write_dataset(visit1, 3, (64, 64), seed=0)
+    write_later_visit(visit2, visit1, seed=1)
+    out.mkdir()
+    (out / "labels.json").write_text('{"images": [{"id": 1, "file_name": "00000.jpg", "width": 64, "height": 64}], '
+                                     '"annotations": [{"id": 1, "image_id": 1, "category_id": 1, "iscrowd": 0, '
+                                     '"segmentation": [[10, 10, 50, 12, 50, 14, 10, 12]]}], '
+                                     '"categories": [{"id": 1, "name": "crack"}]}')
+    argv = [part.format(visit1=visit1, visit2=visit2, out=out) for part in command]
+    code = (f"import sys; from crackseg.cli.main import main; code = main({argv!r}); "
+            "sys.exit(10 + code if 'torch' in sys.modules else code)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
