@@ -91,10 +91,10 @@ def test_cracks_counts_every_true_crack_in_both_settings(tmp_path):
 
     from crackseg.model.checkpoint import save_model
     from crackseg.model.networks import build_model
-    from crackseg.data.synth import write_dataset
+    from crackseg.data.synth import SynthOptions, write_dataset
 
     data = tmp_path / "data"
-    write_dataset(data, 4, (64, 64), seed=1, truth=True)
+    write_dataset(data, 4, (64, 64), seed=1, options=SynthOptions(truth=True))
     torch.manual_seed(0)
     save_model(build_model("mobilenet_v2"), tmp_path / "model.pt")
     out = tmp_path / "cracks.json"

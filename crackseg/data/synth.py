@@ -4,8 +4,10 @@ Each image is concrete- or asphalt-like texture (multi-scale noise, aggregate gr
 stains, an illumination gradient, sensor noise, JPEG compression) with zero to three
 branching cracks whose width wanders between about 1 and 10 px, plus unlabelled
 distractors that look crack-like (saw-cut joints, scratches, shadow edges). Masks label
-crack pixels only. Sample ``i`` of seed ``s`` depends on ``(s, i)`` alone, so the same
-seed gives byte-identical files whatever the order or number of workers.
+crack pixels only. Sample ``i`` of seed ``s`` depends on ``(s, i)`` and the :class:`SynthOptions`
+alone, so the same seed gives byte-identical files whatever the order or number of workers.
+
+Hard negatives, stronger look-alikes on every image, are :mod:`crackseg.data.distractors`.
 
 A later visit of the same spots is :mod:`crackseg.data.later_visit`.
 """
@@ -27,8 +29,11 @@ from scipy import ndimage, special
 
 from crackseg.core.errors import InputError
 from crackseg.core.files import ensure_writable_folder, remove_orphan_temps, write_atomic
+from crackseg.data.distractors import add_look_alikes
+from crackseg.data.noise import smooth_noise
 
 CRACK_FREE_FRACTION = 0.15
+LOOK_ALIKE_STREAM = 0x100CA  # third seed word of the look-alikes' own generator, apart from the sample's
 SYNTH_NAME = re.compile(r"images/\d{5,}\.jpg|(masks|truth)/\d{5,}\.png|truth\.json")
 MAX_CRACK_WIDTH = 10.0
 EIGHT_CONNECTED = np.ones((3, 3), bool)
@@ -51,6 +56,16 @@ class SynthSample:
     distractors: np.ndarray  # (H, W) bool, crack-like marks that are not cracks
     labels: np.ndarray  # (H, W) uint8: 0 background, k on the pixels of cracks[k - 1]
     cracks: list[Crack] = field(default_factory=list)
+    look_alikes: list[str] = field(default_factory=list)  # kinds of crackseg.data.distractors drawn, in order
+
+
+@dataclass(frozen=True)
+class SynthOptions:
+    """What a synthetic dataset holds besides its count, size and seed; the defaults give the demo data."""
+
+    truth: bool = False  # also write truth.json and truth/<stem>.png
+    crack_free: float = CRACK_FREE_FRACTION  # chance of an image without cracks, in [0, 1]
+    hard_negatives: bool = False  # 1-4 crack look-alikes on every image, never labelled
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -64,8 +79,19 @@ def parse_size(text: str) -> tuple[int, int]:
     return height, width
 
 
-def make_sample(rng: np.random.Generator, height: int, width: int) -> SynthSample:
-    """Draw one image, its crack mask and its distractor mask."""
+def make_sample(
+    rng: np.random.Generator,
+    height: int,
+    width: int,
+    crack_free: float = CRACK_FREE_FRACTION,
+    look_alikes: np.random.Generator | None = None,
+) -> SynthSample:
+    """Draw one image, its crack mask and its distractor mask.
+
+    ``crack_free`` is the chance of an image without cracks. With ``look_alikes``, a generator of
+    their own (so that ``rng`` draws the rest of the sample as it would without them), 1-4 crack
+    look-alikes are drawn too, under the cracks: a crack across one stays a crack.
+    """
     texture = surface_texture(rng, height, width)
     distractors = np.zeros((height, width), bool)
     shade = np.ones((height, width), np.float32)
@@ -76,11 +102,12 @@ def make_sample(rng: np.random.Generator, height: int, width: int) -> SynthSampl
         _add_scratch(rng, texture, distractors)
     if rng.random() < 0.3:
         _add_shadow(rng, shade)
+    kinds = add_look_alikes(look_alikes, texture, shade, distractors) if look_alikes is not None else []
 
     cracks: list[Crack] = []
     mask = np.zeros((height, width), bool)
     labels = np.zeros((height, width), np.uint8)
-    if rng.random() >= CRACK_FREE_FRACTION:
+    if rng.random() >= crack_free:
         centre = np.zeros((height, width), bool)
         half_width = np.zeros((height, width), np.float32)
         owner = np.zeros((height, width), np.uint8)
@@ -93,7 +120,7 @@ def make_sample(rng: np.random.Generator, height: int, width: int) -> SynthSampl
     image = texture * shade * _illumination(rng, height, width)
     tint = 1.0 + rng.normal(0.0, 0.035, 3).astype(np.float32)
     rgb = image[..., None] * tint + rng.normal(0.0, rng.uniform(1.5, 5.0), (height, width, 3))
-    return SynthSample(np.clip(rgb, 0, 255).astype(np.uint8), mask, distractors, labels, cracks)
+    return SynthSample(np.clip(rgb, 0, 255).astype(np.uint8), mask, distractors, labels, cracks, kinds)
 
 
 def write_dataset(
@@ -101,20 +128,23 @@ def write_dataset(
     count: int,
     size: tuple[int, int],
     seed: int,
-    truth: bool = False,
+    options: SynthOptions = SynthOptions(),
     overwrite: bool = False,
     workers: int = 1,
 ) -> list[str]:
     """Write ``count`` samples as ``images/<stem>.jpg`` and ``masks/<stem>.png``; return the stems.
 
-    With ``truth``, ``truth.json`` maps each stem to its cracks' nominal length and width, and
+    With ``options.truth``, ``truth.json`` maps each stem to its cracks' nominal length and width, and
     ``truth/<stem>.png`` labels each crack pixel with its crack's number in that list (1, 2, ...).
     """
     out = Path(out)
+    truth = options.truth
     if count < 1:
         raise InputError(f"--count must be at least 1, got {count}")
+    if not 0.0 <= options.crack_free <= 1.0:
+        raise InputError(f"--crack-free must be in [0, 1], got {options.crack_free:g}")
     previous = claim_folder(out, overwrite)
-    jobs = [(out, seed, index, size, truth) for index in range(count)]
+    jobs = [(out, seed, index, size, options) for index in range(count)]
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
             results = list(pool.map(_write_one, jobs, chunksize=4))
@@ -159,10 +189,11 @@ def _previous_files(out: Path) -> list[Path]:
     return found
 
 
-def _write_one(job: tuple[Path, int, int, tuple[int, int], bool]) -> tuple[str, list[Crack]]:
-    out, seed, index, (height, width), truth = job
+def _write_one(job: tuple[Path, int, int, tuple[int, int], SynthOptions]) -> tuple[str, list[Crack]]:
+    out, seed, index, (height, width), options = job
     rng = np.random.default_rng([seed, index])
-    sample = make_sample(rng, height, width)
+    look_alikes = np.random.default_rng([seed, index, LOOK_ALIKE_STREAM]) if options.hard_negatives else None
+    sample = make_sample(rng, height, width, options.crack_free, look_alikes)
     stem = f"{index:05d}"
     buffer = io.BytesIO()
     Image.fromarray(sample.image).save(buffer, "JPEG", quality=int(rng.integers(72, 96)))
@@ -170,27 +201,12 @@ def _write_one(job: tuple[Path, int, int, tuple[int, int], bool]) -> tuple[str, 
     buffer = io.BytesIO()
     Image.fromarray(sample.mask.astype(np.uint8) * 255).save(buffer, "PNG")
     write_atomic(out / "masks" / f"{stem}.png", buffer.getvalue())
-    if truth:
+    if options.truth:
         buffer = io.BytesIO()
         Image.fromarray(sample.labels).save(buffer, "PNG")
         write_atomic(out / "truth" / f"{stem}.png", buffer.getvalue())
     cracks = [Crack(*(round(v, 2) if isinstance(v, float) else v for v in vars(c).values())) for c in sample.cracks]
     return stem, cracks
-
-
-def _smooth_noise(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
-    """Unit-variance noise correlated over about ``scale`` px: bicubic upsampling of a coarse grid.
-
-    PIL's separable resize of a float image is several times faster than ``ndimage.zoom``.
-    """
-    grid_shape = (1, *shape) if len(shape) == 1 else shape
-    coarse = tuple(max(2, math.ceil(n / scale)) + 3 for n in grid_shape)
-    grid = Image.fromarray(rng.standard_normal(coarse).astype(np.float32))
-    fine_shape = tuple(round(c * scale) for c in coarse)
-    fine = np.asarray(grid.resize(fine_shape[::-1], Image.Resampling.BICUBIC))
-    offset = tuple(int(rng.integers(0, max(1, f - n))) for f, n in zip(fine_shape, grid_shape))
-    crop = fine[tuple(slice(o, o + n) for o, n in zip(offset, grid_shape))].reshape(shape)
-    return (crop - crop.mean()) / (crop.std() + 1e-6)
 
 
 def surface_texture(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
@@ -200,14 +216,14 @@ def surface_texture(rng: np.random.Generator, height: int, width: int) -> np.nda
     shape = (height, width)
     surface = np.full(shape, base, np.float32)
     for scale, amplitude in ((1.5, 4.0), (5.0, 5.0), (20.0, 6.0), (80.0, 9.0)):
-        surface += rng.uniform(0.5, 1.5) * amplitude * _smooth_noise(rng, shape, scale)
+        surface += rng.uniform(0.5, 1.5) * amplitude * smooth_noise(rng, shape, scale)
 
-    grain_field = _smooth_noise(rng, shape, rng.uniform(2.0, 3.5) if asphalt else 1.6)
+    grain_field = smooth_noise(rng, shape, rng.uniform(2.0, 3.5) if asphalt else 1.6)
     grains = grain_field > (rng.uniform(0.6, 1.1) if asphalt else 1.5)
-    brightness = 28.0 * _smooth_noise(rng, shape, 2.0) + (8.0 if asphalt else -6.0)
+    brightness = 28.0 * smooth_noise(rng, shape, 2.0) + (8.0 if asphalt else -6.0)
     surface += ndimage.gaussian_filter(grains * brightness, 0.6)
 
-    stains = _smooth_noise(rng, shape, rng.uniform(25, 70))
+    stains = smooth_noise(rng, shape, rng.uniform(25, 70))
     stain_cover = special.expit(4.0 * (stains - rng.uniform(0.8, 1.8)))
     surface *= 1.0 - rng.uniform(0.08, 0.3) * stain_cover
     return surface
@@ -266,14 +282,14 @@ def walk_crack(
 ) -> CrackPath:
     """One-pixel steps with a slowly wandering heading and a width that varies and tapers."""
     steps = max(steps, 8)
-    angles = angle + np.cumsum(rng.normal(0.0, 0.025, steps)) + 0.3 * _smooth_noise(rng, (steps,), 50.0)
+    angles = angle + np.cumsum(rng.normal(0.0, 0.025, steps)) + 0.3 * smooth_noise(rng, (steps,), 50.0)
     # Small lateral zig-zags: real cracks follow grain boundaries, not smooth curves.
-    jitter = 0.8 * _smooth_noise(rng, (steps,), 4.0)
+    jitter = 0.8 * smooth_noise(rng, (steps,), 4.0)
     ys = start[0] + np.cumsum(np.sin(angles)) + jitter * np.cos(angles)
     xs = start[1] + np.cumsum(np.cos(angles)) - jitter * np.sin(angles)
     ramp = np.minimum(np.arange(steps), np.arange(steps)[::-1]) / (0.15 * steps)
     taper = np.minimum(1.0, ramp + 0.3)
-    widths = np.clip(base_width * np.exp(0.3 * _smooth_noise(rng, (steps,), 30.0)) * taper, 1.0, MAX_CRACK_WIDTH)
+    widths = np.clip(base_width * np.exp(0.3 * smooth_noise(rng, (steps,), 30.0)) * taper, 1.0, MAX_CRACK_WIDTH)
     rows, cols = np.rint(ys), np.rint(xs)
     inside = (rows >= 0) & (rows < shape[0]) & (cols >= 0) & (cols < shape[1])
     return CrackPath(ys, xs, angles, widths, inside)
@@ -291,7 +307,7 @@ def rasterize_cracks(
     distance, (near_y, near_x) = ndimage.distance_transform_edt(~centre, return_indices=True)
     local = half_width[near_y, near_x]
     mask = distance <= local
-    depth_along = np.clip(0.45 + 0.15 * _smooth_noise(rng, centre.shape, 30.0), 0.25, 0.7)
+    depth_along = np.clip(0.45 + 0.15 * smooth_noise(rng, centre.shape, 30.0), 0.25, 0.7)
     profile = 1.0 - 0.5 * (distance / np.maximum(local, 0.5)) ** 2
     depth = np.where(mask, depth_along * profile, 0.0).astype(np.float32)
     labels = np.where(mask, owner[near_y, near_x], 0).astype(np.uint8)

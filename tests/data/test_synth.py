@@ -8,7 +8,7 @@ from PIL import Image
 from scipy import ndimage
 
 from crackseg.core.errors import InputError
-from crackseg.data.synth import make_sample, parse_size, write_dataset
+from crackseg.data.synth import SynthOptions, make_sample, parse_size, write_dataset
 
 
 def _files(root):
@@ -16,9 +16,9 @@ def _files(root):
 
 
 def test_same_seed_gives_identical_bytes_and_other_seeds_differ(tmp_path):
-    write_dataset(tmp_path / "a", count=4, size=(48, 64), seed=3, truth=True)
-    write_dataset(tmp_path / "b", count=4, size=(48, 64), seed=3, truth=True, workers=2)
-    write_dataset(tmp_path / "c", count=4, size=(48, 64), seed=4, truth=True)
+    write_dataset(tmp_path / "a", count=4, size=(48, 64), seed=3, options=SynthOptions(truth=True))
+    write_dataset(tmp_path / "b", count=4, size=(48, 64), seed=3, options=SynthOptions(truth=True), workers=2)
+    write_dataset(tmp_path / "c", count=4, size=(48, 64), seed=4, options=SynthOptions(truth=True))
     a, b, c = (_files(tmp_path / name) for name in "abc")
     assert len(a) == 13  # 4 images, 4 masks, 4 truth labels, truth.json
     assert a == b
@@ -74,7 +74,7 @@ def test_distractors_are_visible_but_not_labelled():
 
 
 def test_truth_lengths_and_widths_are_plausible(tmp_path):
-    write_dataset(tmp_path, count=6, size=(128, 128), seed=5, truth=True)
+    write_dataset(tmp_path, count=6, size=(128, 128), seed=5, options=SynthOptions(truth=True))
     truth = json.loads((tmp_path / "truth.json").read_text())
     cracks = [crack for stem in truth for crack in truth[stem]]
     assert cracks
@@ -110,7 +110,7 @@ def test_parse_size_rejects_bad_text(text):
 
 
 def test_overwrite_with_fewer_images_leaves_only_the_new_dataset(tmp_path):
-    write_dataset(tmp_path, count=5, size=(32, 32), seed=1, truth=True)
+    write_dataset(tmp_path, count=5, size=(32, 32), seed=1, options=SynthOptions(truth=True))
     write_dataset(tmp_path, count=2, size=(32, 32), seed=2, overwrite=True)
     assert sorted(p.name for p in (tmp_path / "images").iterdir()) == ["00000.jpg", "00001.jpg"]
     assert sorted(p.name for p in (tmp_path / "masks").iterdir()) == ["00000.png", "00001.png"]
