@@ -6,7 +6,17 @@ import argparse
 from pathlib import Path
 
 from crackseg.cli.options import HelpFormatter, add_inference_options, checked, inference_options
-from crackseg.core.config import FRACTION, JOIN_GAP, MIN_LENGTH, NON_NEGATIVE, TOLERANCE, parse_length
+from crackseg.core.config import (
+    ALARM_DISTANCE,
+    ALARM_TILE,
+    AT_LEAST_ONE,
+    FRACTION,
+    JOIN_GAP,
+    MIN_LENGTH,
+    NON_NEGATIVE,
+    TOLERANCE,
+    parse_length,
+)
 from crackseg.core.errors import InputError
 from crackseg.evaluation.protocols import PROTOCOLS
 
@@ -20,7 +30,8 @@ def add_commands(commands) -> None:
             "truth) or a checkpoint run on a dataset split. Reports dataset-level precision, recall,\n"
             "F1, crack and background IoU and mIoU, per-image means, ODS, OIS and AP, or a paper's own\n"
             "figures with --protocol; photos whose ground truth has no crack also apart (how many get a\n"
-            "predicted crack). With --out, report.json, report.md, per_image.csv (worst first), and\n"
+            "predicted crack), and false alarms far from any crack in every photo (--alarm-distance,\n"
+            "--alarm-tile). With --out, report.json, report.md, per_image.csv (worst first), and\n"
             "pr_curve.csv and pr_curve.png where the protocol has a precision-recall curve.\n\n"
             "  crackseg evaluate --pred predictions/probs --gt data/cfd/masks --split data/cfd/test.txt --tolerance 2\n"
             "  crackseg evaluate --checkpoint checkpoints/cfd/best.pt --data data/cfd --split test --out reports/cfd"
@@ -44,6 +55,15 @@ def add_commands(commands) -> None:
                           help="px: on photos whose ground truth has no crack, predicted cracks shorter than this are not counted (predict's --min-length)")
     evaluate.add_argument("--join-gap", type=checked(float, NON_NEGATIVE), default=parse_length(JOIN_GAP)[0],
                           help="px: pieces of a predicted crack are joined across gaps up to this long before counting cracks on crack-free photos (predict's --join-gap)")
+    evaluate.add_argument("--alarm-distance", type=checked(float, NON_NEGATIVE), default=ALARM_DISTANCE,
+                          help="px: a predicted crack pixel farther than this (Euclidean) from every true crack pixel is a far false "
+                               f"alarm, reported per megapixel (default {ALARM_DISTANCE:g}: beyond the 2-5 px tolerances of crack benchmarks "
+                               "and the half-width of the widest labels, about 11 px, so a crack drawn wider or a few px off is not counted, "
+                               "while shadows, joints and stems beside it are); under the crackseg and omnicrack protocols only, at "
+                               "their operating threshold (scsegamba and deepsegmentor have none)")
+    evaluate.add_argument("--alarm-tile", type=checked(int, AT_LEAST_ONE), default=ALARM_TILE,
+                          help=f"px (default {ALARM_TILE}): every image is cut into tiles this wide (the last ones partial); of the tiles "
+                               "whose ground truth has no crack pixel, the share with a predicted crack pixel is reported")
     evaluate.add_argument("--out", type=Path, default=None, help="folder for the report files")
     evaluate.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     add_inference_options(evaluate, "inference (with --checkpoint)")
@@ -59,7 +79,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.out is not None:
         ensure_writable_folder(args.out, "--out")
     inference = inference_options(args)
-    scoring = Scoring(args.protocol, args.min_length, args.join_gap)
+    scoring = Scoring(args.protocol, args.min_length, args.join_gap, args.alarm_distance, args.alarm_tile)
     if args.checkpoint is not None:
         if args.data is None:
             raise InputError("--checkpoint needs --data ROOT (and --split, default test)")

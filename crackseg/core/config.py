@@ -30,6 +30,7 @@ STREAM_ABOVE = 64_000_000  # px: TIFFs larger than this (or georeferenced) are p
 BACKENDS = ("auto", "torch", "onnxruntime", "openvino")  # runtimes of predict's forward pass
 EXPORT_FORMATS = ("onnx", "openvino", "safetensors")
 JOIN_GAP, MIN_LENGTH = "10px", "10px"  # predict's defaults for joining crack pieces and dropping specks
+ALARM_DISTANCE, ALARM_TILE = 10.0, 256  # px: evaluate's far false alarms and tiles (crackseg.evaluation.false_alarms says why)
 GROUPS = ("data", "model", "optimization", "speed and memory", "run folder")  # as --help lists them
 
 PATH_OPTIONS = frozenset({"data", "images", "masks", "init"})

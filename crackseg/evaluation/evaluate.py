@@ -6,7 +6,8 @@ default protocol, ``crackseg``, every figure comes from the per-threshold histog
 :mod:`crackseg.evaluation.metrics`, the code that also scores validation during training; the other
 protocols (:mod:`crackseg.evaluation.protocols`) reproduce a paper's evaluation code, to set crackseg
 beside its table. Photos whose ground truth has no crack are also reported apart: how many
-get a predicted crack, counted as ``predict`` counts cracks. The report states each
+get a predicted crack, counted as ``predict`` counts cracks; and false alarms far from any
+crack, in every photo (:mod:`crackseg.evaluation.false_alarms`). The report states each
 definition next to its number.
 """
 
@@ -22,12 +23,13 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from crackseg.core.config import JOIN_GAP, MIN_LENGTH, InferenceOptions, parse_length
+from crackseg.core.config import ALARM_DISTANCE, ALARM_TILE, JOIN_GAP, MIN_LENGTH, InferenceOptions, parse_length
 from crackseg.core.errors import InputError
 from crackseg.core.files import write_atomic, write_csv
 from crackseg.cracks.measure import find_cracks
 from crackseg.data.datasets import files_by_stem, open_dataset, read_stems
 from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, load_image, load_mask, read_probability
+from crackseg.evaluation.false_alarms import add_false_alarms, format_alarms, image_alarms
 from crackseg.evaluation.metrics import (
     average_precision,
     background_iou,
@@ -65,12 +67,16 @@ MIN_LENGTH_PX, JOIN_GAP_PX = parse_length(MIN_LENGTH)[0], parse_length(JOIN_GAP)
 
 @dataclass(frozen=True)
 class Scoring:
-    """What to report besides the tolerance and threshold: the protocol (one of crackseg.evaluation.protocols.PROTOCOLS), and,
-    in px, how predicted cracks on crack-free photos are counted (predict's --min-length and --join-gap)."""
+    """What to report besides the tolerance and threshold: the protocol (one of crackseg.evaluation.protocols.PROTOCOLS);
+    in px, how predicted cracks on crack-free photos are counted (predict's --min-length and --join-gap), and how far from
+    every true crack a predicted pixel is a far alarm, and the side of the tiles checked for alarms
+    (crackseg.evaluation.false_alarms)."""
 
     protocol: str = "crackseg"
     min_length: float = MIN_LENGTH_PX
     join_gap: float = JOIN_GAP_PX
+    alarm_distance: float = ALARM_DISTANCE
+    alarm_tile: int = ALARM_TILE
 
     def check(self, tolerance: float) -> None:
         if self.protocol not in PROTOCOLS:
@@ -82,6 +88,10 @@ class Scoring:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise InputError(f"--{name.replace('_', '-')} must be a length in px, 0 or more, got {value}")
+        if not (math.isfinite(self.alarm_distance) and self.alarm_distance >= 0):
+            raise InputError(f"--alarm-distance must be a length in px, 0 or more, got {self.alarm_distance}")
+        if not (isinstance(self.alarm_tile, int) and self.alarm_tile >= 1):
+            raise InputError(f"--alarm-tile must be a whole number of px, 1 or more, got {self.alarm_tile}")
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,7 @@ class ImageScore:
     crack_pixels: int  # in its ground truth
     scores: object  # crackseg: (strict, tolerant) histograms; other protocols: crackseg.evaluation.protocols.image_counts
     false_alarm: dict | None  # a crack-free image: the cracks and crack pixels predicted on it; else None
+    far_alarms: dict | None = None  # crackseg.evaluation.false_alarms.image_alarms' counts; None under protocols without them
 
 
 def score_image(prob: torch.Tensor, truth: torch.Tensor, tolerance: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,7 +123,8 @@ def score_one(name: str, prob: torch.Tensor, truth: torch.Tensor, tolerance: flo
     else:
         scores = image_counts(scoring.protocol, prob.cpu().numpy(), truth.cpu().numpy(), threshold)
     crack_pixels = int(truth.sum())
-    return ImageScore(name, crack_pixels, scores, None if crack_pixels else _false_alarm(prob, threshold, scoring))
+    far_alarms = image_alarms(prob, truth, threshold, scoring.protocol, scoring.alarm_distance, scoring.alarm_tile)
+    return ImageScore(name, crack_pixels, scores, None if crack_pixels else _false_alarm(prob, threshold, scoring), far_alarms)
 
 
 def _false_alarm(prob: torch.Tensor, threshold: float, scoring: Scoring) -> dict:
@@ -195,12 +207,15 @@ def evaluate_checkpoint(checkpoint: Path, root: Path, split: str = "test", toler
 
 
 def build_report(results: list[ImageScore], tolerance: float, threshold: float, scoring: Scoring = Scoring()) -> dict:
-    """The report of ``scoring.protocol`` from each image's scores, with crack-free photos reported apart."""
+    """The report of ``scoring.protocol`` from each image's scores, with crack-free photos reported apart and,
+    under a protocol with an operating threshold, false alarms far from any crack."""
     if scoring.protocol == "crackseg":
         report = _crackseg_report(results, tolerance, threshold)
     else:
         report = _protocol_report(results, threshold, scoring.protocol)
-    return _with_crack_free(report, results, threshold, scoring)
+    report = _with_crack_free(report, results, threshold, scoring)
+    alarms = {r.name: r.far_alarms for r in results if r.far_alarms is not None}
+    return add_false_alarms(report, alarms, scoring.alarm_distance, scoring.alarm_tile)
 
 
 def _crackseg_report(results: list[ImageScore], tolerance: float, threshold: float) -> dict:
@@ -298,6 +313,8 @@ def format_table(report: dict) -> str:
         free = report["crack_free"]
         lines.append(f"  crack-free images {free['images']}: {free['with_predicted_cracks']} with a predicted crack, "
                      f"{free['false_crack_pixels_per_megapixel']:.1f} false crack pixels per megapixel")
+    if "false_alarms" in report:
+        lines.append(format_alarms(report["false_alarms"]))
     lines.append("  worst: " + ", ".join(report["worst_images"][:5]))
     return "\n".join(lines)
 
@@ -353,7 +370,9 @@ def write_report(report: dict, out: Path) -> None:
     summary = {key: value for key, value in report.items() if key not in ("per_image", "pr_curve")}
     curve = {"pr_curve": report["pr_curve"]} if "pr_curve" in report else {}
     write_atomic(out / "report.json", json.dumps({**summary, **curve}, indent=1) + "\n")
-    write_csv(out / "per_image.csv", report["per_image"])
+    rows = report["per_image"]
+    columns = [key for key in dict.fromkeys(key for row in rows for key in row) if key != "far_alarm_pixels"]  # it goes last
+    write_csv(out / "per_image.csv", rows, columns)
     if curve:
         write_csv(out / "pr_curve.csv", report["pr_curve"])
         _plot_pr_curve(report, out / "pr_curve.png")

@@ -244,7 +244,7 @@ def test_crack_free_figures_reach_the_report_files_and_need_crack_free_truth(tmp
     (tmp_path / "cracks.txt").write_text("crack\n")
     assert main([*args, "--split", str(tmp_path / "cracks.txt"), "--out", str(tmp_path / "c")]) == 0
     assert "crack_free" not in json.loads((tmp_path / "c" / "report.json").read_text())
-    assert (tmp_path / "c" / "per_image.csv").read_text().splitlines()[0] == "image,crack_pixels,precision,recall,f1,iou,best_f1"
+    assert (tmp_path / "c" / "per_image.csv").read_text().splitlines()[0] == "image,crack_pixels,precision,recall,f1,iou,best_f1,far_alarm_pixels"
 
 
 def test_every_protocol_scores_a_checkpoint_and_saved_files_and_names_itself(synth_root, tmp_path):

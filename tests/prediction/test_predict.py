@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -196,7 +197,7 @@ def test_two_processes_write_every_output_once(tmp_path, checkpoint):
     env["PYTHON"] = sys.executable
     result = subprocess.run(
         ["bash", str(ROOT / "launch.sh"), "--nproc", "2", "predict", "--checkpoint", str(checkpoint), str(tmp_path / "in"),
-         "--out", str(tmp_path / "out"), "--device", "cpu", "--workers", "0"],
+         "--out", str(tmp_path / "out"), "--device", "cpu", "--workers", "0", "--threshold", "0"],  # every pixel crack: warned
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -204,6 +205,8 @@ def test_two_processes_write_every_output_once(tmp_path, checkpoint):
     assert sorted(row["path"] for row in rows) == sorted(str(tmp_path / "in" / f"img{i}.jpg") for i in range(5))
     assert len({row["path"] for row in rows}) == 5
     assert len(list((tmp_path / "out" / "masks").iterdir())) == 5
+    assert result.stderr.count("of the pixels predicted are crack") == 1  # rank 0 alone warns
+    assert len(json.loads((tmp_path / "out" / "summary.json").read_text())["warnings"]) == 1
 
 
 def test_inputs_mirror_names_and_refuse_collisions(tmp_path):
@@ -305,3 +308,49 @@ def test_a_name_that_is_not_utf8_is_predicted_and_listed(tmp_path, checkpoint, c
     assert (tmp_path / "out" / "masks" / f"{name}.png").exists() and (tmp_path / "out" / "overlays" / f"{name}.jpg").exists()
     text = (tmp_path / "out" / "predictions.csv").read_bytes().decode("utf-8")
     assert "caf\\xe9.jpg" in text
+
+
+def _grey_photos(folder: Path, dark: int, light: int) -> None:
+    """``dark`` photos dark all over (the dark-pixel model calls every pixel crack), then ``light`` light ones with one dark
+    line across (the model marks the line: 150 of 2400 px, 6%)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for index in range(dark + light):
+        photo = np.full((40, 60, 3), 20 if index < dark else 200, np.uint8)
+        photo[20:23, 5:55] = 20
+        Image.fromarray(photo).save(folder / f"img{index:02d}.png")
+
+
+def _warnings(out: Path, capsys) -> tuple[list[str], list[str]]:
+    """The crack-fraction warnings predict printed, and summary.json's warnings."""
+    printed = [line for line in capsys.readouterr().err.splitlines() if "of the pixels predicted are crack" in line]
+    return printed, json.loads((out / "summary.json").read_text())["warnings"]
+
+
+def test_a_run_marking_most_pixels_is_warned_about_and_the_summary_keeps_it(tmp_path, dark_checkpoint, capsys):
+    _grey_photos(tmp_path / "in", dark=2, light=1)
+    assert predict_cli("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 0  # the status is unchanged
+    printed, saved = _warnings(tmp_path / "out", capsys)
+    assert len(printed) == 1 and printed[0].startswith("crackseg: warning: ")
+    assert "68.8% of the pixels predicted are crack, and 2 of 3 images are mostly crack" in printed[0]  # (2 * 2400 + 150) / 7200
+    assert "unlike the model's training photos" in printed[0] and "the threshold (0.5) too low" in printed[0]
+    assert saved == [printed[0].removeprefix("crackseg: warning: ")]
+
+
+def test_a_normal_run_is_not_warned_about(tmp_path, dark_checkpoint, capsys):
+    _grey_photos(tmp_path / "in", dark=0, light=3)
+    assert predict_cli("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 0
+    assert _warnings(tmp_path / "out", capsys) == ([], [])
+    assert predict_cli("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "low", "--threshold", "0") == 0
+    printed, saved = _warnings(tmp_path / "low", capsys)
+    assert "100.0% of the pixels predicted are crack" in printed[0] and "the threshold (0) too low" in saved[0]
+
+
+def test_a_tenth_of_the_photos_mostly_crack_is_warned_about(tmp_path, dark_checkpoint, capsys):
+    """1 of 10 photos mostly crack warns, although the run's pixels are 15.6% crack; 1 of 11 (14.8%) does not."""
+    _grey_photos(tmp_path / "in", dark=1, light=10)
+    (tmp_path / "in" / "img10.png").rename(tmp_path / "img10.png")
+    assert predict_cli("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "ten") == 0
+    assert "15.6% of the pixels predicted are crack, and 1 of 10 images are mostly crack" in _warnings(tmp_path / "ten", capsys)[0][0]
+    (tmp_path / "img10.png").rename(tmp_path / "in" / "img10.png")
+    assert predict_cli("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "eleven") == 0
+    assert _warnings(tmp_path / "eleven", capsys) == ([], [])
