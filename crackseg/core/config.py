@@ -33,11 +33,14 @@ JOIN_GAP, MIN_LENGTH = "10px", "10px"  # predict's defaults for joining crack pi
 ALARM_DISTANCE, ALARM_TILE = 10.0, 256  # px: evaluate's far false alarms and tiles (crackseg.evaluation.false_alarms says why)
 GROUPS = ("data", "model", "optimization", "speed and memory", "run folder")  # as --help lists them
 
-PATH_OPTIONS = frozenset({"data", "images", "masks", "init"})
+PATH_OPTIONS = frozenset({"data", "images", "masks", "init", "negatives"})
 # Options that may change when a run is resumed; any other difference is an error.
 RESUMABLE_CHANGES = frozenset(
     {"run", "epochs", "workers", "val_every", "keep_last", "log_every", "resume", "device", "cache", "val_batch_size"}
 )
+# Options added after runs were saved without them: such a run trained as their default says.
+ADDED_OPTIONS = frozenset({"negatives", "negative_share"})
+DEFAULT_NEGATIVE_SHARE = 0.25  # --negative-share when crack-free images are given and the share is not
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,20 @@ class TrainConfig:
     )
     on_bad_sample: str = option(
         "error", "stop on any unreadable or unmatched file, or skip it (listed in RUN/skipped.txt)", "data", choices=("error", "skip")
+    )
+    negatives: str | None = option(
+        None,
+        "folder of crack-free photos (hard negatives: joints, shadows, paint lines, stains), or with them in images/ "
+        "and optional masks/, which must be empty; their masks are all background. ROOT/negatives.txt may list more "
+        "stems of the dataset's images/",
+        "data",
+    )
+    negative_share: float | None = option(
+        None,
+        f"share of each epoch's training samples drawn from the crack-free images (default {DEFAULT_NEGATIVE_SHARE:g} "
+        "when there are any); validation stays crack images only",
+        "data",
+        valid=Range(0, 1, high_open=True),
     )
     crop_size: int = option(384, "training crop side in px (random scaled crops, flips, 90-degree turns)", "data", valid=AT_LEAST_ONE)
     cache: bool = option(False, "decode every image once into RAM (datasets that fit)", "data")
@@ -294,6 +311,8 @@ def resolved_encoder(config: TrainConfig) -> str:
 def check_same_run(config: TrainConfig, saved: dict, source: Path) -> None:
     """A resumed run must keep every option outside :data:`RESUMABLE_CHANGES`; paths compare as the files they name."""
     current = config.to_dict()
+    defaults = {item.name: item.default for item in dataclasses.fields(TrainConfig) if item.name in ADDED_OPTIONS}
+    saved = {**defaults, **saved}
 
     def same(key: str) -> bool:
         if key in PATH_OPTIONS and current[key] and saved[key]:

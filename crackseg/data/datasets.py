@@ -5,6 +5,9 @@ A dataset is a folder of photos and a folder of masks whose files share stems
 in a listing. :func:`scan` decodes every file once before training (in parallel threads;
 JPEGs at 1/8 scale, which still decodes their whole stream, so truncation is caught)
 and reads the crack pixel counts that :func:`crack_pixel_weight` needs.
+
+Crack-free photos (hard negatives) that ``ROOT/negatives.txt`` lists need no mask and stay out
+of the pairs and the split; :mod:`crackseg.data.negatives` makes them a training pool.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import os
 import re
 from collections import Counter
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +32,7 @@ from crackseg.data.images import (
     CRACK_THRESHOLD,
     DECODE_ERRORS,
     IMAGE_SUFFIXES,
+    crack_mask,
     describe_error,
     displayed_size,
     mask_levels,
@@ -35,13 +40,15 @@ from crackseg.data.images import (
 )
 
 SPLITS = ("train", "val", "test")
+NEGATIVES_FILE = "negatives.txt"  # stems of crack-free photos in ROOT/images/, masks optional (and empty)
+CRACK_FREE_ENTRIES = ("negatives", "negative_files")  # split.json: negatives.txt's stems, --negatives' file names
 
 
 @dataclass(frozen=True)
 class Sample:
     stem: str
     image: Path
-    mask: Path
+    mask: Path | None  # None: a crack-free photo without a mask file (all background)
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,7 @@ class Scan:
     problems: list[Problem]
     masks: dict[str, MaskInfo] = field(default_factory=dict)
     listed: dict[str, list[str]] = field(default_factory=dict)  # split files, usable stems only
+    negatives: list[Sample] = field(default_factory=list)  # usable crack-free photos that negatives.txt lists
 
     @property
     def non_binary_masks(self) -> int:
@@ -88,12 +96,15 @@ def resolve_folders(root: Path | None, images: Path | None, masks: Path | None) 
     return Path(images or Path(root) / "images"), Path(masks or Path(root) / "masks")
 
 
-def find_samples(images: Path, masks: Path, mask_pattern: str = "{stem}") -> tuple[list[Sample], list[Problem]]:
+def find_samples(
+    images: Path, masks: Path, mask_pattern: str = "{stem}", crack_free: Collection[str] = ()
+) -> tuple[list[Sample], list[Problem]]:
     """Pair every image with the mask named ``mask_pattern.format(stem=...)`` plus any image suffix.
 
     Returns the pairs sorted by stem, and one problem per unmatched file. Two files with
     one stem in a folder (``001.png`` and ``001.bmp``) are a problem naming both, and that
-    stem is not paired at all: crackseg never guesses which one was meant.
+    stem is not paired at all: crackseg never guesses which one was meant. Images whose stem
+    is in ``crack_free`` need no mask: they follow the pairs, with their mask file or None.
     """
     for folder, flag in ((images, "--images"), (masks, "--masks")):
         if not Path(folder).is_dir():
@@ -107,11 +118,14 @@ def find_samples(images: Path, masks: Path, mask_pattern: str = "{stem}") -> tup
     mask_files, mask_twins = _by_stem(Path(masks), lambda stem: (m := mask_name.match(stem)) and m["stem"])
     problems = [Problem(paths[0], _twins_message(paths)) for paths in [*image_twins.values(), *mask_twins.values()]]
     ambiguous = image_twins.keys() | mask_twins.keys()
-    for stem in sorted(image_files.keys() - mask_files.keys() - ambiguous):
+    crack_free = set(crack_free)
+    for stem in sorted(image_files.keys() - mask_files.keys() - ambiguous - crack_free):
         problems.append(Problem(image_files[stem], f"no mask for this image in {masks}"))
     for stem in sorted(mask_files.keys() - image_files.keys() - ambiguous):
         problems.append(Problem(mask_files[stem], f"no image for this mask in {images}"))
-    samples = [Sample(stem, image_files[stem], mask_files[stem]) for stem in sorted(image_files.keys() & mask_files.keys())]
+    paired = (image_files.keys() & mask_files.keys()) - crack_free
+    samples = [Sample(stem, image_files[stem], mask_files[stem]) for stem in sorted(paired)]
+    samples += [Sample(stem, image_files[stem], mask_files.get(stem)) for stem in sorted(image_files.keys() & crack_free)]
     return samples, problems
 
 
@@ -172,14 +186,48 @@ def usable_samples(found: Scan, policy: str) -> list[Sample]:
     return found.samples
 
 
+def check_crack_free(samples: list[Sample], workers: int | None = None) -> tuple[list[Sample], list[Problem]]:
+    """Decode crack-free photos (and their masks, where given) completely: the usable ones, and the problems.
+
+    Such a photo needs no mask, being all background; a mask given with it must be empty. Crack
+    pixels in it are a labelling mistake: an InputError naming the mask, never trained on as background.
+    """
+    with ThreadPoolExecutor(workers or decoding_threads()) as pool:
+        problems = list(pool.map(_check_crack_free, samples))
+    return [s for s, problem in zip(samples, problems) if problem is None], [p for p in problems if p is not None]
+
+
+def _check_crack_free(sample: Sample) -> Problem | None:
+    try:
+        _decode_image(sample.image)
+    except DECODE_ERRORS as error:
+        return Problem(sample.image, describe_error(error))
+    if sample.mask is None:
+        return None
+    try:
+        cracked = int(crack_mask(sample.mask).sum())
+    except DECODE_ERRORS as error:
+        return Problem(sample.mask, describe_error(error))
+    if cracked:
+        raise InputError(f"{sample.mask}: {cracked} crack pixels in the mask of a crack-free image (a negative); "
+                         f"fix the mask, or take {sample.image.name} out of the negatives")
+    return None
+
+
+def _decode_image(path: Path) -> tuple[tuple[int, int], tuple[int, int], int]:
+    """Decode ``path`` completely (a JPEG at 1/8 scale): its stored size, displayed size and EXIF orientation."""
+    with Image.open(path) as image:
+        stored, shown, turn = image.size, displayed_size(image), orientation(image)
+        if image.format == "JPEG":
+            image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
+        image.load()
+    return stored, shown, turn
+
+
 def _check_sample(sample: Sample) -> tuple[list[Problem], MaskInfo | None]:
     problems = []
     try:
-        with Image.open(sample.image) as image:
-            stored, shown, turn = image.size, displayed_size(image), orientation(image)
-            if image.format == "JPEG":
-                image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
-            image.load()
+        stored, shown, turn = _decode_image(sample.image)
     except DECODE_ERRORS as error:
         problems.append(Problem(sample.image, describe_error(error)))
         shown = None
@@ -211,13 +259,21 @@ def open_dataset(
     mask_pattern: str = "{stem}",
     workers: int | None = None,
 ) -> Scan:
-    """Pair, decode and check a whole dataset, and read its split files (``ROOT/{train,val,test}.txt``)."""
+    """Pair, decode and check a whole dataset, and read its split files (``ROOT/{train,val,test}.txt``)
+    and the crack-free photos that ``ROOT/negatives.txt`` lists (kept out of the split)."""
     image_dir, mask_dir = resolve_folders(root, images, masks)
-    samples, problems = find_samples(image_dir, mask_dir, mask_pattern)
+    negatives_file = Path(root or ".") / NEGATIVES_FILE
+    crack_free = set(read_stems(negatives_file)) if root is not None and negatives_file.is_file() else set()
+    found_files, problems = find_samples(image_dir, mask_dir, mask_pattern, crack_free)
+    samples = [sample for sample in found_files if sample.stem not in crack_free]
     found = scan(samples, workers)
     found.problems[:0] = problems
     if not samples:
         found.problems.append(Problem(image_dir, f"no image/mask pairs (images in {image_dir}, masks in {mask_dir})"))
+    negatives = [sample for sample in found_files if sample.stem in crack_free]
+    found.negatives, unusable = check_crack_free(negatives, workers)
+    missing = sorted(crack_free - {sample.stem for sample in negatives})
+    found.problems += [Problem(negatives_file, f"lists {stem!r}, which has no image in {image_dir}") for stem in missing] + unusable
     paired = {sample.stem for sample in samples}
     usable = {sample.stem for sample in found.samples}
     for name in SPLITS:
@@ -225,6 +281,9 @@ def open_dataset(
         if root is None or not path.is_file():
             continue
         stems = read_stems(path)
+        if both := sorted(crack_free & set(stems)):
+            raise InputError(f"{path}: lists {both[0]!r}, which {NEGATIVES_FILE} lists as crack-free ({len(both)} such stems); "
+                             "list each stem in one split only")
         found.problems += [Problem(path, f"lists {stem!r}, which has no image/mask pair") for stem in stems if stem not in paired]
         found.listed[name] = [stem for stem in stems if stem in usable]
     return found
@@ -284,7 +343,8 @@ def load_split(path: Path) -> dict[str, list[str]]:
         split = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise InputError(f"{path}: cannot read the saved split ({error})") from None
-    return {name: list(split.get(name, [])) for name in SPLITS}
+    crack_free = {name: list(split[name]) for name in CRACK_FREE_ENTRIES if name in split}
+    return {name: list(split.get(name, [])) for name in SPLITS} | crack_free
 
 
 def crack_pixel_weight(masks: list[MaskInfo]) -> float:
@@ -309,6 +369,9 @@ def inspection_report(found: Scan, split: dict[str, list[str]], val_fraction: fl
         "sizes: " + ", ".join(f"{size} px: {count}" for size, count in sizes.most_common(8)) + (" ..." if len(sizes) > 8 else ""),
         f"crack pixels: {100 * crack / max(total, 1):.2f}% of all pixels; {found.empty_masks} masks without cracks",
     ]
+    if found.negatives:
+        lines.append(f"crack-free: {len(found.negatives)} photos listed in {NEGATIVES_FILE}, kept out of the split "
+                     "(training mixes them in, --negative-share)")
     if found.non_binary_masks:
         lines.append(f"warning: {found.non_binary_masks} masks are not pure 0/255 (lossy JPEG?); values above {CRACK_THRESHOLD} count as crack")
     if any(info.crack_pixels for info in train):

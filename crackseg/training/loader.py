@@ -1,4 +1,5 @@
-"""Training samples from a dataset: augmented (image, mask) pairs, epoch-aware sampling, loaders.
+"""Training samples from a dataset: augmented (image, mask) pairs, epoch-aware sampling (crack-free
+samples mixed in at a stated share), loaders.
 
 The dataset on disk (pairs, checks, splits) is :mod:`crackseg.data.datasets`; this module
 turns its samples into tensors for training and validation.
@@ -6,9 +7,12 @@ turns its samples into tensors for training and validation.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+from torch.utils.data import DistributedSampler
 from torchvision import tv_tensors
 
 from crackseg.core.errors import InputError
@@ -22,7 +26,9 @@ class CrackDataset(torch.utils.data.Dataset):
 
     Indexed by ``(epoch, index)`` (see :class:`EpochSampler`) with a ``seed``, each sample's
     augmentation is a pure function of (seed, epoch, index): a resumed run draws exactly
-    what an uninterrupted one would, whatever the number of loader workers.
+    what an uninterrupted one would, whatever the number of loader workers. A key
+    ``(epoch, index, repeat)`` (:class:`NegativeMixSampler`) draws anew for a sample seen again in one epoch.
+    A sample without a mask file (a crack-free photo) gets an all-background mask.
     ``cache=True`` decodes everything once up front; loader workers forked afterwards
     share those tensors instead of decoding again every epoch.
     """
@@ -49,12 +55,13 @@ class CrackDataset(torch.utils.data.Dataset):
     def _decode(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         sample = self.samples[index]
         try:
-            return load_image(sample.image), load_mask(sample.mask)
+            image = load_image(sample.image)
+            return image, load_mask(sample.mask) if sample.mask else torch.zeros((1, *image.shape[1:]), dtype=torch.uint8)
         except DECODE_ERRORS as error:
             raise InputError(f"{sample.image}: {describe_error(error)} (changed since the dataset was checked?)") from None
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
-        epoch, index = key if isinstance(key, tuple) else (0, key)
+    def __getitem__(self, key: int | tuple[int, ...]) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
+        epoch, index, *repeat = key if isinstance(key, tuple) else (0, key)
         image, mask = self._cache[index] if self._cache is not None else self._decode(index)
         image, mask = tv_tensors.Image(image), tv_tensors.Mask(mask)
         if self.transform is None:
@@ -62,7 +69,7 @@ class CrackDataset(torch.utils.data.Dataset):
         if self.seed is None:
             return self.transform(image, mask)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(mix_seed(self.seed, epoch, index))
+            torch.manual_seed(mix_seed(self.seed, epoch, index, *repeat))
             return self.transform(image, mask)
 
 
@@ -83,6 +90,68 @@ class EpochSampler(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         return len(self.sampler)
+
+
+def negatives_per_epoch(positives: int, share: float) -> int:
+    """k crack-free samples per epoch with k / (positives + k) = ``share``, rounded half up: 10 at 0.25 -> 3."""
+    return math.floor(share * positives / (1 - share) + 0.5)
+
+
+class NegativeMixSampler(torch.utils.data.Sampler):
+    """Every positive once per epoch plus k crack-free samples (:func:`negatives_per_epoch`), shuffled together.
+
+    Keys are for a :class:`CrackDataset` over the positives, then the negatives (indices from
+    ``positives`` on). The negatives come from an endless stream, the pool in a new seeded order
+    per pass, so each is used before any repeats; epoch e (counted from 1) takes the stream's
+    positions (e - 1) k .. e k - 1. A negative drawn twice in one epoch (a pool smaller than k)
+    gets key ``(epoch, index, repeat)`` and so its own augmentation. Stream and order are functions
+    of (seed, epoch): a resumed run draws what an uninterrupted one would. The epoch's list is split
+    over processes as ``DistributedSampler(drop_last=True)`` splits a dataset: its last
+    len % world_size keys are left out, and every process gets as many.
+    """
+
+    _ORDER, _LAP = -1, -2  # seed tags, apart from the (seed, epoch, index >= 0) of augmentation
+
+    def __init__(self, positives: int, negatives: int, share: float, seed: int, world_size: int = 1, rank: int = 0):
+        if negatives < 1 or not 0 <= share < 1:
+            raise ValueError(f"needs crack-free samples and a share in [0, 1), got {negatives} and {share}")
+        self.positives, self.negatives, self.seed = positives, negatives, seed
+        self.per_epoch = negatives_per_epoch(positives, share)
+        self.epoch = 1
+        self._shard = DistributedSampler(range(positives + self.per_epoch), world_size, rank, shuffle=False, drop_last=True)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch < 1:
+            raise ValueError(f"epochs count from 1, got {epoch}")
+        self.epoch = epoch
+
+    def epoch_keys(self) -> list[tuple[int, ...]]:
+        """The whole epoch's keys in their shuffled order, before they are split over processes."""
+        keys = [(self.epoch, index) for index in range(self.positives)]
+        seen = Counter()
+        for drawn in self._drawn_negatives():
+            keys.append((self.epoch, self.positives + drawn, seen[drawn]) if seen[drawn] else (self.epoch, self.positives + drawn))
+            seen[drawn] += 1
+        order = torch.randperm(len(keys), generator=torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, self._ORDER)))
+        return [keys[i] for i in order.tolist()]
+
+    def _drawn_negatives(self) -> list[int]:
+        start = (self.epoch - 1) * self.per_epoch
+        stop = start + self.per_epoch
+        drawn = []
+        for lap in range(start // self.negatives, -(-stop // self.negatives)):
+            generator = torch.Generator().manual_seed(mix_seed(self.seed, lap, self._LAP))
+            order = torch.randperm(self.negatives, generator=generator).tolist()
+            offset = lap * self.negatives
+            drawn += order[max(start - offset, 0) : min(stop - offset, self.negatives)]
+        return drawn
+
+    def __iter__(self):
+        keys = self.epoch_keys()
+        return iter([keys[position] for position in self._shard])
+
+    def __len__(self) -> int:
+        return len(self._shard)
 
 
 def make_loader(

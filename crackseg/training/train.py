@@ -35,10 +35,18 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DistributedSampler, SequentialSampler, Subset
 
-from crackseg.core.config import OFFLINE_IMAGENET_ENCODERS, TrainConfig, check_options, check_same_run, resolved_encoder
+from crackseg.core.config import (
+    DEFAULT_NEGATIVE_SHARE,
+    OFFLINE_IMAGENET_ENCODERS,
+    TrainConfig,
+    check_options,
+    check_same_run,
+    resolved_encoder,
+)
 from crackseg.core.errors import InputError
 from crackseg.core.version import __version__
 from crackseg.data.datasets import Sample, crack_pixel_weight, make_split, open_dataset, usable_samples
+from crackseg.data.negatives import negative_pool
 from crackseg.evaluation.metrics import improves
 from crackseg.model import distributed
 from crackseg.model.checkpoint import (
@@ -51,7 +59,7 @@ from crackseg.model.checkpoint import (
 from crackseg.model.networks import build_model, enable_activation_checkpointing
 from crackseg.model.pretrained import weights_source
 from crackseg.training.engine import StepContext, build_optimizer, build_scheduler, train_one_epoch, validate
-from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
+from crackseg.training.loader import CrackDataset, EpochSampler, NegativeMixSampler, make_loader, negatives_per_epoch
 from crackseg.training.losses import CrackLoss
 from crackseg.training.run_folder import RunFolder, TrainingPass
 from crackseg.training.seeding import mix_seed, seed_everything
@@ -71,6 +79,7 @@ class Resolved:
     crackseg: str
     torch: str
     encoder_weights: str | None = None  # where the encoder's starting weights came from (None: random, --init, or an older run)
+    negative_share: float = 0.0  # share of each epoch's training samples that are crack-free (0: none, or an older run)
 
 
 @dataclass
@@ -78,6 +87,7 @@ class Prepared:
     resolved: Resolved
     split: dict[str, list[str]]
     samples: list[Sample]
+    negatives: list[Sample]  # the crack-free pool, in its split.json order
 
 
 def fit(config: TrainConfig) -> dict:
@@ -97,7 +107,8 @@ def fit(config: TrainConfig) -> dict:
 
 def normalized(config: TrainConfig) -> TrainConfig:
     """The encoder the architecture implies, and absolute paths: what the run folder records."""
-    paths = {name: str(Path(value).absolute()) for name in ("data", "images", "masks", "init") if (value := getattr(config, name))}
+    names = ("data", "images", "masks", "init", "negatives")
+    paths = {name: str(Path(value).absolute()) for name in names if (value := getattr(config, name))}
     return dataclasses.replace(config, encoder=resolved_encoder(config), **paths)
 
 
@@ -141,8 +152,11 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
         )
         folder.open_events(global_step)
         pos_weight = "none" if resolved.pos_weight is None else format(resolved.pos_weight, ".2f")
+        share = resolved.negative_share
+        crack_free = (f"; {negatives_per_epoch(len(split['train']), share)} of {len(prepared.negatives)} crack-free images "
+                      f"in each epoch (negative share {share:g})" if prepared.negatives else "")
         folder.log(
-            f"{env.world_size} process(es) on {env.device.type}; {len(split['train'])} train / {len(split['val'])} val images; "
+            f"{env.world_size} process(es) on {env.device.type}; {len(split['train'])} train / {len(split['val'])} val images{crack_free}; "
             f"global batch {resolved.global_batch}, lr {resolved.lr:.3g}, pos_weight {pos_weight}, amp {resolved.amp}"
             + (", channels_last" if layout else "")
             + (f", weights averaged (EMA {config.ema:g})" if ema is not None else "")
@@ -202,24 +216,29 @@ def _prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunF
         Path(config.masks) if config.masks else None,
         config.mask_pattern,
     )
+    saved = (folder.saved_split() or payload["split"]) if payload is not None else None
+    negatives, crack_free, problems = negative_pool(found, config.negatives and Path(config.negatives), saved)
+    found.problems += problems
     samples = usable_samples(found, config.on_bad_sample)
+    if config.negative_share is not None and not negatives:
+        raise InputError(f"--negative-share {config.negative_share:g} needs crack-free photos: --negatives DIR, or ROOT/negatives.txt")
     if payload is not None:
-        split = folder.saved_split() or payload["split"]
+        split = saved
         resolved = Resolved(**{**payload["config"]["resolved"], "workers": _workers(config)})
     else:
-        split = make_split([s.stem for s in samples], config.val_fraction, config.seed, found.listed)
+        split = make_split([s.stem for s in samples], config.val_fraction, config.seed, found.listed) | crack_free
         if not split["train"]:
             raise InputError("no training images left after the split")
-        resolved = _resolve(config, env, [found.masks[stem] for stem in split["train"]])
+        resolved = _resolve(config, env, [found.masks[stem] for stem in split["train"]], bool(negatives))
     usable = {s.stem for s in samples}
     lost = sorted(stem for name in ("train", "val") for stem in split[name] if stem not in usable)
     if lost:
         raise InputError(f"{len(lost)} images of the saved split are no longer usable (e.g. {lost[0]}); see the problems with crackseg inspect")
     folder.write_setup(config.to_dict(), dataclasses.asdict(resolved), split, found.problems)
-    return Prepared(resolved, split, samples)
+    return Prepared(resolved, split, samples, negatives)
 
 
-def _resolve(config: TrainConfig, env: distributed.Environment, train_masks: list) -> Resolved:
+def _resolve(config: TrainConfig, env: distributed.Environment, train_masks: list, crack_free: bool = False) -> Resolved:
     if config.pos_weight in ("auto", "sqrt"):
         ratio = crack_pixel_weight(train_masks)
         pos_weight = config.pos_weight_scale * (math.sqrt(ratio) if config.pos_weight == "sqrt" else ratio)
@@ -230,8 +249,9 @@ def _resolve(config: TrainConfig, env: distributed.Environment, train_masks: lis
     ratio = global_batch / config.base_batch
     lr = config.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[config.lr_scaling]
     amp = distributed.amp_name(distributed.resolve_amp(config.amp, env.device, training=True))
+    share = (DEFAULT_NEGATIVE_SHARE if config.negative_share is None else config.negative_share) if crack_free else 0.0
     return Resolved(pos_weight, global_batch, lr, amp, env.world_size, _workers(config), __version__, str(torch.__version__),
-                    _encoder_weights_source(config))
+                    _encoder_weights_source(config), share)
 
 
 def _encoder_weights_source(config: TrainConfig) -> str | None:
@@ -297,13 +317,16 @@ def _make_loaders(config: TrainConfig, env: distributed.Environment, prepared: P
     """Training loader (shuffled, sharded, last partial batch dropped) and this process's validation shard."""
     by_stem = {sample.stem: sample for sample in prepared.samples}
     split, workers, pin = prepared.split, prepared.resolved.workers, env.device.type == "cuda"
-    train_set = CrackDataset(
-        [by_stem[stem] for stem in split["train"]], train_transform(config.crop_size), seed=config.seed, cache=config.cache
-    )
-    val_set = CrackDataset([by_stem[stem] for stem in split["val"]], cache=config.cache)
-    train_sampler = EpochSampler(
-        DistributedSampler(train_set, env.world_size, env.rank, shuffle=True, seed=config.seed, drop_last=True)
-    )
+    positives, share = [by_stem[stem] for stem in split["train"]], prepared.resolved.negative_share
+    negatives = prepared.negatives if share > 0 else []  # at share 0 the epochs are those of a run without any
+    train_set = CrackDataset(positives + negatives, train_transform(config.crop_size), seed=config.seed, cache=config.cache)
+    val_set = CrackDataset([by_stem[stem] for stem in split["val"]], cache=config.cache)  # crack images only, as without negatives
+    if negatives:
+        train_sampler = NegativeMixSampler(len(positives), len(negatives), share, config.seed, env.world_size, env.rank)
+    else:
+        train_sampler = EpochSampler(
+            DistributedSampler(train_set, env.world_size, env.rank, shuffle=True, seed=config.seed, drop_last=True)
+        )
     train_loader = make_loader(train_set, config.batch_size, train_sampler, workers, pin, drop_last=True)
     val_shard = Subset(val_set, list(range(env.rank, len(val_set), env.world_size)))  # every image once, no padding
     val_loader = make_loader(val_shard, None, SequentialSampler(val_shard), workers, pin)  # one whole image at a time
