@@ -5,8 +5,8 @@
     python benchmarks/recipe.py table
     python benchmarks/recipe.py protocols --variant bce+dice-sqrt-bf16cl
 
-Every run trains a ResNet18 UNet from scratch with 2 gloo processes on the CPU (the budget of
-docs/results.md: about half an hour here), validates on a seeded 10% of ``train.txt``, and is
+Every run trains a UNet (ResNet18 from scratch unless the variant names another encoder) with 2
+gloo processes on the CPU (the budget of docs/results.md: about half an hour here), validates on a seeded 10% of ``train.txt``, and is
 scored once on ``test.txt`` at 0 and 2 px tolerance with its own validation threshold. The
 epochs per dataset give both the same number of optimizer steps (CrackForest: 64 training
 images x 60 epochs; crack500: 256 x 15). Runs go to ``checkpoints/recipe/DATASET-VARIANT-sSEED``;
@@ -33,8 +33,16 @@ VARIANTS = {  # every flag that differs spelled out, so that a run means the sam
     "bce+dice-sqrt": ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "off"],  # the loss defaults since, in float32
     "bce+dice-sqrt-ema": ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "off", "--ema", "0.99"],  # about the last 100 of 480 steps
     "bce+dice-sqrt-bf16cl": ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "bf16", "--channels-last"],
+    # the same recipe on an ImageNet-pretrained encoder whose weights install offline (crackseg[pretrained])
+    "lite0-imagenet-bf16cl": ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "bf16", "--channels-last",
+                              "--encoder", "efficientnet-lite0", "--encoder-weights", "imagenet"],
 }
-BASELINES = {"bce+dice-sqrt": "bce", "bce+dice-sqrt-ema": "bce+dice-sqrt", "bce+dice-sqrt-bf16cl": "bce+dice-sqrt"}  # a variant is compared with the one it changes
+# -hn: a quarter of each epoch's samples are crack-free look-alikes (hard_negatives() writes them once)
+NEGATIVES = ["--negatives", "{negatives}", "--negative-share", "0.25"]
+VARIANTS |= {f"{name}-hn": [*VARIANTS[name], *NEGATIVES] for name in ("bce+dice-sqrt-bf16cl", "lite0-imagenet-bf16cl")}
+BASELINES = {"bce+dice-sqrt": "bce", "bce+dice-sqrt-ema": "bce+dice-sqrt", "bce+dice-sqrt-bf16cl": "bce+dice-sqrt",
+             "lite0-imagenet-bf16cl": "bce+dice-sqrt-bf16cl", "bce+dice-sqrt-bf16cl-hn": "bce+dice-sqrt-bf16cl",
+             "lite0-imagenet-bf16cl-hn": "lite0-imagenet-bf16cl"}  # a variant is compared with the one it changes
 BUDGET = ["--encoder", "resnet18", "--encoder-weights", "none", "--crop-size", "320", "--batch-size", "4", "--lr", "1e-3",
           "--workers", "0", "--device", "cpu"]
 TOLERANCES = (0, 2)
@@ -64,14 +72,26 @@ def _score_protocols(checkpoint: Path, data: Path, out: Path) -> None:
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
 
 
+def hard_negatives(runs: Path) -> str:
+    """200 synthetic crack-free look-alikes at the datasets' photo size, written once (seed 0)."""
+    folder = runs / "hard-negatives"
+    if not (folder / "images").is_dir():
+        command = [*_crackseg(), "synth", str(folder), "--count", "200", "--size", "320x480", "--seed", "0",
+                   "--crack-free", "1", "--hard-negatives", "--overwrite"]
+        print(" ".join(command), flush=True)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return str(folder)
+
+
 def run(args: argparse.Namespace) -> None:
     folder, epochs = DATASETS[args.dataset]
     data = args.root / folder
     longer = f"-e{args.epochs}" if args.epochs and args.epochs != epochs else ""  # another budget is another variant
     run_dir = args.runs / f"{args.dataset}-{args.variant}{longer}-s{args.seed}"
     epochs = args.epochs or epochs
+    flags = [hard_negatives(args.runs) if flag == "{negatives}" else flag for flag in VARIANTS[args.variant]]
     command = [str(ROOT / "launch.sh"), "--nproc", "2", "train", "--data", str(data), "--run", str(run_dir), *BUDGET,
-               "--epochs", str(epochs), "--seed", str(args.seed), *VARIANTS[args.variant]]
+               "--epochs", str(epochs), "--seed", str(args.seed), *flags]
     print(" ".join(command), flush=True)
     start = time.time()
     subprocess.run(command, check=True, env={**os.environ, "PYTHON": sys.executable})

@@ -154,3 +154,26 @@ def test_ranking_table_pairs_the_arms_seed_for_seed(tmp_path):
     assert "| ranked | 2 | 0.6500 ± 0.0707 |" in result.stdout and "| base | 1 | 0.5000 |" in result.stdout
     assert "ranked - random, f1@0, per seed: +0.1000, -0.0500; mean 0.0250 ± 0.1061" in result.stdout
     assert "ranked 0.0250, pool 0.0150" in result.stdout  # the ranked pick (d, c) holds more crack than the pool's mean
+
+
+def test_generalization_table_gives_each_test_set_its_figures_over_seeds(tmp_path):
+    def report(folder: Path, name: str, f1: float, per_mp: float, share: float | None) -> None:
+        (folder / name).mkdir(parents=True)
+        figures = {"dataset": {"f1": f1}, "ods": {"f1": f1}, "ois": {"f1": f1}, "miou": {"miou": f1 / 2},
+                   "false_alarms": {"far_pixels_per_mp": per_mp, "share": share}}
+        (folder / name / "report.json").write_text(json.dumps(figures))
+
+    for seed, f1 in ((0, 0.6), (1, 0.7)):
+        scored = tmp_path / f"cfd-lite0-imagenet-bf16cl-s{seed}" / "generalization"
+        for test in ("cfd", "crack500"):
+            for name in ("tol0", "tol2", "scsegamba"):
+                report(scored / test, name, f1 if test == "cfd" else f1 - 0.2, 100.0 * (seed + 1), 0.5)
+        report(scored / "lookalikes", "tol0", 0.0, 1000.0 + seed, 0.25 * (seed + 1))
+    result = subprocess.run([sys.executable, str(BENCH.with_name("generalization.py")), "--runs", str(tmp_path), "table"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sections = result.stdout.split("scored on ")
+    crack500 = next(section for section in sections if section.startswith("crack500"))
+    assert "| cfd | lite0-imagenet-bf16cl | 2 | 0.4500 ± 0.0707 | 0.4500 ± 0.0707 | 0.4500 ± 0.0707 |" in crack500
+    lookalikes = next(section for section in sections if section.startswith("lookalikes"))
+    assert "| cfd | lite0-imagenet-bf16cl | 2 | 1000.5000 ± 0.7071 | 0.3750 ± 0.1768 |" in lookalikes
