@@ -6,7 +6,9 @@
   (0/255) and ``DATASET/labels.json``: the source, the format, the labels used and every count
   (shapes per kind, clipped, zero-area, labels left out, images not listed, annotations passed
   over). Nothing is dropped without being counted there. A labelme file whose photo the folder
-  lacks gives the photo it embeds (imageData), as labelme shows it.
+  lacks gives the photo it embeds (imageData), as labelme shows it. Every mask is drawn (to a temp)
+  before a file of the dataset is replaced, and --overwrite removes only files an earlier import
+  wrote (labels.json's files_written), never a photo of --images (which may be DATASET/images).
 - :func:`export_labels` turns a predictions folder's masks into pre-annotations a person corrects
   in the labelling tool.
 - :func:`rank_predictions` orders a predictions folder's photos by how unsure the model was
@@ -15,8 +17,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -26,7 +30,7 @@ from PIL import Image
 
 from crackseg.core.version import __version__
 from crackseg.core.errors import InputError, require
-from crackseg.core.files import ensure_writable_folder, link_atomic, write_atomic, write_csv
+from crackseg.core.files import ensure_writable_folder, link_atomic, temp_path, write_atomic, write_csv
 from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, displayed_size, orientation, read_probability
 from crackseg.labels.formats.coco import coco_document
 from crackseg.labels.formats.cvat import cvat_document
@@ -62,18 +66,33 @@ def import_labels(annotations: Path, fmt: str, images: Path, out: Path, options:
     if lines and options.line_width is None:
         raise InputError(f"{annotations} holds {lines} lines (polylines, linestrips): give --line-width PX, the crack width to draw them")
     sizes = {photo: _size(photo, image, annotations) for photo, image in matched.items()}
-    previous = _prepare(Path(out), options.overwrite)
+    earlier, made = _prepare(Path(out), options.overwrite)
     tally = {key: Counter() for key in ("shapes", "labels", "left_out", "not_drawn")} | {"clipped": 0, "zero_area": 0, "crack_free": 0}
+    staged = {}  # mask -> its temp: no file of the dataset is replaced before every mask is drawn
+    try:
+        for photo, image in matched.items():
+            mask = _draw(image, sizes[photo], wanted, options.line_width, tally)
+            tally["crack_free"] += not mask.any()
+            target = Path(out) / "masks" / f"{photo.stem}.png"
+            staged[target] = temp_path(target, "import")
+            write_png(staged[target], mask.astype(np.uint8) * 255)
+    except BaseException:
+        for temp in staged.values():
+            temp.unlink(missing_ok=True)
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+    for target, temp in staged.items():
+        os.replace(temp, target)
     for photo, image in matched.items():
-        mask = _draw(image, sizes[photo], wanted, options.line_width, tally)
-        tally["crack_free"] += not mask.any()
-        write_png(Path(out) / "masks" / f"{photo.stem}.png", mask.astype(np.uint8) * 255)
         if image.embedded_in is None:
             link_atomic(photo, Path(out) / "images" / photo.name)
         else:
             write_atomic(photo, embedded_photo(image))
     stems = sorted(photo.stem for photo in matched)
-    _remove_leftovers(Path(out), set(previous) | set(stems), {photo.name for photo in matched} | {f"{stem}.png" for stem in stems})
+    written = {f"masks/{stem}.png" for stem in stems} | {f"images/{photo.name}" for photo in matched}
+    kept = _remove_leftovers(Path(out), earlier, written, photos)
     listed = {photo.relative_to(Path(images)).as_posix() for photo, image in matched.items() if image.embedded_in is None}
     provenance = {
         "source": str(Path(annotations).resolve()), "format": fmt, "images_folder": str(Path(images).resolve()),
@@ -84,7 +103,7 @@ def import_labels(annotations: Path, fmt: str, images: Path, out: Path, options:
         "cancelled_annotations": found.cancelled, "tasks_with_several_annotations": found.several,
         "json_files_skipped": found.other_json,
         "photos_from_image_data": sorted(photo.name for photo, image in matched.items() if image.embedded_in is not None),
-        "images_not_listed": sorted(set(photos) - listed), "stems": stems,
+        "images_not_listed": sorted(set(photos) - listed), "stems": stems, "files_written": sorted(written | kept),
     }
     write_atomic(Path(out) / "labels.json", json.dumps(provenance, indent=1) + "\n")
     return provenance
@@ -220,27 +239,42 @@ def _size(photo: Path, image: LabelledImage, source: Path) -> tuple[int, int]:
     raise InputError(message)
 
 
-def _prepare(out: Path, overwrite: bool) -> list[str]:
-    """Check ``out`` before any work; returns the stems an earlier import wrote there."""
+def _prepare(out: Path, overwrite: bool) -> tuple[list[str], list[Path]]:
+    """Check ``out`` before any work; returns the files an earlier import wrote there (``images/NAME``,
+    ``masks/NAME``) and the folders made now, to remove again if the import fails."""
     provenance = out / "labels.json"
     existing = [folder for folder in (out / "images", out / "masks") if folder.is_dir() and any(folder.iterdir())]
     existing += [provenance] if provenance.exists() else []
     if existing and not overwrite:
         raise InputError(f"{existing[0]} already exists; choose another --out or pass --overwrite")
+    made = [folder for folder in (out, out / "images", out / "masks") if not folder.exists()]
     ensure_writable_folder(out, "--out")
     for folder in (out / "images", out / "masks"):
         folder.mkdir(exist_ok=True)
     try:
-        return list(json.loads(provenance.read_text()).get("stems", [])) if provenance.exists() else []
-    except (OSError, ValueError, AttributeError):
-        return []
+        earlier = json.loads(provenance.read_text()) if provenance.exists() else {}
+        if "files_written" in earlier:
+            return [str(name) for name in earlier["files_written"]], made
+        stems = set(earlier.get("stems", []))  # a crackseg before files_written: the masks and photos of its stems
+        photos = [f"images/{path.name}" for path in (out / "images").iterdir() if path.stem in stems]
+        return [f"masks/{stem}.png" for stem in stems] + photos, made
+    except (OSError, ValueError, AttributeError, TypeError):
+        return [], made
 
 
-def _remove_leftovers(out: Path, stems: set[str], written: set[str]) -> None:
-    """Remove the files of these stems that this import did not write (an earlier import's, a photo whose suffix changed)."""
-    for path in [*(out / "images").iterdir(), *(out / "masks").iterdir()]:
-        if path.is_file() and path.stem in stems and path.name not in written:
+def _remove_leftovers(out: Path, earlier: list[str], written: set[str], inputs: dict[str, Path]) -> set[str]:
+    """Remove the files an earlier import wrote in images/ or masks/ that this one did not (photos no longer listed,
+    a suffix that changed), but never an input: --images may be OUT/images itself. Returns those kept."""
+    protected, kept = {path.resolve() for path in inputs.values()}, set()
+    for name in set(earlier) - written:
+        path, parts = out / name, PurePosixPath(name).parts
+        if len(parts) != 2 or parts[0] not in ("images", "masks") or parts[1] in (".", "..") or not path.is_file():
+            continue  # not a file crackseg writes (a labels.json edited by hand), or gone
+        if path.resolve() in protected:
+            kept.add(name)
+        elif path.suffix.lower() in IMAGE_SUFFIXES:
             path.unlink()
+    return kept
 
 
 def _draw(image: LabelledImage, size: tuple[int, int], wanted: set[str], line_width: float | None, tally: dict) -> np.ndarray:
@@ -268,16 +302,16 @@ def export_labels(predictions: Path, fmt: str, out: Path, rle: bool = False, ove
         require("pycocotools.mask", "labels", "writing COCO RLE")
     folder = PredictionsFolder(predictions)
     entries, rasters = [], 0
-    for row in folder.read_predictions():
-        mask_path = Path(row["mask"])
+    for number, row in enumerate(folder.read_predictions(), 1):
+        mask_path = folder.table_path(row.get("mask") or "", "mask", number)  # inside the folder, or refused
         if mask_path.suffix.lower() == ".tif":
             rasters += 1  # rasters predicted by windows: labelling tools take photos
             continue
         name = folder.name_of(mask_path)
-        entries.append((name, (PurePosixPath(name).parent / Path(row["path"]).name).as_posix(), folder.mask(name)))
+        entries.append((name, (PurePosixPath(name).parent / Path(row["path"]).name).as_posix(), mask_path))
     out = Path(out)
     if fmt == "labelme":
-        targets = [out / f"{name}.json" for name, _, _ in entries]
+        targets = [_inside(out, f"{name}.json") for name, _, _ in entries]
     else:
         targets = [out]
     existing = [target for target in targets if target.exists()]
@@ -295,20 +329,25 @@ def export_labels(predictions: Path, fmt: str, out: Path, rle: bool = False, ove
     return {"format": fmt, "out": str(out), "images": len(entries), "rasters_left_out": rasters, "shapes": "rle" if rle else "polygons"}
 
 
+def _inside(out: Path, relative: str) -> Path:
+    """``out / relative``, which must stay inside ``out`` (not absolute, no ``..``): a labelme file is written nowhere
+    else, whatever name a predictions folder gives."""
+    target = out / relative
+    if Path(relative).is_absolute() or ".." in Path(relative).parts:
+        raise InputError(f"{target}: outside --out {out}; an output name may not climb out of it (predict again)")
+    return target
+
+
 def rank_predictions(predictions: Path, threshold: float | None = None) -> tuple[list[dict], int]:
     """PREDICTIONS/rank.csv: the photos by :func:`crackseg.prediction.outputs.uncertainty`, most unsure first, from the
     saved probability maps at ``threshold`` (default: the one predict used); returns its rows and the number of
     rasters left out."""
     folder = PredictionsFolder(predictions)
     rows = folder.read_predictions()
-    if threshold is None:
-        try:
-            threshold = json.loads(folder.summary_json.read_text())["threshold"]
-        except (OSError, ValueError, KeyError, TypeError):
-            raise InputError(f"{folder.summary_json} names no decision threshold (an older crackseg wrote it): give --threshold") from None
+    threshold = _summary_threshold(folder) if threshold is None else threshold
     ranked, rasters = [], 0
-    for row in rows:
-        mask_path = Path(row["mask"])
+    for number, row in enumerate(rows, 1):
+        mask_path = folder.table_path(row.get("mask") or "", "mask", number)  # inside the folder, or refused
         if mask_path.suffix.lower() == ".tif":
             rasters += 1
             continue
@@ -324,3 +363,15 @@ def rank_predictions(predictions: Path, threshold: float | None = None) -> tuple
     ranked = [{"rank": number, **item} for number, item in enumerate(ranked, 1)]
     write_csv(folder.rank_csv, ranked, ["rank", "path", "uncertainty", "unsure_crack_share"])
     return ranked, rasters
+
+
+def _summary_threshold(folder: PredictionsFolder) -> float:
+    """The decision threshold predict used, from its summary.json: a number strictly between 0 and 1 (at 0 or 1, NaN
+    or 7 every pixel would be sure, and every photo rank 0)."""
+    try:
+        threshold = json.loads(folder.summary_json.read_text())["threshold"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InputError(f"{folder.summary_json} names no decision threshold (an older crackseg wrote it): give --threshold") from None
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+        raise InputError(f"{folder.summary_json}: threshold {threshold!r} is not a number between 0 and 1: give --threshold")
+    return float(threshold)

@@ -152,6 +152,25 @@ class PredictionsFolder:
             raise InputError(f"{self.predictions_csv}: not found; give a folder written by crackseg predict")
         return read_csv(self.predictions_csv)
 
+    def table_path(self, value: str, column: str, row: int) -> Path:
+        """The file a path in predictions.csv's ``column`` (mask) names, which must lie inside this folder (under masks/).
+
+        Predict wrote it from its own working folder (``OUT/masks/<name>.png``, OUT as given then), so what counts is
+        what follows a ``masks`` component (without ``..``): the first such rest that exists, else the last. A value
+        with no such rest, or whose file resolves outside the folder (through a link), is refused, naming the table,
+        row (1 = the first below the header) and value: a table is data, and must not steer reads or writes elsewhere."""
+        parts = Path(value).parts
+        rests = [parts[index + 1 :] for index, part in enumerate(parts) if part == "masks" and index + 1 < len(parts)]
+        paths = [self.root / "masks" / Path(*rest) for rest in rests if ".." not in rest]
+        if not paths:
+            raise InputError(f"{self.predictions_csv}: row {row}: {column} {value!r} does not name a file inside "
+                             f"{self.root / 'masks'}; predictions.csv is predict's own: predict again rather than edit it")
+        path = next((path for path in paths if path.exists()), paths[-1])
+        if not path.resolve().is_relative_to(self.root.resolve()):
+            raise InputError(f"{self.predictions_csv}: row {row}: {column} {value!r} resolves to {path.resolve()}, not inside "
+                             f"{self.root}; give the folder predict wrote, with its own files")
+        return path
+
     def read_cracks(self) -> list[dict]:
         """cracks.csv's rows, one per crack, as text cells; none when predict did not measure (no cracks.csv)."""
         return read_csv(self.cracks_csv) if self.cracks_csv.is_file() else []

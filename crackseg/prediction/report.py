@@ -38,15 +38,15 @@ def write_report(predictions: Path, evaluation: Path | None = None) -> Path:
     by_image: dict[str, list[dict]] = {}
     for crack in cracks:
         by_image.setdefault(crack["path"], []).append(crack)
-    images = [_image_entry(folder, row, by_image.get(row["path"], []), summary) for row in rows]
+    images = [_image_entry(folder, row, number, by_image.get(row["path"], []), summary) for number, row in enumerate(rows, start=1)]
     data = {"summary": summary, "images": images, "evaluation": _evaluation(folder, evaluation) if evaluation else None}
     write_atomic(folder.report_html, page(_PAGE, f"crackseg report: {folder.root.name}", data))
     return folder.report_html
 
 
-def _image_entry(folder: PredictionsFolder, row: dict, cracks: list[dict], summary: dict) -> dict:
-    """One image's table row and detail, with its pictures written (once) under report/."""
-    mask_path = Path(row["mask"])
+def _image_entry(folder: PredictionsFolder, row: dict, number: int, cracks: list[dict], summary: dict) -> dict:
+    """One image's table row (``number``, 1 = the first) and detail, with its pictures written (once) under report/."""
+    mask_path = folder.table_path(row["mask"], "mask", number)
     name = folder.name_of(mask_path)
     pictures = _pictures(folder, name, Path(row["path"]), mask_path, summary)
     widest = max(cracks, key=lambda c: float(c["max_width_px"]), default=None)

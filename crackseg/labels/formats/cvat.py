@@ -3,13 +3,15 @@
 ``<polygon points="x1,y1;x2,y2;...">`` in COCO's edge coordinates (CVAT's mask exports rasterize
 polygons with pycocotools, through Datumaro's PolygonsToMasks); ``<mask rle="..." left top width
 height>``: counts of alternating background and crack runs, background first, row by row within
-the box (CVAT's dataset_manager); ``<polyline>``: a line through the points.
+the box (CVAT's dataset_manager), checked against the image's size when read and decoded only when
+drawn; ``<polyline>``: a line through the points.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -17,7 +19,7 @@ import numpy as np
 
 from crackseg.core.errors import InputError
 from crackseg.labels.formats.outlines import CRACK, crack_components, edge_polygon
-from crackseg.labels.formats.shapes import Annotations, LabelledImage, Shape, stated_size
+from crackseg.labels.formats.shapes import Annotations, DeferredPatch, LabelledImage, Shape, check_mask_box, finite_points, stated_size
 
 
 def read_cvat(path: Path) -> Annotations:
@@ -31,36 +33,47 @@ def read_cvat(path: Path) -> Annotations:
     images = []
     for element in root.iterfind("image"):
         image = LabelledImage(element.attrib["name"], stated_size(element.get("width"), element.get("height")))
-        for item in element:
+        for number, item in enumerate(element):
             label, kind = str(item.get("label")), item.tag
             labels.add(label)
+            where = f"{path}: image {image.name}: shape {number} (<{kind}>, label {label!r})"
             if kind in ("polygon", "polyline"):
-                points = np.asarray([pair.split(",") for pair in item.attrib["points"].split(";")], dtype=np.float64)
+                points = finite_points([pair.split(",") for pair in item.attrib["points"].split(";")], where)
                 width = item.findtext("attribute[@name='width']")
                 image.shapes.append(Shape(label, "polygon" if kind == "polygon" else "line", points,
-                                          width=_line_width(width, path) if width is not None else None))
+                                          width=_line_width(width, image.size, where) if width is not None else None))
             elif kind == "mask":
-                box = [int(item.attrib[key]) for key in ("left", "top", "width", "height")]
-                patch = cvat_rle_decode(item.attrib["rle"], box[2], box[3], path)
-                image.shapes.append(Shape(label, "mask", patch=patch, origin=(box[0], box[1])))
+                box = tuple(int(item.attrib[key]) for key in ("left", "top", "width", "height"))
+                check_mask_box(box, image.size, where)  # before its runs are counted, let alone decoded
+                counts = _counts(item.attrib["rle"], box[2], box[3], where)
+                patch = DeferredPatch(partial(_runs_patch, counts, box[2], box[3]), box[2], box[3])  # decoded when drawn
+                image.shapes.append(Shape(label, "mask", patch=patch, origin=box[:2]))
             else:
                 image.shapes.append(Shape(label, kind))  # box, points, ellipse, cuboid, skeleton, tag
         images.append(image)
     return Annotations(images, labels)
 
 
-def _line_width(text: str, path: Path) -> float:
+def _line_width(text: str, size: tuple[int, int] | None, where: str) -> float:
+    """A polyline's own width: px, positive and at most the image's larger side (PIL draws lines millions of px wide wrong)."""
     width = float(text)
-    if not (math.isfinite(width) and width > 0):
-        raise InputError(f"{path}: a polyline with width {text!r}; a width is a positive number of px")
+    if size is None:
+        raise InputError(f"{where}: a width attribute in an image whose size the file leaves out; give the image its width and height")
+    if not (math.isfinite(width) and 0 < width <= max(size)):
+        raise InputError(f"{where}: width {text!r}; a width is a positive number of px, at most the image's larger side ({max(size)})")
     return width
 
 
-def cvat_rle_decode(text: str, width: int, height: int, path: Path) -> np.ndarray:
-    """(height, width) bool from CVAT's counts: background, crack, background, ... row by row within the box."""
+def _counts(text: str, width: int, height: int, where: str) -> np.ndarray:
+    """CVAT's counts of a ``<mask>``, which must fill its box exactly."""
     counts = [int(value) for value in text.split(",")]
     if min(counts, default=0) < 0 or sum(counts) != width * height:
-        raise InputError(f"{path}: a mask whose rle covers {sum(counts)} pixels, but its box is {width}x{height}")
+        raise InputError(f"{where}: its rle covers {sum(counts)} pixels, but its box is {width}x{height}")
+    return np.asarray(counts, dtype=np.int64)
+
+
+def _runs_patch(counts: np.ndarray, width: int, height: int) -> np.ndarray:
+    """(height, width) bool from CVAT's counts: background, crack, background, ... row by row within the box."""
     return np.repeat(np.arange(len(counts)) % 2 == 1, counts).reshape(height, width)
 
 

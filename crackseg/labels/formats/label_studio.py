@@ -7,6 +7,11 @@ run-length sizes, then repeat or literal runs), the crack where alpha is above 0
 label-studio-converter's brush export and its ls_rle_to_coco_rle read it, so a brush imports as
 the tool's own exports give it. A ``<Polygon>`` or ``<Brush>`` next to a ``<Labels>`` tag gives
 ``labels`` results that hold the shape; a task's annotation is its ground truth, else its newest.
+
+A brush is walked through when read (a malformed one is refused before anything is written) but
+decoded only when drawn, after import has checked the size it states against the photo: a small
+file stating a huge canvas costs no memory. A local-files URL (``/data/local-files/?d=PATH``)
+carries its path URL-encoded, as Label Studio writes it, so any file name survives the trip.
 """
 
 from __future__ import annotations
@@ -16,14 +21,14 @@ from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from urllib.parse import parse_qs, unquote, urlparse
+from urllib.parse import parse_qs, quote, unquote, urlparse
 
 import numpy as np
 
 from crackseg.core.errors import InputError
 from crackseg.core.version import __version__
 from crackseg.labels.formats.outlines import CRACK, crack_components, edge_polygon
-from crackseg.labels.formats.shapes import Annotations, LabelledImage, Shape, load_json
+from crackseg.labels.formats.shapes import Annotations, LabelledImage, Shape, finite_points, load_json
 
 BRUSH_SIZES = (3, 4, 8, 16)  # bits of a Label Studio brush run length, as label-studio-converter writes them
 LS_FROM, LS_TO = "label", "image"  # Label Studio tag names exported results refer to (<PolygonLabels name="label" toName="image">)
@@ -31,6 +36,8 @@ _UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{8}-")  # Label Studio prefixes uploaded 
 
 
 def read_labelstudio(path: Path) -> Annotations:
+    if not Path(path).is_file():  # a pipe would wait for a writer forever
+        raise InputError(f"{path}: not a regular file; give the .json file Label Studio exported")
     document = load_json(path)
     tasks = [document] if isinstance(document, dict) else document
     if not (isinstance(tasks, list) and all(isinstance(task, dict) and isinstance(task.get("data"), dict) for task in tasks)):
@@ -45,7 +52,7 @@ def read_labelstudio(path: Path) -> Annotations:
             continue
         found.several += len(done) > 1
         image = LabelledImage(_task_image(task, path), None)
-        _read_results(_chosen_annotation(done).get("result") or [], image, found.labels, path)
+        _read_results(_chosen_annotation(done).get("result") or [], image, found.labels, path, f"{path}: task {task.get('id')}")
         found.images.append(image)
     return found
 
@@ -73,7 +80,7 @@ def _timestamp(text) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
-def _read_results(results: list[dict], image: LabelledImage, labels: set[str], path: Path) -> None:
+def _read_results(results: list[dict], image: LabelledImage, labels: set[str], path: Path, where: str) -> None:
     """An annotation's results as ``image``'s shapes, region by region: all results of a region share its id, so a
     ``<Polygon>`` or ``<Brush>`` beside a ``<Labels>`` tag gives one shape (from the result that holds points or an
     RLE) with the labels of its ``labels`` result. A shape without labels is labelled by its type (polygon, brush)."""
@@ -100,9 +107,10 @@ def _read_results(results: list[dict], image: LabelledImage, labels: set[str], p
             raise InputError(f"{path}: results of {image.name} give two image sizes, {image.size} and {size}")
         image.size = size
         if points is not None:  # percent -> px, rounded off the float error of the percentages
-            shape = Shape("", "polygon", np.round(np.asarray(points, dtype=np.float64).reshape(-1, 2) * np.asarray(size) / 100.0, 6))
+            percent = finite_points(points, f"{where}: result {outlined[0].get('id')}")
+            shape = Shape("", "polygon", np.round(percent * np.asarray(size) / 100.0, 6))
         else:
-            shape = Shape("", "mask", patch=brush_decode(rle, *size, path))
+            shape = Shape("", "mask", patch=_Brush(np.asarray(rle, dtype=np.uint8), *size, path))
         image.shapes += [replace(shape, label=name) for name in names]
 
 
@@ -129,8 +137,15 @@ def _task_image(task: dict, path: Path) -> str:
     if url is None:
         raise InputError(f"{path}: task {task.get('id')}: cannot tell which of its data ({', '.join(data)}) is the image")
     parsed = urlparse(url)
-    local = parse_qs(parsed.query).get("d")
-    return unquote(local[0] if local else parsed.path if parsed.scheme or parsed.netloc else url)
+    local = parse_qs(parsed.query).get("d")  # decoded once, as Label Studio's local-files view reads it
+    return local[0] if local else unquote(parsed.path if parsed.scheme or parsed.netloc else url)
+
+
+def _local_files_url(name: str) -> str:
+    """``name`` with the path after a local-files ``?d=`` URL-encoded as Label Studio's local files storage writes it
+    (``quote``: ``&``, ``%``, ``#``, ``?``, spaces and non-ASCII escaped, ``/`` kept); any other name as it is."""
+    head, marker, tail = name.partition("?d=")
+    return head + marker + quote(tail) if marker else name
 
 
 def upload_names(name: str) -> list[str]:
@@ -147,40 +162,74 @@ def stored_upload_name(file_name: str) -> str:
 
 
 class _Bits:
-    def __init__(self, data: list[int]):
+    def __init__(self, data):
         self.bits, self.at = np.unpackbits(np.asarray(data, dtype=np.uint8)), 0  # one byte a bit
 
     def read(self, count: int, size: int = 1) -> np.ndarray:
         """``size`` values of ``count`` bits each, most significant bit first."""
-        end = self.at + count * size
-        if end > len(self.bits):
+        start = self.at
+        return self.bits[start : self.skip(count * size)].reshape(size, count) @ (1 << np.arange(count - 1, -1, -1, dtype=np.int64))
+
+    def skip(self, count: int) -> int:
+        """Pass over ``count`` bits; returns where they end."""
+        if self.at + count > len(self.bits):
             raise ValueError("the brush RLE ends early")
-        values = self.bits[self.at : end].reshape(size, count) @ (1 << np.arange(count - 1, -1, -1, dtype=np.int64))
-        self.at = end
-        return values
+        self.at += count
+        return self.at
 
     def one(self, count: int) -> int:
         return int(self.read(count)[0])
 
 
-def brush_decode(rle: list[int], width: int, height: int, path: Path) -> np.ndarray:
-    """(height, width) bool from a Label Studio brush of RGBA values: crack where alpha > 0, as label-studio-converter
-    reads brushes. Only the alpha values are kept (value 4k + 3 is pixel k's), never the whole canvas."""
+def _brush_runs(rle, width: int, height: int, path: Path, values: bool = True):
+    """A brush's runs as (start, stop, repeated value or None, literal values or None) over its ``count`` RGBA values,
+    which must be the ``width`` x ``height`` x 4 its result states; ``values=False`` passes over the literal values."""
     bits = _Bits(rle)
     count, word = bits.one(32), bits.one(5) + 1
     sizes = [bits.one(4) + 1 for _ in range(4)]
     if count != width * height * 4:
         raise InputError(f"{path}: a brush of {count} values on a {width}x{height} image ({width * height * 4} expected)")
-    crack, at = np.zeros(width * height, bool), 0
+    at = 0
     while at < count:
         repeat = bits.one(1)
         stop = min(at + 1 + bits.one(sizes[bits.one(2)]), count)
         if repeat:
-            crack[at // 4 : stop // 4] = bits.one(word) > 0
-        else:  # literal values at..stop-1: the alpha ones from the first index that is 3 mod 4
-            crack[at // 4 : stop // 4] = bits.read(word, stop - at)[(3 - at) % 4 :: 4] > 0
+            yield at, stop, bits.one(word), None
+        elif values:
+            yield at, stop, None, bits.read(word, stop - at)
+        else:
+            bits.skip(word * (stop - at))
         at = stop
+
+
+def brush_decode(rle: list[int], width: int, height: int, path: Path) -> np.ndarray:
+    """(height, width) bool from a Label Studio brush of RGBA values: crack where alpha > 0, as label-studio-converter
+    reads brushes. Only the alpha values are kept (value 4k + 3 is pixel k's), never the whole canvas."""
+    crack = np.zeros(width * height, bool)
+    for at, stop, repeated, literal in _brush_runs(rle, width, height, path):
+        if literal is None:
+            crack[at // 4 : stop // 4] = repeated > 0
+        else:  # literal values at..stop-1: the alpha ones from the first index that is 3 mod 4
+            crack[at // 4 : stop // 4] = literal[(3 - at) % 4 :: 4] > 0
     return crack.reshape(height, width)
+
+
+class _Brush:
+    """A brush's pixels as a mask shape's patch: checked against the size its result states when read, decoded
+    ((height, width) bool) each time it is indexed, so that no canvas is allocated before import has matched
+    that size to the photo, and only one brush is in memory at a time."""
+
+    def __init__(self, rle: np.ndarray, width: int, height: int, path: Path):
+        self.rle, self.shape, self.path = rle, (height, width), path
+        for _ in _brush_runs(rle, width, height, path, values=False):  # a malformed RLE is refused now, not when drawn
+            pass
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        decoded = brush_decode(self.rle, self.shape[1], self.shape[0], self.path)
+        return decoded if dtype is None else decoded.astype(dtype)
+
+    def __getitem__(self, index) -> np.ndarray:
+        return np.asarray(self)[index]
 
 
 def brush_encode(mask: np.ndarray) -> list[int]:
@@ -213,5 +262,6 @@ def labelstudio_document(items: Iterable[tuple[str, np.ndarray]], rle: bool) -> 
                        "polygonlabels": [CRACK], "closed": True} for component, origin in crack_components(mask)]
         kind = "brushlabels" if rle else "polygonlabels"
         results = [common | {"id": f"crack{number}", "type": kind, "value": value} for number, value in enumerate(values, 1)]
-        tasks.append({"data": {LS_TO: name}, "predictions": [{"model_version": f"crackseg {__version__}", "result": results}]})
+        prediction = {"model_version": f"crackseg {__version__}", "result": results}
+        tasks.append({"data": {LS_TO: _local_files_url(name)}, "predictions": [prediction]})
     return tasks

@@ -3,7 +3,8 @@
 Points are pixel centres, drawn as labelme's ``shape_to_mask`` draws them with PIL: a polygon is
 filled *and* outlined, so one whose points all lie on x = 3 covers column 3; ``line`` /
 ``linestrip`` are PIL lines; a ``mask`` is a base64 PNG whose top-left pixel is the first point.
-A file's imageData (the photo itself, base64) stands in for a photo the folder lacks.
+A file's imageData (the photo itself, base64) stands in for a photo the folder lacks. A mask's
+PNG is measured from its header (against its box and the image) before its pixels are decoded.
 """
 
 from __future__ import annotations
@@ -18,20 +19,24 @@ from PIL import Image
 
 from crackseg.core.errors import InputError
 from crackseg.labels.formats.outlines import CRACK, centre_outline, crack_components
-from crackseg.labels.formats.shapes import Annotations, LabelledImage, Shape, load_json, stated_size
+from crackseg.labels.formats.shapes import Annotations, LabelledImage, Shape, finite_points, load_json, stated_size
 
 LABELME_VERSION = "5.5.0"
 
 
 def read_labelme(path: Path, skip: Path | None) -> Annotations:
-    """One labelme file, or those of a folder: its other .json files (a classes.json, a tool's settings) are counted
-    and passed over, and ``skip`` is not read."""
+    """One labelme file, or those of a folder: its other .json files (a classes.json, a tool's settings, and anything
+    named .json that is not a regular file: a folder, a pipe, which would wait for a writer) are counted and passed
+    over, and ``skip`` is not read."""
     folder = path.is_dir()
+    if not (folder or path.is_file()):
+        raise InputError(f"{path}: not a regular file; give a labelme .json file or a folder of them")
     files, root = (sorted(path.rglob("*.json")), path) if folder else ([path], path.parent)
     if skip is not None:
         files = [file for file in files if file.resolve() != Path(skip).resolve()]
     found = Annotations([], set())
-    for file in files:
+    found.other_json = sum(not file.is_file() for file in files)
+    for file in (file for file in files if file.is_file()):
         try:
             document = load_json(file)
         except InputError:
@@ -43,6 +48,8 @@ def read_labelme(path: Path, skip: Path | None) -> Annotations:
             continue
         if not (isinstance(document, dict) and isinstance(document.get("shapes"), list) and "imagePath" in document):
             raise InputError(f"{file}: not a labelme file (it needs shapes and imagePath)")
+        if not isinstance(document["imagePath"], str) or "\0" in document["imagePath"]:
+            raise InputError(f"{file}: its imagePath {document['imagePath']!r} is not a file name (text without NUL characters)")
         place = file.parent.relative_to(root).as_posix()  # imagePath is relative to the .json file
         name = os.path.normpath(os.path.join(place, PureWindowsPath(document["imagePath"]).as_posix())).replace(os.sep, "/")
         image = LabelledImage(name, stated_size(document.get("imageWidth"), document.get("imageHeight")),
@@ -50,9 +57,10 @@ def read_labelme(path: Path, skip: Path | None) -> Annotations:
         for number, item in enumerate(document["shapes"]):
             kind, label = item.get("shape_type") or "polygon", str(item["label"])
             found.labels.add(label)
-            points = np.asarray(item["points"], dtype=np.float64).reshape(-1, 2)
+            where = f"{file}: shape {number} (label {label!r})"
+            points = finite_points(item["points"], where)
             if kind == "mask":
-                image.shapes.append(_labelme_mask(item, points, label, f"{file}: shape {number} (label {label!r})"))
+                image.shapes.append(_labelme_mask(item, points, label, where, image.size))
             elif kind in ("polygon", "line", "linestrip"):
                 image.shapes.append(Shape(label, "polygon" if kind == "polygon" else "line", points, centres=True))
             else:
@@ -64,17 +72,26 @@ def read_labelme(path: Path, skip: Path | None) -> Annotations:
     return found
 
 
-def _labelme_mask(item: dict, points: np.ndarray, label: str, where: str) -> Shape:
+def _labelme_mask(item: dict, points: np.ndarray, label: str, where: str, image_size: tuple[int, int] | None) -> Shape:
+    """A mask shape, its PNG's size (from its header) checked against its box and the image before it is decoded."""
     if not isinstance(item.get("mask"), str) or not item["mask"]:
         raise InputError(f"{where}: a mask shape without its mask (labelme stores a base64 PNG there)")
+    (left, top), (right, bottom) = points[:2].astype(int)  # as labelme reads them (truncated)
     try:
         with Image.open(io.BytesIO(base64.b64decode(item["mask"]))) as picture:
+            width, height = picture.size
+            if (width, height) != (right - left + 1, bottom - top + 1):
+                raise InputError(f"{where}: a mask of {width}x{height} px in a box of {right - left + 1}x{bottom - top + 1} px")
+            if image_size is not None and (width > image_size[0] or height > image_size[1]):
+                raise InputError(f"{where}: a mask of {width}x{height} px on a {image_size[0]}x{image_size[1]} px image")
             patch = np.asarray(picture).astype(bool)
+    except Image.DecompressionBombError:
+        raise InputError(f"{where}: its mask PNG is over Pillow's limit of {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels "
+                         "(a decompression bomb, or not labelme's)") from None
     except (ValueError, OSError):  # bad base64 (binascii.Error), not an image
         raise InputError(f"{where}: its mask is not a base64 PNG") from None
-    (left, top), (right, bottom) = points[:2].astype(int)  # as labelme reads them (truncated)
-    if patch.ndim != 2 or patch.shape != (bottom - top + 1, right - left + 1):
-        raise InputError(f"{where}: a mask of {patch.shape[-1]}x{patch.shape[0]} px in a box of {right - left + 1}x{bottom - top + 1} px")
+    if patch.ndim != 2:
+        raise InputError(f"{where}: its mask is not a one-channel PNG ({picture.mode})")
     return Shape(label, "mask", patch=patch, origin=(int(left), int(top)))
 
 

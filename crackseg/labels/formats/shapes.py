@@ -5,11 +5,19 @@ shapes), the points kept in that tool's coordinates (each tool module's docstrin
 :func:`paint` puts them where the tool puts them (a one-pixel example per format in
 tests/labels/test_loop.py pins it). Lines are drawn ``line_width`` px wide through the points with
 PIL (edge coordinates moved half a pixel onto centres).
+
+Bounds (docs/labels.md), so that a file cannot make import allocate more than its photos: readers
+refuse coordinates that are not finite (:func:`finite_points`) and masks larger than their image
+(:func:`check_mask_box`, :class:`DeferredPatch`), and :func:`paint` clips outlines that leave the
+image before rasterizing, as the labelling tools draw them (pycocotools' polygons at the image's
+edges, PIL's outlines and lines PIL_MARGIN px out): pycocotools takes all memory for a vertex at
+1e8 px, and PIL draws a line through one a pixel off.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +25,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from crackseg.core.errors import InputError, require
+
+PIL_MARGIN = 1 << 20  # px beyond the image where PIL's outlines are cut: PIL draws a line through 1e8 px wrong, 1e7 right
 
 
 @dataclass
@@ -28,9 +38,25 @@ class Shape:
     points: np.ndarray | None = None  # (N, 2) x, y in px, in the format's coordinates
     centres: bool = False  # labelme: points are pixel centres, and PIL draws the outline too
     width: float | None = None  # px: a line's own width (a CVAT attribute "width")
-    patch: np.ndarray | None = None  # a mask's pixels (h, w) bool
+    patch: np.ndarray | DeferredPatch | None = None  # a mask's pixels (h, w) bool
     rle: dict | None = None  # or a COCO RLE of the whole image (compressed)
     origin: tuple[int, int] = (0, 0)  # the patch's (left, top) in the image
+
+
+class DeferredPatch:
+    """A mask's (height, width) bool pixels, decoded by ``decode()`` each time it is indexed: a file states a mask's
+    size before import has matched the image's size to the photo, so nothing is allocated until then, and only one
+    mask is in memory at a time."""
+
+    def __init__(self, decode: Callable[[], np.ndarray], width: int, height: int):
+        self.decode, self.shape = decode, (height, width)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        decoded = self.decode()
+        return decoded if dtype is None else decoded.astype(dtype)
+
+    def __getitem__(self, index) -> np.ndarray:
+        return self.decode()[index]
 
 
 @dataclass
@@ -62,6 +88,34 @@ def load_json(path: Path):
 def stated_size(width, height) -> tuple[int, int] | None:
     """(width, height) in px as a file states them, or None when it leaves either out."""
     return (int(width), int(height)) if width is not None and height is not None else None
+
+
+def finite_points(values, where: str) -> np.ndarray:
+    """(N, 2) float64 x, y from coordinates as a file holds them, flat [x1, y1, x2, y2, ...] or as pairs [[x, y], ...].
+
+    Anything else (an odd count, text, NaN or an infinite value: JSON's NaN and Infinity, 1e400, XML's "nan") is one
+    InputError that begins with ``where``, which names the file, the image and the shape.
+    """
+    try:
+        flat = np.asarray(values, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: coordinates that are not numbers") from None
+    if len(flat) % 2:
+        raise InputError(f"{where}: {len(flat)} coordinates, not x, y pairs")
+    if not np.isfinite(flat).all():
+        raise InputError(f"{where}: coordinates that are not finite numbers (NaN or infinite): a malformed shape")
+    return flat.reshape(-1, 2)
+
+
+def check_mask_box(box: tuple[int, int, int, int], size: tuple[int, int] | None, where: str) -> None:
+    """Refuse, before its pixels are allocated, a mask's box (left, top, width, height in px) that is larger than its
+    image (``size``: width, height as the file states them; import checks them against the photo before drawing) or
+    lies wholly outside it. A box partly outside is drawn clipped, and counted."""
+    left, top, width, height = box
+    if size is None:
+        raise InputError(f"{where}: a mask in an image whose size the file leaves out; give the image its width and height")
+    if not (0 < width <= size[0] and 0 < height <= size[1] and -width < left < size[0] and -height < top < size[1]):
+        raise InputError(f"{where}: a mask of {width}x{height} px at ({left}, {top}) does not fit its {size[0]}x{size[1]} px image")
 
 
 def paint_all(canvas: np.ndarray, shapes: list[Shape], line_width: float | None = None) -> list[tuple[int, bool]]:
@@ -96,10 +150,33 @@ def paint(canvas: np.ndarray, shape: Shape, line_width: float | None = None) -> 
     clipped = bool(len(points)) and bool((points - stroke / 2 < low).any() or (points + stroke / 2 > high).any())
     if len(points) < (2 if shape.kind == "line" else 3) or not np.isfinite(points).all():
         return 0, clipped
+    if shape.kind == "polygon" and not shape.centres:  # pycocotools: exactly at the image's edges, no pixel centre on them
+        pieces = [_clip_polygon(points, np.zeros(2), np.array([width, height], float))] if clipped else [points]
+    else:  # PIL: cut PIL_MARGIN px out, where the cut edges cover no pixel of the image and PIL still draws right
+        margin = PIL_MARGIN + stroke
+        outer_low, outer_high = np.array([-margin, -margin], float), np.array([width + margin, height + margin], float)
+        far = bool((points < outer_low).any() or (points > outer_high).any())
+        if not far:
+            pieces = [points]
+        elif shape.kind == "polygon":
+            pieces = [_clip_polygon(points, outer_low, outer_high)]
+        else:
+            pieces = _clip_polyline(points, outer_low, outer_high)
+    covered = 0
+    for piece in pieces:
+        covered += _raster(canvas, shape, piece, stroke)
+    return covered, clipped
+
+
+def _raster(canvas: np.ndarray, shape: Shape, points: np.ndarray, stroke: int) -> int:
+    """Draw one polygon or polyline (coordinates within reach of the canvas) in its box; the pixels it covers."""
+    height, width = canvas.shape
+    if len(points) < (2 if shape.kind == "line" else 3):
+        return 0
     x0, y0 = np.maximum(np.floor(points.min(axis=0)).astype(int) - stroke - 1, 0)
     x1, y1 = np.minimum(np.ceil(points.max(axis=0)).astype(int) + stroke + 2, [width, height])
     if x1 <= x0 or y1 <= y0:
-        return 0, clipped
+        return 0
     local = points - [x0, y0]
     if shape.kind == "polygon" and not shape.centres:
         masks = require("pycocotools.mask", "labels", "drawing polygons as pycocotools does")
@@ -113,4 +190,43 @@ def paint(canvas: np.ndarray, shape: Shape, line_width: float | None = None) -> 
             ImageDraw.Draw(picture).line(xy, fill=1, width=stroke, joint=None if shape.centres else "curve")
         drawn = np.asarray(picture, dtype=bool)
     canvas[y0:y1, x0:x1] |= drawn
-    return int(drawn.sum()), clipped
+    return int(drawn.sum())
+
+
+def _clip_polygon(points: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Sutherland-Hodgman: the ring ``points`` ((N, 2) x, y; concave or self-crossing too) cut to the rectangle
+    ``low``..``high``. A point inside the rectangle keeps its crossing number (a ray along a cutting edge crosses the
+    same edges as before), so the fill inside is unchanged; what lay outside becomes runs along the rectangle's edges."""
+    for axis in (0, 1):
+        for bound, side in ((low[axis], -1.0), (high[axis], 1.0)):
+            if not len(points):
+                return points
+            beyond = side * (points[:, axis] - bound)  # > 0: outside
+            inside = beyond <= 0
+            before, beyond_before = np.roll(points, 1, axis=0), np.roll(beyond, 1)
+            crossing = inside != np.roll(inside, 1)
+            share = np.divide(beyond_before, beyond_before - beyond, out=np.zeros_like(beyond), where=crossing)
+            cut = before + share[:, None] * (points - before)
+            cut[:, axis] = bound
+            points = np.stack([cut, points], axis=1)[np.stack([crossing, inside], axis=1)]  # S-H: the cut, then the vertex
+    return np.clip(points, low, high)
+
+
+def _clip_polyline(points: np.ndarray, low: np.ndarray, high: np.ndarray) -> list[np.ndarray]:
+    """Liang-Barsky: the pieces of the polyline ``points`` inside the rectangle ``low``..``high``, each a polyline."""
+    start, step = points[:-1], np.diff(points, axis=0)
+    enter, leave = np.zeros(len(step)), np.ones(len(step))
+    for axis in (0, 1):
+        for bound, side in ((low[axis], -1.0), (high[axis], 1.0)):
+            rate, offset = side * step[:, axis], side * (start[:, axis] - bound)  # inside where rate * t + offset <= 0
+            limit = np.divide(-offset, rate, out=np.zeros_like(rate), where=rate != 0)
+            leave = np.where(rate > 0, np.minimum(leave, limit), np.where((rate == 0) & (offset > 0), -1.0, leave))
+            enter = np.where(rate < 0, np.maximum(enter, limit), enter)
+    pieces: list[list[np.ndarray]] = []
+    for number in np.flatnonzero(enter <= leave):
+        first, last = start[number] + enter[number] * step[number], start[number] + leave[number] * step[number]
+        if pieces and np.array_equal(pieces[-1][-1], first):  # goes on from where the last piece ended
+            pieces[-1].append(last)
+        else:
+            pieces.append([first, last])
+    return [np.clip(np.array(piece), low, high) for piece in pieces]

@@ -1,0 +1,331 @@
+"""crackseg labels import against hostile or broken input: --overwrite never deletes an input, duplicate COCO ids,
+far, NaN or infinite vertices, stated sizes checked before anything is allocated, and nothing half-written.
+
+Every file here is written by the test; the 10x8 px photos keep each case tiny.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from crackseg.cli.main import main
+from crackseg.core.errors import InputError
+from crackseg.data.images import load_mask
+from crackseg.labels.formats.shapes import finite_points
+from crackseg.labels.loop import ImportOptions, import_labels
+
+masks_api = pytest.importorskip("pycocotools.mask")
+
+W, H = 10, 8  # px
+
+
+def _photo(folder, name="a.png", colour=(128, 128, 128)):
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (W, H), colour).save(folder / name)
+    return folder / name
+
+
+def _coco(tmp_path, annotations, images=(("a.png", W, H),), categories=("crack",), name="coco.json"):
+    """A COCO file; ``annotations`` are (image_id, segmentation), or whole annotation dicts."""
+    document = {
+        "images": [{"id": n, "file_name": file, "width": w, "height": h} for n, (file, w, h) in enumerate(images, 1)],
+        "categories": [{"id": n, "name": label} for n, label in enumerate(categories, 1)],
+        "annotations": [item if isinstance(item, dict) else {"id": n, "image_id": item[0], "category_id": 1, "segmentation": item[1]}
+                        for n, item in enumerate(annotations, 1)],
+    }
+    path = tmp_path / name
+    path.write_text(json.dumps(document))
+    return path
+
+
+def _cvat(tmp_path, shapes: str, size=(W, H)):
+    path = tmp_path / "annotations.xml"
+    path.write_text(f"""<?xml version="1.0" encoding="utf-8"?>
+<annotations><version>1.1</version>
+<meta><task><labels><label><name>crack</name></label></labels></task></meta>
+<image id="0" name="a.png" width="{size[0]}" height="{size[1]}">{shapes}</image>
+</annotations>""")
+    return path
+
+
+def _cli(*args) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(["labels", *map(str, args)])
+        except SystemExit as exit:
+            code = exit.code
+    return code, err.getvalue()
+
+
+def _refused(path, fmt, photos, out, message):
+    """The import ends with one line naming ``message``, exit status 2."""
+    code, err = _cli("import", path, "--format", fmt, "--images", photos, "--out", out)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("crackseg: error: ") and message in err, err
+    return err
+
+
+def _mask(out, stem="a") -> np.ndarray:
+    return load_mask(out / "masks" / f"{stem}.png")[0].numpy().astype(bool)
+
+
+@contextlib.contextmanager
+def _address_space(extra: int):
+    """At most ``extra`` bytes more address space for this process: an allocation the import should never make fails
+    with MemoryError instead of taking the machine's memory."""
+    resource = pytest.importorskip("resource")
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("needs /proc/self/statm")
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as statm:
+        used = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    cap = used + extra if hard == resource.RLIM_INFINITY else min(used + extra, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+# 1. --overwrite removes only what crackseg wrote, never an input
+
+
+def test_overwrite_with_the_dataset_images_as_input_keeps_every_photo(tmp_path):
+    dataset = tmp_path / "ds"
+    for name in ("a.png", "b.png"):
+        _photo(dataset / "images", name)
+    both = _coco(tmp_path, [], images=[("a.png", W, H), ("b.png", W, H)])
+    import_labels(both, "coco", dataset / "images", dataset, ImportOptions(overwrite=True))
+    assert (dataset / "masks" / "b.png").is_file()
+    fewer = _coco(tmp_path, [], images=[("a.png", W, H)], name="fewer.json")
+    provenance = import_labels(fewer, "coco", dataset / "images", dataset, ImportOptions(overwrite=True))
+    assert (dataset / "images" / "b.png").is_file(), "an input photo was deleted"
+    assert not (dataset / "masks" / "b.png").exists()  # crackseg's own mask of b is gone
+    assert provenance["images_not_listed"] == ["b.png"]
+
+
+def test_overwrite_keeps_photos_that_became_input_and_files_crackseg_did_not_write(tmp_path):
+    photos, dataset = tmp_path / "photos", tmp_path / "ds"
+    for name in ("a.png", "b.png"):
+        _photo(photos, name)
+    import_labels(_coco(tmp_path, [], images=[("a.png", W, H), ("b.png", W, H)]), "coco", photos, dataset)
+    _photo(dataset / "masks", "b.jpg")  # the user's, of a stem crackseg wrote before
+    fewer = _coco(tmp_path, [], images=[("a.png", W, H)], name="fewer.json")
+    import_labels(fewer, "coco", dataset / "images", dataset, ImportOptions(overwrite=True))  # the dataset's photos as input
+    assert (dataset / "images" / "b.png").is_file(), "an input photo was deleted"
+    assert (dataset / "masks" / "b.jpg").is_file(), "a file crackseg did not write was deleted"
+    assert not (dataset / "masks" / "b.png").exists()
+    import_labels(fewer, "coco", photos, dataset, ImportOptions(overwrite=True))  # photos elsewhere: the dataset's copy goes
+    assert not (dataset / "images" / "b.png").exists() and (photos / "b.png").is_file()
+
+
+def test_overwrite_after_an_older_labels_json_and_a_hand_edited_one_keeps_inputs_and_outsiders(tmp_path):
+    dataset = tmp_path / "ds"
+    for name in ("a.png", "b.png"):
+        _photo(dataset / "images", name)
+    _photo(tmp_path, "outside.png")
+    both = _coco(tmp_path, [], images=[("a.png", W, H), ("b.png", W, H)])
+    provenance = import_labels(both, "coco", dataset / "images", dataset, ImportOptions(overwrite=True))
+    older = {key: value for key, value in provenance.items() if key != "files_written"}  # as crackseg wrote it before
+    (dataset / "labels.json").write_text(json.dumps(older))
+    fewer = _coco(tmp_path, [], images=[("a.png", W, H)], name="fewer.json")
+    import_labels(fewer, "coco", dataset / "images", dataset, ImportOptions(overwrite=True))
+    assert (dataset / "images" / "b.png").is_file() and not (dataset / "masks" / "b.png").exists()
+    edited = json.loads((dataset / "labels.json").read_text()) | {"files_written": ["../outside.png", "images/../../outside.png", "masks/.."]}
+    (dataset / "labels.json").write_text(json.dumps(edited))
+    import_labels(fewer, "coco", dataset / "images", dataset, ImportOptions(overwrite=True))
+    assert (tmp_path / "outside.png").is_file() and (dataset / "images" / "b.png").is_file()
+
+
+# 2. duplicate COCO ids
+
+
+@pytest.mark.parametrize("duplicate, message", [
+    ("image", "image id 1 appears 2 times"),
+    ("category", "category id 1 appears 2 times"),
+    ("annotation", "annotation id 7 appears 2 times"),
+])
+def test_coco_duplicate_ids_are_refused_naming_them(tmp_path, duplicate, message):
+    photos = tmp_path / "photos"
+    _photo(photos, "a.png")
+    _photo(photos, "b.png")
+    polygon = [[3, 1, 4, 1, 4, 7, 3, 7]]
+    document = {
+        "images": [{"id": 1, "file_name": "a.png", "width": W, "height": H}, {"id": 2, "file_name": "b.png", "width": W, "height": H}],
+        "categories": [{"id": 1, "name": "crack"}, {"id": 2, "name": "joint"}],
+        "annotations": [{"id": 7, "image_id": 1, "category_id": 1, "segmentation": polygon},
+                        {"id": 8, "image_id": 2, "category_id": 2, "segmentation": polygon}],
+    }
+    if duplicate == "image":  # b.png's crack would be drawn on a.png, or a.png's on b.png
+        document["images"][1]["id"] = document["annotations"][1]["image_id"] = 1
+    elif duplicate == "category":  # the joint would be imported as crack
+        document["categories"] = [{"id": 1, "name": "joint"}, {"id": 1, "name": "crack"}]
+        document["annotations"][1]["category_id"] = 1
+    else:
+        document["annotations"][1]["id"] = 7
+    path = tmp_path / "coco.json"
+    path.write_text(json.dumps(document))
+    _refused(path, "coco", photos, tmp_path / "out", message)
+    assert not (tmp_path / "out").exists()
+
+
+# 3. far vertices: drawn clipped to the image; pycocotools never sees them
+
+
+@pytest.fixture
+def guarded_polygons(monkeypatch):
+    """pycocotools.mask.frPyObjects refusing a polygon vertex outside its canvas (pycocotools 2.0.11 takes all memory or
+    crashes with SIGSEGV on a vertex at 1e8)."""
+    original = masks_api.frPyObjects
+
+    def guarded(objects, height, width):
+        if isinstance(objects, list):
+            for polygon in objects:
+                xy = np.asarray(polygon, dtype=np.float64).reshape(-1, 2)
+                assert np.isfinite(xy).all() and (xy >= 0).all() and (xy <= [width, height]).all(), f"pycocotools given {xy.tolist()}"
+        return original(objects, height, width)
+
+    monkeypatch.setattr(masks_api, "frPyObjects", guarded)
+
+
+@pytest.mark.parametrize("far, by_hand", [
+    # (4, 1) -> (5e8, 7) and (5e8, 7) -> (3, 7) cut at x = 10
+    ([3, 1, 4, 1, 5e8, 7, 3, 7], [3, 1, 4, 1, 10, 1 + 6 * 6 / (5e8 - 4), 10, 7, 3, 7]),
+    # (8, 6) -> (5, -1e9) and (5, -1e9) -> (2, 6) cut at y = 0
+    ([2, 6, 8, 6, 5, -1e9], [2, 6, 8, 6, 8 - 3 * 6 / (1e9 + 6), 0, 2 + 3 * 6 / (1e9 + 6), 0]),
+    # a vertex far beyond two sides: (6, 1) -> (F, F) leaves through x = 10, (F, F) -> (1, 6) comes back through y = 8
+    ([1, 1, 6, 1, 1e12, 1e12, 1, 6], [1, 1, 6, 1, 10, 1 + 4 * (1e12 - 1) / (1e12 - 6), 10, 8, (3e12 - 8) / (1e12 - 6), 8, 1, 6]),
+])
+def test_a_far_vertex_is_drawn_clipped_to_the_image(tmp_path, guarded_polygons, far, by_hand):
+    _photo(tmp_path / "photos")
+    provenance = import_labels(_coco(tmp_path, [(1, [far])]), "coco", tmp_path / "photos", tmp_path / "far")
+    import_labels(_coco(tmp_path, [(1, [by_hand])], name="by_hand.json"), "coco", tmp_path / "photos", tmp_path / "by_hand")
+    drawn, expected = _mask(tmp_path / "far"), _mask(tmp_path / "by_hand")
+    assert expected.sum() > 10 and (drawn == expected).all()
+    assert provenance["zero_area"] == 0 and provenance["clipped"] == 1
+
+
+def test_a_far_polyline_vertex_is_drawn_as_near_ones_are(tmp_path):
+    """PIL draws a line through a vertex at 1e8 px a pixel off; through one at 1e4 px it is exact."""
+    _photo(tmp_path / "photos")
+    for name, x in (("far", 1e8), ("near", 1e4)):
+        path = _cvat(tmp_path, f'<polyline label="crack" points="1,1;{x},{1 + (x - 1) * 0.25}"/>')
+        import_labels(path, "cvat", tmp_path / "photos", tmp_path / name, ImportOptions(line_width=2))
+    assert (_mask(tmp_path / "far") == _mask(tmp_path / "near")).all()
+
+
+# 4. stated sizes checked before allocating; nothing half-written
+
+
+@pytest.mark.parametrize("box, message", [
+    ('rle="10000000000" left="0" top="0" width="100000" height="100000"', "a mask of 100000x100000 px"),  # 9 GiB
+    ('rle="400" left="0" top="0" width="20" height="20"', "a mask of 20x20 px"),
+    ('rle="4" left="-1" top="0" width="-2" height="-2"', "a mask of -2x-2 px"),
+    ('rle="4" left="50" top="0" width="2" height="2"', "at (50, 0)"),
+])
+def test_a_cvat_mask_larger_than_its_image_is_refused_before_allocating(tmp_path, box, message):
+    _photo(tmp_path / "photos")
+    path = _cvat(tmp_path, f'<mask label="crack" {box}/>')
+    with _address_space(1 << 30):
+        err = _refused(path, "cvat", tmp_path / "photos", tmp_path / "out", message)
+    assert "a.png" in err and not (tmp_path / "out").exists()
+
+
+def test_a_cvat_mask_is_checked_against_the_photo_not_only_the_size_the_file_states(tmp_path):
+    _photo(tmp_path / "photos")
+    path = _cvat(tmp_path, '<mask label="crack" rle="10000000000" left="0" top="0" width="100000" height="100000"/>',
+                 size=(100000, 100000))
+    with _address_space(1 << 30):
+        _refused(path, "cvat", tmp_path / "photos", tmp_path / "out", "is 100000x100000 px there but")
+
+
+def _compressed(mask: np.ndarray) -> str:
+    return masks_api.encode(np.asfortranarray(mask.astype(np.uint8)))["counts"].decode()
+
+
+@pytest.mark.parametrize("rows", [10, 6])
+def test_a_compressed_coco_rle_running_past_or_short_of_its_image_is_one_line_and_writes_nothing(tmp_path, rows):
+    _photo(tmp_path / "photos")
+    _photo(tmp_path / "photos", "b.png")
+    other = np.zeros((rows, W), bool)
+    other[rows - 1, :] = True
+    rle = {"size": [H, W], "counts": _compressed(other)}  # the runs of a 10 x rows mask, said to be 10x8
+    good = [(1, [[3, 1, 4, 1, 4, 7, 3, 7]]), (2, rle)]
+    path = _coco(tmp_path, good, images=[("a.png", W, H), ("b.png", W, H)])
+    _refused(path, "coco", tmp_path / "photos", tmp_path / "out", f"its RLE counts cover {rows * W} pixels, not 10x8")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_import_that_fails_while_drawing_leaves_the_previous_dataset_as_it_was(tmp_path, monkeypatch):
+    from crackseg.labels import loop
+
+    photos, dataset = tmp_path / "photos", tmp_path / "ds"
+    _photo(photos, "a.png")
+    _photo(photos, "b.png")
+    two = [("a.png", W, H), ("b.png", W, H)]
+    import_labels(_coco(tmp_path, [], images=two), "coco", photos, dataset)
+    before = {path.relative_to(dataset): path.read_bytes() for path in dataset.rglob("*") if path.is_file()}
+    drawn = []
+
+    def failing(*args, **kwargs):
+        drawn.append(1)
+        if len(drawn) == 2:
+            raise InputError("the second photo fails")
+        return original(*args, **kwargs)
+
+    original = loop._draw
+    monkeypatch.setattr(loop, "_draw", failing)
+    with pytest.raises(InputError, match="second photo"):
+        import_labels(_coco(tmp_path, [(1, [[3, 1, 4, 1, 4, 7, 3, 7]])], images=two), "coco", photos, dataset, ImportOptions(overwrite=True))
+    after = {path.relative_to(dataset): path.read_bytes() for path in dataset.rglob("*") if path.is_file()}
+    assert after == before  # no mask replaced, no temp left
+    drawn.clear()
+    with pytest.raises(InputError, match="second photo"):
+        import_labels(_coco(tmp_path, [], images=two), "coco", photos, tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
+
+
+# 5. NaN and infinite coordinates are malformed, named
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_a_coco_polygon_with_a_coordinate_that_is_not_finite_is_refused_naming_it(tmp_path, value):
+    _photo(tmp_path / "photos")
+    path = tmp_path / "coco.json"
+    path.write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "a.png", "width": W, "height": H}], "categories": [{"id": 1, "name": "crack"}],
+        "annotations": [{"id": 5, "image_id": 1, "category_id": 1, "segmentation": [[3, 1, 4, 1, 4, 7, 3, 7], [3, 1, 4, 1, 0, 0]]}],
+    }).replace("[3, 1, 4, 1, 0, 0]", f"[3, 1, 4, 1, {value}, 0]"))
+    _refused(path, "coco", tmp_path / "photos", tmp_path / "out", f"{path}: annotation 5 (image a.png): polygon 1")
+
+
+@pytest.mark.parametrize("kind, points", [("polygon", "3,1;4,nan;4,7"), ("polyline", "3,1;inf,1;4,7"), ("polygon", "3,1;4,1;-inf,7")])
+def test_a_cvat_shape_with_a_coordinate_that_is_not_finite_is_refused_naming_it(tmp_path, kind, points):
+    _photo(tmp_path / "photos")
+    path = _cvat(tmp_path, f'<polygon label="crack" points="1,1;2,1;2,2"/><{kind} label="crack" points="{points}"/>')
+    _refused(path, "cvat", tmp_path / "photos", tmp_path / "out", f"{path}: image a.png: shape 1 (<{kind}>, label 'crack'): ")
+
+
+def test_finite_points_reads_pairs_flat_or_nested_and_names_the_shape():
+    assert finite_points([1, 2, 3, 4], "here").tolist() == [[1, 2], [3, 4]]
+    assert finite_points([[1, 2], [3, 4]], "here").dtype == np.float64
+    assert finite_points([], "here").shape == (0, 2)
+    for bad, reason in (([1, 2, 3], "3 coordinates"), ([1, float("nan")], "not finite"), ([[1, 2], [float("inf"), 0]], "not finite"),
+                        (["a", 1], "not numbers"), ([[1, 2, 3]], "3 coordinates")):
+        with pytest.raises(InputError, match=f"^file.json: shape 3: .*{reason}"):
+            finite_points(bad, "file.json: shape 3")
+
+
+@pytest.mark.parametrize("width", ["0", "nan", "11", "3e9"])
+def test_a_cvat_polyline_width_beyond_its_image_is_refused(tmp_path, width):
+    """PIL draws a line 1e6 px wide wrong, and fails on one 3e9 px wide."""
+    _photo(tmp_path / "photos")
+    path = _cvat(tmp_path, f'<polyline label="crack" points="1,1;5,5"><attribute name="width">{width}</attribute></polyline>')
+    _refused(path, "cvat", tmp_path / "photos", tmp_path / "out", f"shape 0 (<polyline>, label 'crack'): width '{width}'; a width is")
