@@ -172,6 +172,39 @@ def browser():
     return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
 
 
+BROWSER_WAIT_S = 20.0  # a page renders, sorts and loads its pictures after what asked for it: later still on a busy machine
+
+
+def assert_soon(driver, read, expected, timeout: float = BROWSER_WAIT_S):
+    """Assert that ``read()`` comes to equal ``expected`` within ``timeout`` s, polled by selenium's explicit wait:
+    never on what the page shows the moment after a load or a click. Returns the value."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    transient = (NoSuchElementException, StaleElementReferenceException)  # the page is replacing what was read
+    try:
+        WebDriverWait(driver, timeout, poll_frequency=0.1, ignored_exceptions=transient).until(lambda _: read() == expected)
+    except TimeoutException:
+        pass  # the assertion below shows what the page shows instead
+    value = read()
+    assert value == expected, f"after {timeout:g} s the page shows {value!r}, not {expected!r}"
+    return value
+
+
+def loaded_pictures(driver, css: str, timeout: float = BROWSER_WAIT_S) -> list[int]:
+    """The natural widths of the pictures ``css`` selects, once every one has loaded (each scrolled into view: they
+    load lazily); 0 for a picture that failed to load, as the browser reports it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    pictures = driver.find_elements(By.CSS_SELECTOR, css)
+    for picture in pictures:
+        driver.execute_script("arguments[0].scrollIntoView()", picture)
+        WebDriverWait(driver, timeout, poll_frequency=0.1).until(
+            lambda _: driver.execute_script("return arguments[0].complete", picture), f"{css}: a picture never loaded")
+    return [driver.execute_script("return arguments[0].naturalWidth", picture) for picture in pictures]
+
+
 needs_browser = pytest.mark.skipif(
     not (shutil.which("chromedriver") and (shutil.which("chromium") or shutil.which("chromium-browser"))),
     reason="no chromium and chromedriver installed",

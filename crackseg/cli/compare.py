@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from crackseg.cli.options import HelpFormatter, checked, width_classes
@@ -68,4 +69,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     counts = ", ".join(f"{count} {status}" for status, count in summary["cracks"].items() if count)
     print(f"{summary['registered']} of {summary['pairs']} pairs compared ({counts or 'no cracks'}); "
           f"{len(summary['unregistered'])} not registered; written to {args.out}")
+    if summary["failed"]:  # as predict: everything that could be compared is written, and the run says it is incomplete
+        print(f"crackseg: error: {len(summary['failed'])} of {summary['pairs']} pairs failed; pairs.csv gives each one's reason: "
+              f"{args.out / 'pairs.csv'}", file=sys.stderr)
+        return 1
     return 0

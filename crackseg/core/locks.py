@@ -52,6 +52,14 @@ class _Lock:
         finally:
             temp.unlink(missing_ok=True)
 
+    def check(self) -> None:
+        """Before any work: stop, naming the holder, when a live process holds the lock (one it does not take; a stale
+        lock is left for :meth:`acquire` to take over)."""
+        if self._held is None and self.path.exists():
+            holder = _read_lock(self.path)
+            if self.path.exists() and _stale_reason(holder, _lock_record()) is None:
+                raise InputError(self._refusal(holder))
+
     def release(self) -> None:
         """Remove the lock if this process holds it."""
         if self._held is not None and _read_lock(self.path) == self._held:

@@ -11,6 +11,7 @@ Needs the geo extra: ``pip install 'crackseg[geo]'``.
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 
@@ -99,13 +100,33 @@ def write_layer(path: Path, layer: str, columns: dict[str, np.ndarray], geometry
                 crs: str | None = None, append: bool = False, named: Path | None = None) -> None:
     """Write one layer with pyogrio in the format of ``path``'s suffix (or add it to ``path`` with ``append``):
     (multi)line features, or an attribute table when ``geometry`` is None. GDAL's failures are the machine's,
-    an OSError naming ``named`` (default ``path``)."""
+    an OSError naming ``named`` (default ``path``).
+
+    A full disk surfaces wherever SQLite or GDAL's buffers meet it: as any of pyogrio's errors (a GeoPackage:
+    a feature, a table, a field that could not be written), or not at all (GeoJSON: the last buffered write
+    fails as GDAL closes the file, and it says nothing). So the layer is read back: as many features as rows
+    were written, or the file is not whole.
+    """
     pyogrio = require("pyogrio", "geo")
     shape = {} if geometry is None else {"geometry_type": "MultiLineString", "promote_to_multi": True, "crs": crs}
+    rows = len(next(iter(columns.values()), [])) if geometry is None else len(geometry)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "'crs' was not provided")  # photos: pixel coordinates have no CRS
         try:
             pyogrio.raw.write(path, geometry=geometry, field_data=list(columns.values()), fields=list(columns), layer=layer,
                               driver=_DRIVERS[Path(path).suffix.lower()], append=append, **shape)
-        except pyogrio.errors.DataSourceError as error:
-            raise OSError(f"{named or path}: {str(error).splitlines()[0][-200:]}") from None
+            found = pyogrio.read_info(path, layer=layer)["features"]
+        except (pyogrio.errors.DataSourceError, pyogrio.errors.DataLayerError) as error:  # FeatureError, FieldError, ...
+            said = str(error).splitlines()[0] if str(error) else type(error).__name__
+            said = said if len(said) <= 200 else "..." + said[-200:]  # GDAL's reason ends the line, after its SQL
+            raise OSError(f"{named or path}: {said}{_disk_full(path)}") from None
+    if found != rows:
+        raise OSError(f"{named or path}: {found} of {rows} features of layer {layer} were written{_disk_full(path)}")
+
+
+def _disk_full(path: Path) -> str:
+    """'; its disk is full' when less than 1 MiB is left where ``path`` lies, else ''."""
+    try:
+        return "; its disk is full" if shutil.disk_usage(Path(path).parent).free < 2**20 else ""
+    except OSError:
+        return ""

@@ -19,7 +19,13 @@ it both dates see (each crack's length times the share of its centreline well in
 and it is wider by its mean width only (its widest place may lie where one date does not look).
 
 Sizes are compared in AFTER pixels: BEFORE lengths and widths are multiplied by the mapping's
-local scale at the crack.
+local scale at the crack. What predict's measurement decides in each date's own pixels is kept out of
+the comparison, so that a visit photographed at another pixel size compares as one photographed at
+the same. Its join gap: a faint stretch that one date bridged (9 px) and the other leaves as a gap
+between pieces of the crack (11 px at 1.25x) counts on both (see :func:`_growth`). Its minimum length:
+a crack shorter than it on one date (absent from that date's cracks.csv) is still measured there: it
+links and counts in its group's totals like any crack, gets no row of its own, and a crack linked to
+such cracks only gets a row with that date's side empty and the group's status.
 
 What a measurement can tell apart, and so the thresholds below:
 
@@ -44,11 +50,12 @@ import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import ndimage
 from scipy.cluster.hierarchy import DisjointSet
+from scipy.sparse.csgraph import minimum_spanning_tree
 from scipy.spatial import cKDTree
 from skimage.morphology import skeletonize
 
@@ -84,7 +91,10 @@ class DateCracks:
 
     labels: np.ndarray  # (H, W) int32 crack ids, 0 = background (find_cracks' labels)
     cracks: list[CrackMeasure]  # longest first; ids from 1, as cracks.csv numbers them
-    points: dict[int, np.ndarray]  # crack id -> (N, 2) int (row, col) of its skeleton pixels
+    points: dict[int, np.ndarray]  # crack id -> (N, 2) int (row, col) of its skeleton pixels, short cracks' included
+    # shorter than predict's minimum length on this date, so not in its cracks.csv (ids after the others', not in
+    # labels): what the mask shows where the other date, photographed at another pixel size, has a crack
+    short: list[CrackMeasure] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,27 @@ def count_statuses(statuses: Iterable[str]) -> dict[str, int]:
     return {status: counts[status] for status in [*STATUSES, *sorted(set(counts) - set(STATUSES))]}
 
 
+def length_growth(changes: list[Change]) -> float:
+    """How much longer (AFTER px) a pair's cracks got: each group of linked cracks' growth once (its rows repeat it),
+    plus the new cracks' lengths, less the gone ones' (scaled); cracks not seen count nothing."""
+    groups = DisjointSet(range(len(changes)))
+    first: dict[tuple[str, int], int] = {}
+    for index, change in enumerate(changes):
+        for key in (("before", change.before.id) if change.before else None, ("after", change.after.id) if change.after else None):
+            if key is not None:
+                groups.merge(first.setdefault(key, index), index)
+    total = 0.0
+    for members in groups.subsets():
+        change = changes[min(members)]
+        if change.length_growth_px is not None:
+            total += change.length_growth_px
+        elif change.status == NEW:
+            total += change.after.length_px
+        elif change.status == GONE:
+            total -= change.before.length_px * change.scale
+    return total
+
+
 def measure_date(mask: np.ndarray, join_gap_px: float, min_length_px: float) -> DateCracks:
     """The cracks of ``mask`` ((H, W) bool) with their skeleton pixels.
 
@@ -128,16 +159,18 @@ def measure_date(mask: np.ndarray, join_gap_px: float, min_length_px: float) -> 
         return DateCracks(labels, [], {})
     top, left = max(int(rows[0]) - 1, 0), max(int(cols[0]) - 1, 0)
     window = (slice(top, rows[-1] + 2), slice(left, cols[-1] + 2))
-    inner, found = find_cracks(mask[window], join_gap_px, min_length_px)
-    labels[window] = inner
+    # every crack, the short ones too: sorted longest first, those predict kept come first, under its ids
+    inner, found = find_cracks(mask[window], join_gap_px, 0.0)
     cracks = [dataclasses.replace(crack, bbox=(crack.bbox[0] + top, crack.bbox[1] + left, crack.bbox[2] + top, crack.bbox[3] + left),
                                   anchor=(crack.anchor[0] + top, crack.anchor[1] + left)) for crack in found]
+    kept = sum(crack.length_px >= min_length_px for crack in cracks)
+    labels[window] = np.where(inner <= kept, inner, 0)
     points = {}
     for number, box in enumerate(ndimage.find_objects(inner), 1):
         # one crack's pixels are never 8-adjacent to another's, so thinning each alone gives the skeleton of all
         skeleton = skeletonize(np.pad(inner[box] == number, 1))
         points[number] = np.argwhere(skeleton) + (box[0].start + top - 1, box[1].start + left - 1)
-    return DateCracks(labels, cracks, points)
+    return DateCracks(labels, cracks[:kept], points, cracks[kept:])
 
 
 def match(before: DateCracks, after: DateCracks, alignment: Alignment, tolerance_px: float = MATCH_TOLERANCE_PX) -> list[Change]:
@@ -154,8 +187,9 @@ def match(before: DateCracks, after: DateCracks, alignment: Alignment, tolerance
     centreline by half the widening, and a wide crack's skeleton cuts its corners.
     Rows come ordered by AFTER id, then BEFORE id; unlinked BEFORE cracks last.
     """
-    scales = {crack.id: float(alignment.scale_at(before.points[crack.id]).mean()) for crack in before.cracks}
-    mapped = {crack.id: alignment.map_points(before.points[crack.id]) for crack in before.cracks}
+    every_before, every_after = before.cracks + before.short, after.cracks + after.short
+    scales = {crack.id: float(alignment.scale_at(before.points[crack.id]).mean()) for crack in every_before}
+    mapped = {crack.id: alignment.map_points(before.points[crack.id]) for crack in every_before}
     view = _shared_view(before.labels.shape, after.labels.shape, alignment)
     centrelines = {("before", number): points for number, points in mapped.items()}
     centrelines |= {("after", number): points for number, points in after.points.items()}
@@ -163,21 +197,23 @@ def match(before: DateCracks, after: DateCracks, alignment: Alignment, tolerance
     insets = {key: _inset(points, view[:4] if key[0] == "before" else view[4:]) for key, points in centrelines.items()}
     # a crack cut by a frame's edge keeps its centreline half a width short of it, and BEFORE's edge lies where
     # the alignment puts it
-    margins = {("before", c.id): tolerance_px + 0.5 * c.max_width_px * scales[c.id] for c in before.cracks}
-    margins |= {("after", c.id): tolerance_px + 0.5 * c.max_width_px for c in after.cracks}
+    margins = {("before", c.id): tolerance_px + 0.5 * c.max_width_px * scales[c.id] for c in every_before}
+    margins |= {("after", c.id): tolerance_px + 0.5 * c.max_width_px for c in every_after}
     seen = {key: np.count_nonzero(inset >= margins[key]) >= min(MATCH_MIN_POINTS, len(inset)) for key, inset in insets.items()}
     shared = {key: _inset(points, view) >= margins[key] for key, points in centrelines.items()}  # well inside the view both share
     at_edge = {key: not inside.all() for key, inside in shared.items()}
-    overlaps = _links(before, after, mapped, insets, scales, tolerance_px)
-    groups = DisjointSet([("before", c.id) for c in before.cracks] + [("after", c.id) for c in after.cracks])
+    overlaps = _links(every_before, every_after, mapped, after.points, insets, scales, tolerance_px)
+    groups = DisjointSet([("before", c.id) for c in every_before] + [("after", c.id) for c in every_after])
     for b, a in overlaps:
         groups.merge(("before", b), ("after", a))
-    before_by_id = {crack.id: crack for crack in before.cracks}
-    after_by_id = {crack.id: crack for crack in after.cracks}
+    by_id = {("before", crack.id): crack for crack in every_before} | {("after", crack.id): crack for crack in every_after}
+    listed = {("before", crack.id) for crack in before.cracks} | {("after", crack.id) for crack in after.cracks}
     changes = []
     for group in groups.subsets():
-        olds = sorted((before_by_id[number] for side, number in group if side == "before"), key=lambda c: c.id)
-        news = sorted((after_by_id[number] for side, number in group if side == "after"), key=lambda c: c.id)
+        olds = sorted((by_id[key] for key in group if key[0] == "before"), key=lambda c: c.id)
+        news = sorted((by_id[key] for key in group if key[0] == "after"), key=lambda c: c.id)
+        if not group & listed:
+            continue  # short cracks alone: not cracks on either date
         if not news:
             changes.append(_gone(olds[0], scales[olds[0].id], alignment, after.labels.shape, seen["before", olds[0].id]))
         elif not olds:
@@ -187,10 +223,11 @@ def match(before: DateCracks, after: DateCracks, alignment: Alignment, tolerance
             # a group cut by the view's edge is measured on the parts both dates see: its lengths times the share of
             # its centreline well inside that view
             seen_share = {key: float(shared[key].mean()) if cut and len(shared[key]) else 1.0 for key in group}
-            growth = _growth(olds, news, scales, seen_share)
-            status = _growth_status(olds, news, scales, growth, seen_share, cut)
-            changes += [Change(status, old, new, scales[old.id], new.bbox, *growth, overlaps[old.id, new.id])
-                        for old in olds for new in news if (old.id, new.id) in overlaps]
+            growth = _growth(olds, news, scales, seen_share, centrelines)
+            counted = sum(("before", c.id) in listed for c in olds), sum(("after", c.id) in listed for c in news)
+            status = _growth_status(olds, news, scales, growth, seen_share, cut, counted)
+            changes += _group_rows(status, [c for c in olds if ("before", c.id) in listed], [c for c in news if ("after", c.id) in listed],
+                                   overlaps, scales, growth, lambda old: _mapped_box(old, alignment, after.labels.shape, True))
     return sorted(changes, key=lambda c: (c.after.id if c.after else math.inf, c.before.id if c.before else 0))
 
 
@@ -216,22 +253,23 @@ def _inset(rows_cols: np.ndarray, view: np.ndarray) -> np.ndarray:
     return (np.asarray(rows_cols, np.float64) @ view[:, :2].T + view[:, 2]).min(axis=1)
 
 
-def _links(before: DateCracks, after: DateCracks, mapped: dict[int, np.ndarray], insets: dict[tuple[str, int], np.ndarray],
-           scales: dict[int, float], tolerance_px: float) -> dict[tuple[int, int], float]:
-    """{(BEFORE id, AFTER id): share of the shorter centreline along the other} for the linked pairs, counting the
-    centreline pixels inside the other date's frame (``insets`` >= 0): the rest has nothing to lie along."""
-    if not before.cracks or not after.cracks:
+def _links(before: list[CrackMeasure], after: list[CrackMeasure], mapped: dict[int, np.ndarray], drawn: dict[int, np.ndarray],
+           insets: dict[tuple[str, int], np.ndarray], scales: dict[int, float], tolerance_px: float) -> dict[tuple[int, int], float]:
+    """{(BEFORE id, AFTER id): share of the shorter centreline along the other} for the linked pairs of ``before``
+    and ``after`` cracks (``mapped``: BEFORE centrelines in AFTER px, ``drawn``: AFTER's), counting the centreline pixels inside the
+    other date's frame (``insets`` >= 0): the rest has nothing to lie along."""
+    if not before or not after:
         return {}
-    before_width = np.zeros(max(before.points) + 1)
-    after_width = np.zeros(max(after.points) + 1)
-    for crack in before.cracks:
+    before_width = np.zeros(max(mapped) + 1)
+    after_width = np.zeros(max(drawn) + 1)
+    for crack in before:
         before_width[crack.id] = crack.mean_width_px * scales[crack.id]
-    for crack in after.cracks:
+    for crack in after:
         after_width[crack.id] = crack.mean_width_px
     before_points, before_owner = _stacked(mapped)
-    after_points, after_owner = _stacked(after.points)
+    after_points, after_owner = _stacked(drawn)
     before_inside = np.concatenate([insets["before", number] for number in mapped]) >= 0
-    after_inside = np.concatenate([insets["after", number] for number in after.points]) >= 0
+    after_inside = np.concatenate([insets["after", number] for number in drawn]) >= 0
     inside = {key: int(np.count_nonzero(inset >= 0)) for key, inset in insets.items()}
     reach = tolerance_px + 0.5 * max(before_width.max(), after_width.max())
 
@@ -249,7 +287,7 @@ def _links(before: DateCracks, after: DateCracks, mapped: dict[int, np.ndarray],
     from_after = shared(after_points[after_inside], after_owner[after_inside], before_points, before_owner, False)
     links = {}
     for b, a in from_before.keys() | from_after.keys():
-        needed = min(MATCH_MIN_POINTS, len(mapped[b]), len(after.points[a]))
+        needed = min(MATCH_MIN_POINTS, len(mapped[b]), len(drawn[a]))
         counted = ((from_before.get((b, a), 0), inside["before", b]), (from_after.get((b, a), 0), inside["after", a]))
         shares = [count / total for count, total in counted if count and count >= needed]
         if shares and max(shares) >= MATCH_SHARE:
@@ -263,21 +301,50 @@ def _stacked(points: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([points[i] for i in ids]).astype(np.float64), np.repeat(ids, [len(points[i]) for i in ids])
 
 
-def _growth(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int, float],
-            seen_share: dict[tuple[str, int], float]) -> tuple[float, float, float]:
+def _bridged(crack: CrackMeasure) -> float:
+    """px of the faint stretches the join bridged inside ``crack``: its length less that of its own pixels (its mean
+    width is its area over that length)."""
+    return crack.length_px - crack.area_px / crack.mean_width_px
+
+
+def _gap_between(pieces: list[tuple[np.ndarray, float]]) -> float:
+    """px of the gaps that would join ``pieces`` ((N, 2) centreline, mean width) into one crack: the shortest tree of
+    edge-to-edge distances between them (centrelines apart less half of each one's width), as the join measures a gap."""
+    if len(pieces) < 2:
+        return 0.0
+    gaps = np.zeros((len(pieces), len(pieces)))
+    for i, (points, width) in enumerate(pieces):
+        tree = cKDTree(points)
+        for j in range(i + 1, len(pieces)):
+            apart = float(tree.query(pieces[j][0])[0].min())
+            gaps[i, j] = max(apart - 0.5 * (width + pieces[j][1]), 1e-9)  # 0 is no edge to minimum_spanning_tree
+    return float(minimum_spanning_tree(gaps).sum())
+
+
+def _growth(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int, float], seen_share: dict[tuple[str, int], float],
+            centrelines: dict[tuple[str, int], np.ndarray]) -> tuple[float, float, float]:
     """(length, mean width, max width) growth in AFTER px from the BEFORE cracks of a group to its AFTER cracks;
-    lengths counted over the ``seen_share`` of each crack that both dates see."""
+    lengths counted over the ``seen_share`` of each crack that both dates see.
+
+    Lengths are predict's, faint stretches that the join bridged included. The join gap is in each date's own
+    px, so one date may bridge a stretch (9 px) that the other, photographed at another pixel size, leaves as a
+    gap between pieces of the group (11 px at 1.25x): such a gap counts on that date too, up to what the other
+    date bridged (``centrelines``: each crack's, in AFTER px). A gap no date bridged is a stretch lost or grown.
+    """
     old_lengths = np.array([c.length_px * scales[c.id] * seen_share["before", c.id] for c in olds])
     old_widths = np.array([c.mean_width_px * scales[c.id] for c in olds])
     new_lengths = np.array([c.length_px * seen_share["after", c.id] for c in news])
     new_widths = np.array([c.mean_width_px for c in news])
-    return (float(new_lengths.sum() - old_lengths.sum()),
+    bridged_before, bridged_after = sum(_bridged(c) * scales[c.id] for c in olds), sum(_bridged(c) for c in news)
+    unjoined_before = min(_gap_between([(centrelines["before", c.id], c.mean_width_px * scales[c.id]) for c in olds]), bridged_after)
+    unjoined_after = min(_gap_between([(centrelines["after", c.id], c.mean_width_px) for c in news]), bridged_before)
+    return (float(new_lengths.sum() + unjoined_after - old_lengths.sum() - unjoined_before),
             float(np.average(new_widths, weights=new_lengths + 1e-9) - np.average(old_widths, weights=old_lengths + 1e-9)),
             float(max(c.max_width_px for c in news) - max(c.max_width_px * scales[c.id] for c in olds)))
 
 
-def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int, float],
-                   growth: tuple[float, float, float], seen_share: dict[tuple[str, int], float], cut: bool) -> str:
+def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int, float], growth: tuple[float, float, float],
+                   seen_share: dict[tuple[str, int], float], cut: bool, counted: tuple[int, int]) -> str:
     """The status of a group of linked cracks (see the module's thresholds), from the group's totals.
 
     Several BEFORE cracks in one AFTER crack are ``merged`` only when the group grew longer: cracks joined
@@ -287,7 +354,8 @@ def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: d
     One crack that got as much shorter is ``shorter``, unless it is wider: widening is the change to act
     on, and its length growth says that it got shorter. A group ``cut`` by the shared view's edge is
     measured on the parts of it both dates see, and is wider by its mean width only: its widest place
-    may lie where one date does not look.
+    may lie where one date does not look. ``counted``: the group's BEFORE and AFTER cracks that are cracks of
+    their date (not short ones), which alone make it merged, split or shorter.
     """
     length, mean_width, max_width = growth
     before_lengths = [c.length_px * scales[c.id] * seen_share["before", c.id] for c in olds]
@@ -296,26 +364,49 @@ def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: d
     beyond = max(LONGER_MIN_PX, LONGER_SHARE * sum(before_lengths) + larger_mean_width)
     longer, shorter = length > beyond, -length > beyond
     wider = mean_width > WIDER_MEAN_PX or (max_width > WIDER_MAX_PX and not cut)
-    if len(olds) > 1 and longer:
+    if counted[0] > 1 and longer:
         return MERGED
-    if len(news) > 1 and shorter:
+    if counted[1] > 1 and shorter:
         return SPLIT
-    if len(olds) == len(news) == 1 and shorter and not wider:
+    if counted == (1, 1) and shorter and not wider:
         return SHORTER
     return LONGER_WIDER if longer and wider else LONGER if longer else WIDER if wider else UNCHANGED
+
+
+def _group_rows(status: str, olds: list[CrackMeasure], news: list[CrackMeasure], overlaps: dict[tuple[int, int], float],
+                scales: dict[int, float], growth: tuple[float, float, float], box_of) -> list[Change]:
+    """A group's rows: one per link between cracks of both dates (``olds``, ``news``: the group's cracks that are
+    not short), and one for each such crack linked to short cracks of the other date only, that side left empty
+    (a BEFORE crack boxed where ``box_of`` maps it)."""
+    rows = [Change(status, old, new, scales[old.id], new.bbox, *growth, overlaps[old.id, new.id])
+            for old in olds for new in news if (old.id, new.id) in overlaps]
+    for old in olds:
+        if not any(row.before is old for row in rows):
+            share = max(overlap for (b, _), overlap in overlaps.items() if b == old.id)
+            rows.append(Change(status, old, None, scales[old.id], box_of(old), *growth, share))
+    for new in news:
+        if not any(row.after is new for row in rows):
+            linked = [(scales[b], overlap) for (b, a), overlap in overlaps.items() if a == new.id]
+            rows.append(Change(status, None, new, float(np.mean([scale for scale, _ in linked])), new.bbox, *growth,
+                               max(overlap for _, overlap in linked)))
+    return rows
+
+
+def _mapped_box(crack: CrackMeasure, alignment: Alignment, after_shape: tuple, clip: bool) -> tuple[int, int, int, int]:
+    """A BEFORE crack's box where the alignment puts it in the AFTER image; ``clip``: cut to that image."""
+    top, left, bottom, right = crack.bbox
+    corners = alignment.map_points([(top - 0.5, left - 0.5), (top - 0.5, right - 0.5), (bottom - 0.5, left - 0.5), (bottom - 0.5, right - 0.5)])
+    low, high = np.floor(corners.min(axis=0) + 0.5).astype(int), np.ceil(corners.max(axis=0) + 0.5).astype(int)
+    if clip:
+        low, high = np.maximum(low, 0), np.minimum(high, after_shape[:2])
+    return int(low[0]), int(low[1]), int(high[0]), int(high[1])
 
 
 def _gone(old: CrackMeasure, scale: float, alignment: Alignment, after_shape: tuple, seen: bool) -> Change:
     """A BEFORE crack with no successor, boxed where it would lie in the AFTER image: ``gone``, its box clipped to
     the AFTER image, when enough of it lies inside that image (``seen``); else ``not seen``, its box as mapped, in
     part or wholly outside the AFTER image."""
-    top, left, bottom, right = old.bbox
-    corners = alignment.map_points([(top - 0.5, left - 0.5), (top - 0.5, right - 0.5), (bottom - 0.5, left - 0.5), (bottom - 0.5, right - 0.5)])
-    low, high = np.floor(corners.min(axis=0) + 0.5).astype(int), np.ceil(corners.max(axis=0) + 0.5).astype(int)
-    if seen:
-        low, high = np.maximum(low, 0), np.minimum(high, after_shape[:2])
-    return Change(GONE if seen else NOT_SEEN, old, None, scale, (int(low[0]), int(low[1]), int(high[0]), int(high[1])),
-                  None, None, None, 0.0)
+    return Change(GONE if seen else NOT_SEEN, old, None, scale, _mapped_box(old, alignment, after_shape, seen), None, None, None, 0.0)
 
 
 def _new(new: CrackMeasure, points: np.ndarray, alignment: Alignment, seen: bool) -> Change:

@@ -59,9 +59,9 @@ def compare_inspections(before: Path, after: Path, out: Path, options: CompareOp
     visits = read_visit(before, "BEFORE"), read_visit(after, "AFTER")
     paired, alone = pair_shots(*visits, options.pairs)
     known = _require_pixel_sizes(paired) if classes is not None and options.px_size is None else {}
-    surveys = _surveys(before, after, visits, options) if options.register else None
-    outputs = ComparisonFolder(out, options.vectors)
-    outputs.prepare(options.overwrite)
+    surveys = _surveys(before, after, visits, options, _register_crs(paired, known)) if options.register else None
+    outputs = ComparisonFolder(out, options.vectors, options.register)
+    outputs.prepare(options.overwrite, [shot.name for _, shot in paired])
     try:
         found = Comparison()
         for index, pair in enumerate(tqdm(paired, desc="compare", unit="pair", disable=len(paired) < 2)):
@@ -114,13 +114,27 @@ def _require_pixel_sizes(paired: list[tuple[Shot, Shot]]) -> dict[Path, bool]:
     return known
 
 
-def _surveys(before: Path, after: Path, visits: tuple[list[Shot], list[Shot]],
-             options: CompareOptions) -> tuple[history.Survey, history.Survey]:
-    """Both surveys for --register, checked now as the register will check them (dates, their order, what it holds)."""
+def _surveys(before: Path, after: Path, visits: tuple[list[Shot], list[Shot]], options: CompareOptions,
+             crs: set) -> tuple[history.Survey, history.Survey]:
+    """Both surveys for --register, checked now as the register will check them (dates, their order, what it holds, its
+    CRS against ``crs``, whether it can be written now), before anything is written."""
     dates = survey_dates(visits, options.dates)
     surveys = history.Survey(dates[0], str(Path(before).resolve())), history.Survey(dates[1], str(Path(after).resolve()))
-    history.check_append(options.register, *surveys)
+    history.check_append(options.register, *surveys, crs)
     return surveys
+
+
+def _register_crs(paired: list[tuple[Shot, Shot]], known: dict[Path, bool]) -> set:
+    """The CRSs the register's cracks would lie in, from the headers of each pair's AFTER file (None for a photo: pixel
+    coordinates); a file that cannot be read fails its pair later, saying why."""
+    found = set()
+    for _, shot in paired:
+        try:
+            facts = map_facts_of(shot, known)
+        except PAIR_FAILURES:
+            continue
+        found.add(None if facts is None else facts.crs)
+    return found
 
 
 def _summary(before: Path, after: Path, found: Comparison, options: CompareOptions) -> dict:

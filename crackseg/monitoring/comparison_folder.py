@@ -4,12 +4,17 @@
 only), ``summary.json``; with ``--vectors`` a change layer per pair under ``vectors/``, with
 ``--report`` report.html and its pictures under ``report/``. One compare at a time (its
 :class:`~crackseg.core.locks.FolderLock`), nothing of an earlier compare replaced unasked, and with
-``--overwrite`` none of the earlier compare's files left beside the new ones.
+``--overwrite`` none of the earlier compare's files left beside the new ones. Only compare's own files are
+claimed: a crack register kept in the folder (named by ``--register`` or not) and any other GeoPackage that is
+not a change layer are never replaced or removed.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
+from collections.abc import Iterable
+from contextlib import closing
 from pathlib import Path
 
 from crackseg.core.errors import InputError
@@ -25,8 +30,9 @@ CHANGE_COLUMNS = ["path_before", "path_after", "crack_before", "crack_after", "s
 class ComparisonFolder:
     """The files of a comparison folder, their writing, and the folder's preparation."""
 
-    def __init__(self, root: Path, vectors: str | None):
+    def __init__(self, root: Path, vectors: str | None, register: Path | None = None):
         self.root = Path(root)
+        self.register = register  # the site's crack register (--register), which may lie in the folder: never this folder's
         self.changes_csv, self.pairs_csv = self.root / "changes.csv", self.root / "pairs.csv"
         self.summary_json, self.report_html = self.root / "summary.json", self.root / "report.html"
         self.vectors_format = vectors
@@ -34,13 +40,15 @@ class ComparisonFolder:
         self._earlier: list[Path] = []  # outputs of an earlier compare found by prepare
         self._lock = FolderLock(self.root, "comparison", "--out")
 
-    def prepare(self, overwrite: bool) -> None:
-        """Before any work: take the folder's lock, refuse an earlier compare's outputs unless ``overwrite``, clear the
-        temp files an interrupted compare left. The caller calls :meth:`release` at the end."""
+    def prepare(self, overwrite: bool, layers: Iterable[str] = ()) -> None:
+        """Before any work: refuse a register that is one of the files this compare writes (``layers``: the names of the
+        change layers it may write), take the folder's lock, refuse an earlier compare's outputs unless ``overwrite``,
+        clear the temp files an interrupted compare left. The caller calls :meth:`release` at the end."""
+        self._refuse_register_among_outputs(layers)
         ensure_writable_folder(self.root, "--out")
         self._lock.acquire()
         try:
-            self._earlier = self._outputs_here()
+            self._earlier = [path for path in self._outputs_here() if self._claims(path)]
             if self._earlier and not overwrite:
                 raise InputError(f"{self._earlier[0]} already exists; choose another --out or pass --overwrite")
             below = [path for sub in ("vectors", "report") for path in (self.root / sub, *(self.root / sub).rglob("*"))]
@@ -54,7 +62,7 @@ class ComparisonFolder:
         self._lock.release()
 
     def write_layer(self, name: str, rows: list[dict], geometries: list, crs: str | None) -> None:
-        path = self.root / "vectors" / f"{name}{FORMATS[self.vectors_format][1]}"
+        path = self._layer_path(name)
         write_features(path, rows, geometries, crs, "changes")
         self.written.add(path)
 
@@ -84,6 +92,32 @@ class ComparisonFolder:
         for path in self._earlier:
             if path not in self.written:
                 path.unlink(missing_ok=True)
+
+    def _layer_path(self, name: str) -> Path:
+        return self.root / "vectors" / f"{name}{FORMATS[self.vectors_format][1]}"
+
+    def _refuse_register_among_outputs(self, layers: Iterable[str]) -> None:
+        if self.register is None:
+            return
+        ours = [self.changes_csv, self.pairs_csv, self.summary_json, self.report_html]
+        ours += [self._layer_path(name) for name in layers] if self.vectors_format else []
+        register = Path(self.register).resolve()
+        for path in (path for path in ours if path.resolve() == register):
+            raise InputError(f"--register {self.register}: is {path.relative_to(self.root)}, a file this compare writes in --out; "
+                             "give the register another name or keep it elsewhere")
+
+    def _claims(self, path: Path) -> bool:
+        """Whether ``path``, found where compare writes, is an earlier compare's output: never the register, and a
+        GeoPackage only when it holds nothing but a change layer (a register kept in vectors/ is the site's history)."""
+        if self.register is not None and path.resolve() == Path(self.register).resolve():
+            return False
+        if path.suffix.lower() != FORMATS["gpkg"][1]:
+            return True
+        try:
+            with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+                return [name for (name,) in db.execute("SELECT table_name FROM gpkg_contents")] == ["changes"]
+        except sqlite3.Error:
+            return False  # not a GeoPackage compare wrote
 
     def _outputs_here(self) -> list[Path]:
         tables = [path for path in (self.changes_csv, self.pairs_csv, self.summary_json, self.report_html) if path.exists()]

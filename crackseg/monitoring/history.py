@@ -14,11 +14,16 @@ Tables (GIS tools list all three; ``surveys`` and ``links`` are attribute tables
   successor is gone (or outside the view both dates share); one without a predecessor is new.
 
 A comparison appends its AFTER survey, and its BEFORE survey unless the previous comparison registered it as
-its AFTER (then BEFORE's registered cracks are linked). Visits are appended in date order. Each append is
-written to a copy beside the register that replaces it only when complete and on disk (fsynced): an error, an
-interruption or a power loss leaves the register byte for byte as it was. A lock file beside the register
-(``.<name>.lock``, :class:`crackseg.core.locks.FileLock`) keeps a second compare from appending at the same time,
-which would lose one of the two; one left by a compare that was killed on this host is taken over.
+its AFTER (then BEFORE's registered cracks are linked). Visits are appended in date order, and each inspection
+(its folder) once: a folder registered under one date is refused under another.
+
+The register is extended in place, in one SQLite write transaction (BEGIN IMMEDIATE ... COMMIT) as every SQLite
+client writes it, so QGIS may hold it open (WAL mode or not) and an error, a kill or a power loss leaves it as it
+was. Rows are written as GDAL writes them (GeoPackage geometry blobs; the R-tree kept by the file's own triggers,
+whose ST_* functions are defined here), gpkg_contents and gpkg_ogr_contents kept right; a new register is built
+under a temporary name, then renamed. Another program's write transaction is waited for :data:`BUSY_TIMEOUT_S`,
+then reported busy; a second compare is kept out by a lock file beside the register (``.<name>.lock``,
+:class:`crackseg.core.locks.FileLock`), taken over when the compare that left it was killed on this host.
 
 Needs the geo extra: ``pip install 'crackseg[geo]'``.
 """
@@ -28,23 +33,30 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import sqlite3
+import stat
+import struct
+import tempfile
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import date as calendar_date
+from glob import escape
 from pathlib import Path
 
 import numpy as np
 
 from crackseg.core.errors import InputError, require
-from crackseg.core.files import PendingFile, cell_number, readable
+from crackseg.core.files import TEMP_MARK, PendingFile, cell_number, readable, temp_path
 from crackseg.core.locks import FileLock
 from crackseg.cracks.vectors import write_layer
 
+BUSY_TIMEOUT_S = 5.0  # how long another program's write transaction is waited for before the register is reported busy
 _MEASURES = ("length_px", "mean_width_px", "max_width_px", "length_mm", "mean_width_mm", "max_width_mm")
+_TABLES = ("surveys", "cracks", "links")
 _SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
+_APPENDING = "another crackseg compare is appending to it"
+_GP_EMPTY, _GP_ENVELOPE_XY = 0x11, 0x03  # GeoPackage blob flags, little-endian: an empty geometry / a geometry with its x, y box
 
 # Parameters :date (YYYY-MM-DD), :image and :crack name the crack in the survey of that date; the rows are that
 # crack and its successors in every later survey (a split crack has several on a date), with the change since
@@ -91,32 +103,32 @@ def append_comparison(register: Path, before: Survey, after: Survey, cracks: tup
     """
     register = Path(register)
     _check_dates(before, after)
+    _check_writable(register)
     with _locked(register):
-        pending = PendingFile(register, suffix=".gpkg")
-        try:
-            if register.exists():
-                shutil.copyfile(register, pending.temp)
-            else:
-                pending.temp.unlink()  # GDAL creates the file itself
-            added = _append(pending.temp, register, (before, after), cracks, links, crs)
-            with open(pending.temp, "rb") as file:
-                os.fsync(file.fileno())  # the copy's bytes on disk before the rename makes it the register
-            pending.commit(durable=True)
-        except BaseException:
-            for side in ("", *_SQLITE_SIDE_FILES):
-                Path(f"{pending.temp}{side}").unlink(missing_ok=True)
-            raise
-    return added
+        if not register.exists():
+            return _create(register, (before, after), cracks, links, crs)
+        with _transaction(register, register) as db:
+            return _append(db, register, (before, after), cracks, links, crs)
 
 
-def check_append(register: Path, before: Survey, after: Survey) -> None:
-    """Refuse now, before a comparison's work, what :func:`append_comparison` would refuse from the surveys alone:
-    dates that are not YYYY-MM-DD or not in order, a file that is not a register, AFTER registered already, BEFORE
-    older than the register's latest survey. (The CRS and the cracks are known only once the pairs are compared.)"""
+def check_append(register: Path, before: Survey, after: Survey, crs: frozenset | set = frozenset()) -> None:
+    """Refuse now, before a comparison's work, what :func:`append_comparison` would refuse: dates that are not YYYY-MM-DD
+    or not in order, a file that is not a register, one that cannot be written (read-only, in a read-only folder),
+    one another compare or program is writing to, AFTER registered already, an inspection registered under another
+    date, BEFORE older than the register's latest survey, and pairs in ``crs`` (the CRSs their AFTER files lie in,
+    None for pixel coordinates) that the register cannot hold. Writes nothing."""
     register = Path(register)
     _check_dates(before, after)
+    if len(crs) > 1:
+        raise InputError(f"--register {register}: the pairs lie in several CRSs or mix photos and rasters "
+                         f"({', '.join(sorted(map(str, crs)))}); a register holds one site in one CRS")
+    _check_writable(register)
+    FileLock(register, _APPENDING).check()
     if register.exists():
-        _registered_before(register, _registered_surveys(register, register), before, after)
+        with _transaction(register, register, write=False) as db:  # takes the write lock: a busy register is told now
+            _check_surveys(register, _registered_surveys(db), before, after)
+            for one in crs:
+                _check_crs(register, _registered_crs(db), one)
 
 
 def width_history(register: Path, date: str, image: str, crack: int) -> list[dict]:
@@ -124,23 +136,80 @@ def width_history(register: Path, date: str, image: str, crack: int) -> list[dic
     if not Path(register).is_file():
         raise InputError(f"{register}: no such register")
     try:
-        with closing(sqlite3.connect(f"{Path(register).resolve().as_uri()}?mode=ro", uri=True)) as db:
+        with closing(sqlite3.connect(f"{Path(register).resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)) as db:
             db.row_factory = sqlite3.Row
             return [dict(row) for row in db.execute(WIDTH_HISTORY, {"date": date, "image": image, "crack": crack})]
     except sqlite3.DatabaseError as error:
-        raise InputError(f"{register}: not a crack register ({error})") from None
+        raise _register_error(register, error) from None
 
 
 @contextmanager
 def _locked(register: Path) -> Iterator[None]:
-    """Hold ``.<name>.lock`` beside ``register`` while appending (taking over one that a dead process left)."""
+    """Hold ``.<name>.lock`` beside ``register`` while appending (taking over one that a dead process left), and remove
+    the temporary registers a killed compare left (a new one being built, an older crackseg's working copy)."""
     register.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(register, "another crackseg compare is appending to it")
+    lock = FileLock(register, _APPENDING)
     lock.acquire()
     try:
+        prefix = temp_path(register, "", ".gpkg").name[:-len(f"{TEMP_MARK}.gpkg")]  # ".<name, cut as temp_path cuts it>."
+        for leftover in register.parent.glob(f"{escape(prefix)}*{TEMP_MARK}.gpkg*"):
+            leftover.unlink(missing_ok=True)
         yield
     finally:
         lock.release()
+
+
+def _check_writable(register: Path) -> None:
+    """The register is extended in place and SQLite writes its journal (or WAL) beside it: both must be writable."""
+    if register.exists() and not register.is_file():
+        raise InputError(f"--register {register}: is not a file; give a GeoPackage file")
+    folder = next(parent for parent in register.parents if parent.exists())
+    try:
+        with tempfile.TemporaryFile(dir=folder):  # a read-only mount, or a folder without write permission
+            pass
+    except OSError as error:
+        raise InputError(f"{register}: its folder {folder} cannot be written ({error.strerror or error}), and SQLite writes its "
+                         "journal beside the register; give a register in a writable folder") from None
+    mode = stat.S_IMODE(register.stat().st_mode) if register.exists() else None
+    if mode is not None and (not mode & 0o222 or not os.access(register, os.W_OK)):  # no write bit: read-only even for root
+        who = "" if not mode & 0o222 else ", not writable by this user"
+        raise InputError(f"{register}: is read-only (mode {mode:04o}{who}); the register is extended in place: make it writable "
+                         "(chmod u+w) or give another --register")
+
+
+@contextmanager
+def _transaction(path: Path, register: Path, write: bool = True) -> Iterator[sqlite3.Connection]:
+    """A write transaction on the GeoPackage ``path`` (BEGIN IMMEDIATE, then COMMIT, or ROLLBACK on an error or
+    when not ``write``); SQLite's errors name ``register``, "database is locked" as busy."""
+    try:
+        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=rw", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    except sqlite3.Error as error:
+        raise _register_error(register, error) from None
+    with closing(db):
+        _define_geometry_functions(db)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            yield db
+            db.execute("COMMIT" if write else "ROLLBACK")
+        except BaseException as error:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            if isinstance(error, sqlite3.Error):
+                raise _register_error(register, error) from None
+            raise
+
+
+def _register_error(register: Path, error: sqlite3.Error) -> Exception:
+    """SQLite's error as the user's: busy (another program writes), unwritable, or not a register; a full disk is the machine's."""
+    code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF  # the primary result code
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return InputError(f"{register}: busy: another program is writing to it (SQLite: {error}, after {BUSY_TIMEOUT_S:g} s); "
+                          "wait until it has saved its edits (QGIS: save or discard the layer's edits) and run again")
+    if code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM):
+        return InputError(f"{register}: cannot be written ({error}); give a register in a writable file and folder")
+    if code in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR):
+        return OSError(f"{register}: {error}")
+    return InputError(f"{register}: not a crack register ({error}); give a register written by crackseg compare, or a new file name")
 
 
 def _check_dates(before: Survey, after: Survey) -> None:
@@ -160,17 +229,38 @@ def _check_date(text: str, flag: str) -> None:
     raise InputError(f"{flag} {text}: not a date; give it as YYYY-MM-DD (e.g. 2024-05-31)")
 
 
-def _append(path: Path, register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[dict], list[dict]],
-            links: list[dict], crs: str | None) -> dict:
-    """Append to ``path``, the working copy of ``register`` (missing for a new register); errors name ``register``."""
+def _create(register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[dict], list[dict]], links: list[dict],
+            crs: str | None) -> dict:
+    """A new register: its empty layers made by GDAL under a temporary name, the rows appended as to any register, the
+    file on disk (fsynced) before the rename makes it the register."""
+    pending = PendingFile(register, suffix=".gpkg")
+    try:
+        pending.temp.unlink()  # GDAL creates the file itself
+        write_layer(pending.temp, "surveys", _survey_columns([]), named=register)
+        write_layer(pending.temp, "cracks", _crack_columns([]), np.array([], dtype=object), crs, append=True, named=register)
+        write_layer(pending.temp, "links", _link_columns([], {}, {}), append=True, named=register)
+        with _transaction(pending.temp, register) as db:
+            added = _append(db, register, surveys, cracks, links, crs, check_crs=False)  # made in crs
+        with open(pending.temp, "rb") as file:
+            os.fsync(file.fileno())
+        pending.commit(durable=True)
+    except BaseException:
+        for side in ("", *_SQLITE_SIDE_FILES):
+            Path(f"{pending.temp}{side}").unlink(missing_ok=True)
+        raise
+    return added
+
+
+def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[dict], list[dict]],
+            links: list[dict], crs: str | None, check_crs: bool = True) -> dict:
+    """Append to the register open in ``db``'s write transaction."""
     before, after = surveys
-    existing = path.exists()
-    registered = _registered_surveys(path, register) if existing else []
-    reused = _registered_before(register, registered, before, after)
-    if existing:
-        _check_crs(register, require("pyogrio", "geo", "--register").read_info(path, layer="cracks")["crs"], crs)
+    registered = _registered_surveys(db)
+    reused = _check_surveys(register, registered, before, after)
+    if check_crs:
+        _check_crs(register, _registered_crs(db), crs)
     next_survey = max((survey.survey for survey in registered), default=0) + 1
-    next_key = _read(path, register, "SELECT coalesce(max(crack_key), 0) FROM cracks")[0][0] + 1 if existing else 1
+    next_key = db.execute("SELECT coalesce(max(crack_key), 0) FROM cracks").fetchone()[0] + 1
 
     new_surveys, new_cracks = [], []
     if reused is None:
@@ -179,7 +269,7 @@ def _append(path: Path, register: Path, surveys: tuple[Survey, Survey], cracks: 
         new_cracks.append((next_survey, cracks[0], next_key))
         next_survey, next_key = next_survey + 1, next_key + len(cracks[0])
     else:
-        before_keys, unseen = _registered_keys(path, register, reused, cracks[0])
+        before_keys, unseen = _registered_keys(db, register, reused, cracks[0])
         before_keys |= _numbered(unseen, next_key)  # images of that survey that no earlier comparison registered
         new_cracks.append((reused, unseen, next_key))
         next_key += len(unseen)
@@ -187,20 +277,33 @@ def _append(path: Path, register: Path, surveys: tuple[Survey, Survey], cracks: 
     new_surveys.append((next_survey, after))
     new_cracks.append((next_survey, cracks[1], next_key))
 
-    write_layer(path, "surveys", _survey_columns(new_surveys), append=existing, named=register)
-    write_layer(path, "cracks", _crack_columns(new_cracks), _geometries(new_cracks), crs, append=existing, named=register)
-    write_layer(path, "links", _link_columns(links, before_keys, after_keys), append=existing, named=register)
+    srs_id = db.execute("SELECT srs_id FROM gpkg_geometry_columns WHERE lower(table_name) = 'cracks'").fetchone()[0]
+    _insert(db, "surveys", _survey_columns(new_surveys))
+    geometries = [_geometry_blob(row.get("geometry"), srs_id) for _, rows, _ in new_cracks for row in rows]
+    _insert(db, "cracks", {"geom": geometries, **_crack_columns(new_cracks)})
+    _insert(db, "links", _link_columns(links, before_keys, after_keys))
+    _update_contents(db, [box for box in map(_envelope, geometries) if box is not None])
     return {"surveys": len(new_surveys), "cracks": sum(len(rows) for _, rows, _ in new_cracks), "links": len(links)}
 
 
-def _registered_surveys(path: Path, register: Path) -> list[_Registered]:
-    return [_Registered(*row) for row in _read(path, register, "SELECT survey, date, source FROM surveys")]
+def _registered_surveys(db: sqlite3.Connection) -> list[_Registered]:
+    return [_Registered(*row) for row in db.execute("SELECT survey, date, source FROM surveys")]
 
 
-def _registered_before(register: Path, registered: list[_Registered], before: Survey, after: Survey) -> int | None:
-    """The survey id of BEFORE when the register has it as its latest survey, None when BEFORE is a new, later one."""
+def _check_surveys(register: Path, registered: list[_Registered], before: Survey, after: Survey) -> int | None:
+    """The survey id of BEFORE when the register has it as its latest survey, None when BEFORE is a new, later one.
+    Each inspection (its folder) is registered once, under one date."""
+    if before.source == after.source:
+        raise InputError(f"{register}: BEFORE and AFTER are the same inspection {after.source}; a register holds each inspection "
+                         "once, under one date: compare two visits")
     if any((survey.date, survey.source) == (after.date, after.source) for survey in registered):
         raise InputError(f"{register}: the survey of {after.date} from {after.source} is already registered; nothing appended")
+    for side, flag in ((after, "--after-date"), (before, "--before-date")):
+        other = next((survey for survey in registered if survey.source == side.source and survey.date != side.date), None)
+        if other is not None:
+            raise InputError(f"{register}: {side.source} is registered already as the survey of {other.date}, not {side.date} "
+                             f"({flag}); a register holds each inspection once: date it {other.date}, or keep each visit in a "
+                             "folder of its own")
     if not registered:
         return None
     latest = max(registered, key=lambda survey: survey.date)
@@ -210,6 +313,19 @@ def _registered_before(register: Path, registered: list[_Registered], before: Su
         return None
     raise InputError(f"{register}: its latest survey is {latest.date} from {latest.source}; visits are appended in date order, "
                      f"so compare from that survey or a later one, not from {before.date} ({before.source})")
+
+
+def _registered_crs(db: sqlite3.Connection) -> str | None:
+    """The cracks' CRS as rasterio names it (EPSG:n, else its WKT), None for pixel coordinates (an undefined SRS). Read by
+    SQL, not GDAL: a second SQLite library opening the file in this process would drop this connection's locks."""
+    row = db.execute("SELECT s.organization, s.organization_coordsys_id, s.definition FROM gpkg_geometry_columns AS g JOIN "
+                     "gpkg_spatial_ref_sys AS s ON s.srs_id = g.srs_id WHERE lower(g.table_name) = 'cracks'").fetchone()
+    if row is None:
+        raise sqlite3.DatabaseError("it has no cracks layer")
+    organization, code, definition = row
+    if organization.upper() == "EPSG":
+        return f"EPSG:{code}"
+    return None if definition == "undefined" or definition.startswith('LOCAL_CS["Undefined') else definition
 
 
 def _check_crs(register: Path, registered: str | None, crs: str | None) -> None:
@@ -224,10 +340,11 @@ def _check_crs(register: Path, registered: str | None, crs: str | None) -> None:
                      f"{named.get(crs, crs)}; a register holds one site in one CRS: give another --register")
 
 
-def _registered_keys(path: Path, register: Path, survey: int, cracks: list[dict]) -> tuple[dict[tuple[str, int], int], list[dict]]:
+def _registered_keys(db: sqlite3.Connection, register: Path, survey: int,
+                     cracks: list[dict]) -> tuple[dict[tuple[str, int], int], list[dict]]:
     """{(image, crack): crack_key} of a registered survey's images, once their cracks are found to be those of ``cracks``,
     and the crack dicts of images the survey does not hold yet (an image no earlier comparison registered)."""
-    rows = _read(path, register, "SELECT image, crack, crack_key, length_px, max_width_px FROM cracks WHERE survey = ?", (survey,))
+    rows = db.execute("SELECT image, crack, crack_key, length_px, max_width_px FROM cracks WHERE survey = ?", (survey,)).fetchall()
     found = {(image, crack): (_measure(length), _measure(width)) for image, crack, _, length, width in rows}
     images = {image for image, _ in found}
     given = {(readable(row["image"]), int(row["crack"])): (_measure(row["length_px"]), _measure(row["max_width_px"]))
@@ -264,30 +381,66 @@ def _crack_columns(batches: list[tuple[int, list[dict], int]]) -> dict[str, np.n
             "max_width_class": np.array([row.get("max_width_class") or None for _, _, row in rows], object)}
 
 
-def _geometries(batches: list[tuple[int, list[dict], int]]) -> np.ndarray:
-    shapely = require("shapely", "geo", "--register")
-    empty = shapely.from_wkt("MULTILINESTRING EMPTY")
-    lines = [empty if row.get("geometry") is None else shapely.force_2d(row["geometry"]) for _, cracks, _ in batches for row in cracks]
-    return np.asarray(shapely.to_wkb(lines), dtype=object) if lines else np.array([], dtype=object)
-
-
 def _link_columns(links: list[dict], before_keys: dict, after_keys: dict) -> dict[str, np.ndarray]:
     return {"before_key": np.array([before_keys[readable(link["before_image"]), int(link["before_crack"])] for link in links], np.int64),
             "after_key": np.array([after_keys[readable(link["after_image"]), int(link["after_crack"])] for link in links], np.int64),
             "status": np.array([link["status"] for link in links], object)}
 
 
+def _insert(db: sqlite3.Connection, table: str, columns: dict) -> None:
+    """INSERT the rows of ``columns`` (arrays or lists of one length) into ``table``; NaN is stored as NULL (SQLite's rule)."""
+    values = [column.tolist() if isinstance(column, np.ndarray) else column for column in columns.values()]  # Python scalars
+    names = ", ".join(f'"{name}"' for name in columns)
+    db.executemany(f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(columns))})', zip(*values))
+
+
+def _geometry_blob(geometry, srs_id: int) -> bytes:
+    """A MultiLineString as a GeoPackage geometry blob (as GDAL writes it): "GP", flags, srs_id, x, y box, then WKB;
+    None or an empty line is the empty MultiLineString."""
+    shapely = require("shapely", "geo", "--register")
+    line = shapely.MultiLineString() if geometry is None else shapely.force_2d(geometry)
+    if line.geom_type == "LineString":
+        line = shapely.MultiLineString([] if line.is_empty else [line])
+    wkb = shapely.to_wkb(line, output_dimension=2, byte_order=1)
+    if line.is_empty:
+        return struct.pack("<2sBBi", b"GP", 0, _GP_EMPTY, srs_id) + wkb
+    min_x, min_y, max_x, max_y = line.bounds
+    return struct.pack("<2sBBi4d", b"GP", 0, _GP_ENVELOPE_XY, srs_id, min_x, max_x, min_y, max_y) + wkb
+
+
+def _envelope(blob: bytes | None) -> tuple[float, float, float, float] | None:
+    """(min x, max x, min y, max y) of a GeoPackage geometry blob, None when it is empty (or NULL)."""
+    if blob is None or bytes(blob[:2]) != b"GP" or blob[3] & 0x10:
+        return None
+    if (blob[3] >> 1) & 0x07:  # the box is in the header
+        return struct.unpack_from("<4d" if blob[3] & 1 else ">4d", blob, 8)
+    geometry = require("shapely", "geo", "--register").from_wkb(bytes(blob[8:]))
+    return None if geometry.is_empty else tuple(np.asarray(geometry.bounds)[[0, 2, 1, 3]])
+
+
+def _define_geometry_functions(db: sqlite3.Connection) -> None:
+    """The SQL functions a GeoPackage's R-tree triggers call (GDAL and QGIS define them; sqlite3 alone has none)."""
+    for index, name in enumerate(("ST_MinX", "ST_MaxX", "ST_MinY", "ST_MaxY")):
+        db.create_function(name, 1, lambda blob, i=index: (_envelope(blob) or (None,) * 4)[i], deterministic=True)
+    db.create_function("ST_IsEmpty", 1, lambda blob: None if blob is None else int(_envelope(blob) is None), deterministic=True)
+
+
+def _update_contents(db: sqlite3.Connection, boxes: list[tuple[float, float, float, float]]) -> None:
+    """gpkg_contents' change time and the cracks' extent, gpkg_ogr_contents' feature counts, as GDAL keeps them."""
+    db.execute("UPDATE gpkg_contents SET last_change = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
+               f"WHERE lower(table_name) IN {_TABLES}")
+    if boxes:
+        box = np.array(boxes)
+        db.execute("UPDATE gpkg_contents SET min_x = min(coalesce(min_x, :x0), :x0), max_x = max(coalesce(max_x, :x1), :x1), "
+                   "min_y = min(coalesce(min_y, :y0), :y0), max_y = max(coalesce(max_y, :y1), :y1) WHERE lower(table_name) = 'cracks'",
+                   dict(zip(("x0", "x1", "y0", "y1"), (box[:, 0].min(), box[:, 1].max(), box[:, 2].min(), box[:, 3].max()))))
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'gpkg_ogr_contents'").fetchone():
+        for table in _TABLES:  # the file's triggers count too, unless a GDAL session has them off: counted, not incremented
+            db.execute(f'UPDATE gpkg_ogr_contents SET feature_count = (SELECT count(*) FROM "{table}") '
+                       "WHERE lower(table_name) = ?", (table,))
+
+
 def _measure(value) -> float:
     """A measurement to compare, NaN when missing (never equal, so a missing one counts as differing)."""
     number = cell_number(value)
     return math.nan if number is None else number
-
-
-def _read(path: Path, register: Path, sql: str, parameters: tuple = ()) -> list[tuple]:
-    """Rows of ``sql`` on ``path`` (the register or its working copy), opened read-only; errors name ``register``."""
-    try:
-        with closing(sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)) as db:
-            return db.execute(sql, parameters).fetchall()
-    except sqlite3.DatabaseError as error:
-        raise InputError(f"{register}: not a crack register ({error}); give a register written by crackseg compare, "
-                         "or a new file name") from None

@@ -10,7 +10,8 @@ them (:func:`crackseg.cracks.measure.in_mm`).
 
 What a pair adds to the comparison is its :class:`PairOutcome`: its row of pairs.csv, its rows of changes.csv,
 its register records; its report pictures and change layer are written into the comparison folder as it goes.
-A file of the pair that cannot be read fails the pair alone.
+A file of the pair that cannot be read fails the pair alone; an output that cannot be written (a full disk) stops
+the comparison.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from crackseg.core.errors import InputError
+from crackseg.core.errors import InputError, RunError
 from crackseg.cracks.vectors import centrelines, skeleton_links
 from crackseg.cracks.widths import WidthClasses, in_mm
 from crackseg.data.images import DECODE_ERRORS, crack_mask, crack_pixels, describe_error, displayed_size, image_pixels
@@ -113,7 +114,7 @@ class PairOutcome:
 def compare_pair(index: int, pair: tuple[Shot, Shot], options: CompareOptions, classes: WidthClasses | None,
                  outputs: ComparisonFolder, known: dict[Path, bool]) -> PairOutcome:
     """One pair: read, registered, and when registered measured and matched. A file of the pair that cannot be read
-    fails the pair alone; rasters in two CRSs stop the run."""
+    fails the pair alone; rasters in two CRSs, or an output that cannot be written, stop the run."""
     before, after = pair
     row = {"pair": index, "name_before": before.name, "name_after": after.name,
            "path_before": str(before.photo or before.mask), "path_after": str(after.photo or after.mask)}
@@ -151,14 +152,26 @@ def _registered_pair(row: dict, sides: tuple[Side, Side], alignment: Alignment, 
     rows = [_change_row(row, change, sides, options.px_size, classes) for change in matched]
     row = row | {"tolerance_px": round(tolerance, 3)} | changes.count_statuses(row["status"] for row in rows) | {
         "length_px_before": round(sum(c.length_px for c in before.cracks.cracks), 2),
-        "length_px_after": round(sum(c.length_px for c in after.cracks.cracks), 2)}
-    if options.report:
-        row |= _pictures(outputs, row["pair"], sides, matched)
+        "length_px_after": round(sum(c.length_px for c in after.cracks.cracks), 2)} | _pair_growth(matched, after, options.px_size)
     lines = (before.lines(), after.lines()) if options.vectors or options.register else None
-    if options.vectors:
-        _write_change_layer(outputs, sides, matched, rows, lines, alignment)
+    try:
+        if options.report:
+            row |= _pictures(outputs, row["pair"], sides, matched)
+        if options.vectors:
+            _write_change_layer(outputs, sides, matched, rows, lines, alignment)
+    except OSError as error:  # writing --out (a full disk): not this pair's doing, and every later pair would fail alike
+        where = f"{error.filename}: " if error.filename else ""
+        raise RunError(f"{where}{error.strerror or error}") from None
     register = _register_records(sides, matched, lines, options.px_size, classes) if options.register else None
     return PairOutcome(row, [change | {"pair": row["pair"]} for change in rows], register)
+
+
+def _pair_growth(matched: list[changes.Change], after: Side, px_size: float | None) -> dict:
+    """How much longer the pair's cracks got, in the AFTER image's pixels (and mm with a pixel size): the two dates'
+    total lengths are each in their own photo's pixels, and count the gaps each date's join bridged."""
+    growth = {"length_growth_px": round(changes.length_growth(matched), 2)}
+    mm = after.mm_per_px(px_size, 1.0)
+    return growth if mm is None else growth | {"length_growth_mm": round(growth["length_growth_px"] * mm, 4)}
 
 
 def _load_side(shot: Shot, known: dict[Path, bool]) -> Side:
@@ -254,6 +267,13 @@ def _change_row(pair: dict, change: changes.Change, sides: tuple[Side, Side], px
             row[f"{key}_px_{when}"] = None if value is None else round(value, 3)
             if mm is not None:
                 row[f"{key}_mm_{when}"] = sizes[f"{key}_mm"]
+    # growth as the status was judged: in the AFTER image's pixels (BEFORE's through the registration's scale), a
+    # merged or split group's as a whole; the two dates' px columns are each in their own photo's pixels
+    growth = {"length_px": change.length_growth_px, "mean_width_px": change.mean_width_growth_px, "max_width_px": change.max_width_growth_px}
+    for key, value in growth.items():
+        row[key.replace("_px", "_growth_px")] = None if value is None else round(value, 3)
+    if after_mm is not None:
+        row |= {key.replace("_mm", "_growth_mm"): value for key, value in in_mm(growth, after_mm).items()}
     if classes is not None and before_mm is not None and after_mm is not None:
         before_class = classes.classify(row["max_width_mm_before"]) if change.before else None
         after_class = classes.classify(row["max_width_mm_after"]) if change.after else None

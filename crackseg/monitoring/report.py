@@ -156,8 +156,15 @@ def _pair_entry(pair: dict, rows: list[dict]) -> dict:
         "unit": unit, "changes": changes,
         "changed": sum(change["status"] not in ("unchanged", "not seen") for change in changes),
         "new": sum(change["status"] == "new" for change in changes), "gone": sum(change["status"] == "gone" for change in changes),
-        "length_growth": lengths["after"] - lengths["before"] if pair["status"] == "registered" else None,
+        "length_growth": _pair_growth(pair, lengths, unit) if pair["status"] == "registered" else None,
     }
+
+
+def _pair_growth(pair: dict, lengths: dict, unit: str) -> float:
+    """The pair's own length growth (compare writes it in the AFTER image's pixels, BEFORE lengths through the
+    registration's scale), else its total length after less before."""
+    given = cell_number(pair.get(f"length_growth_{unit}"))
+    return given if given is not None else lengths["after"] - lengths["before"]
 
 
 def _change_entry(row: dict, unit: str) -> dict:

@@ -69,12 +69,10 @@ def read_visit(folder: Path, flag: str) -> list[Shot]:
 def _predicted_shots(folder: PredictionsFolder) -> list[Shot]:
     lengths = _predicted_lengths(folder)
     shots = []
-    for row in folder.read_predictions():
-        relative = _mask_name(folder.root, row.get("mask") or "")
-        if relative is None:
-            raise InputError(f"{folder.predictions_csv}: a row without a mask under masks/ ({row.get('path')!r})")
-        shots.append(Shot(relative.with_suffix("").as_posix(), folder.root / "masks" / relative, _photo_path(folder.root, row.get("path")),
-                          **lengths))
+    for number, row in enumerate(folder.read_predictions(), start=1):
+        mask = folder.table_path(row.get("mask") or "", "mask", number)
+        relative = mask.relative_to(folder.root / "masks")
+        shots.append(Shot(relative.with_suffix("").as_posix(), mask, _photo_path(folder.root, row.get("path")), **lengths))
     return shots
 
 
@@ -103,15 +101,6 @@ def _predicted_lengths(folder: PredictionsFolder) -> dict:
               f"pixel sizes), and no mm value recorded; measuring with predict's defaults, so crack ids may differ from "
               f"{folder.cracks_csv}", file=sys.stderr)
     return lengths
-
-
-def _mask_name(root: Path, written: str) -> Path | None:
-    """The mask's path under ROOT/masks, from predictions.csv's mask column (as predict wrote it, from its own working
-    folder): what follows the first ``masks`` component whose rest exists under ROOT/masks, since names may hold a
-    folder called masks too; the last such rest when none exists (the pair then fails on the missing mask)."""
-    parts = Path(written).parts
-    rests = [Path(*parts[index + 1:]) for index, part in enumerate(parts) if part == "masks" and index + 1 < len(parts)]
-    return next((rest for rest in rests if (root / "masks" / rest).exists()), rests[-1] if rests else None)
 
 
 def _photo_path(root: Path, written: str | None) -> Path | None:
@@ -149,14 +138,18 @@ def _listed_pairs(before: list[Shot], after: list[Shot], path: Path) -> list[tup
     try:
         with open(path, newline="", encoding="utf-8-sig") as file:
             reader = csv.reader(file)
-            header = [cell.strip() for cell in next(reader, [])]
-            rows = [(reader.line_num, [cell.strip() for cell in cells]) for cells in reader if any(cell.strip() for cell in cells)]
+            lines = [(reader.line_num, [cell.strip() for cell in cells]) for cells in reader]
     except OSError as error:
         raise InputError(f"--pairs {path}: {error.strerror or error}") from None
     except UnicodeDecodeError:
         raise InputError(f"--pairs {path}: not UTF-8 text; save it as CSV UTF-8") from None
     except csv.Error as error:
         raise InputError(f"--pairs {path}: not a readable CSV ({error})") from None
+    for line, cells in lines:  # csv reads NUL bytes as text, and a path holding one is a ValueError wherever it is used
+        if any("\0" in cell for cell in cells):
+            raise InputError(f"--pairs {path}, line {line}: holds a NUL byte, which no name or path has; save it as CSV UTF-8")
+    header = lines[0][1] if lines else []
+    rows = [(line, cells) for line, cells in lines[1:] if any(cells)]
     if not rows or not {"before", "after"} <= set(header):
         raise InputError(f"--pairs {path}: needs a header line 'before,after' and one row per pair")
     columns = header.index("before"), header.index("after")

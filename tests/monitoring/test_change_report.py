@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
-from conftest import browser, needs_browser
+from conftest import assert_soon, browser, loaded_pictures, needs_browser
 from PIL import Image
 
 
@@ -96,7 +96,6 @@ def test_the_change_report_takes_the_growth_compare_measured_in_the_after_frame(
 @needs_browser
 def test_the_change_report_in_a_real_browser(tmp_path):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     from crackseg.monitoring.report import CHANGE_ROWS, STATUS_COLOURS, change_picture, write_change_report
 
@@ -128,27 +127,23 @@ def test_the_change_report_in_a_real_browser(tmp_path):
     try:
         driver.get((tmp_path / "report.html").as_uri())
         text = lambda css: driver.find_element(By.CSS_SELECTOR, css).text  # noqa: E731
-        assert (text("#sum-compared"), text("#sum-unregistered"), text("#sum-unpaired")) == ("1", "1", "1")
+        assert_soon(driver, lambda: (text("#sum-compared"), text("#sum-unregistered"), text("#sum-unpaired")), ("1", "1", "1"))
         assert (text("#sum-new"), text("#sum-gone"), text("#sum-split")) == ("1", "1", "0")
         assert text("#sum-length-before") == "134 px" and text("#sum-length-after") == "217 px"
-        assert len(driver.find_elements(By.CSS_SELECTOR, "tr.pair-row")) == 3
+        assert_soon(driver, lambda: len(driver.find_elements(By.CSS_SELECTOR, "tr.pair-row")), 3)
         assert [s.get_attribute("id") for s in driver.find_elements(By.CSS_SELECTOR, "section.pair")] == ["pair-0", "pair-1"]
         assert text("#pair-0 h2") == "<b>a</b>.jpg → a.jpg" and not driver.find_elements(By.CSS_SELECTOR, "section.pair b")
 
-        for picture in driver.find_elements(By.CSS_SELECTOR, "section.pair img"):
-            driver.execute_script("arguments[0].scrollIntoView()", picture)
-            WebDriverWait(driver, 10).until(lambda _: driver.execute_script("return arguments[0].complete", picture))
-        sizes = driver.execute_script("return [...document.querySelectorAll('section.pair img')].map(i => i.naturalWidth)")
-        assert sizes == [96, 96, 96]
+        assert loaded_pictures(driver, "section.pair img") == [96, 96, 96]
         assert "no picture" in text("#pair-1 .pictures")
 
         rows = lambda: [row.get_attribute("data-status") for row in driver.find_elements(By.CSS_SELECTOR, "#changes-0 tr.change-row")]  # noqa: E731
-        assert rows() == ["new", "longer", "longer+wider", "wider", "unchanged", "gone"]  # largest length growth first
+        assert_soon(driver, rows, ["new", "longer", "longer+wider", "wider", "unchanged", "gone"])  # largest length growth first
         driver.find_element(By.CSS_SELECTOR, '#changes-0 th[data-key="length_growth"]').click()
-        assert rows() == ["gone", "wider", "unchanged", "longer+wider", "longer", "new"]
+        assert_soon(driver, rows, ["gone", "wider", "unchanged", "longer+wider", "longer", "new"])
         driver.find_element(By.CSS_SELECTOR, '#changes-0 th[data-key="max_width_growth"]').click()
-        assert rows() == ["wider", "longer+wider", "new", "longer", "unchanged", "gone"]
-        assert "growth" in text('#changes-0 th[aria-sort="descending"]')
+        assert_soon(driver, rows, ["wider", "longer+wider", "new", "longer", "unchanged", "gone"])
+        assert_soon(driver, lambda: "growth" in text('#changes-0 th[aria-sort="descending"]'), True)
         assert "+80 px" in text("#changes-0 tbody tr:nth-child(3)")
         assert text('#changes-0 tr[data-status="wider"] td.changed') == "fine → medium"
 
@@ -159,10 +154,11 @@ def test_the_change_report_in_a_real_browser(tmp_path):
 
         driver.get((many / "report.html").as_uri())
         growths = lambda: [row.find_elements(By.TAG_NAME, "td")[5].text for row in driver.find_elements(By.CSS_SELECTOR, "tr.change-row")]  # noqa: E731
-        assert growths() == ["+996 px"] * 3 + ["+995 px"] * 3 + ["+994 px"] * 3 + ["+993 px"] * 3 + ["+992 px"] * 3 + ["+991 px"] * 3 + ["+990 px"] * 2
+        assert_soon(driver, growths, ["+996 px"] * 3 + ["+995 px"] * 3 + ["+994 px"] * 3 + ["+993 px"] * 3 + ["+992 px"] * 3
+                    + ["+991 px"] * 3 + ["+990 px"] * 2)
         assert len(growths()) == CHANGE_ROWS and "page 1 of 150" in text("#pair-0 .pager")
         driver.find_element(By.CSS_SELECTOR, "#pair-0 .pager .next").click()
-        assert growths()[0] == "+990 px" and "page 2 of 150" in text("#pair-0 .pager")
+        assert_soon(driver, lambda: (growths()[:1], "page 2 of 150" in text("#pair-0 .pager")), (["+990 px"], True))
         assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     finally:
         driver.quit()

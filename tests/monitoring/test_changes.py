@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from skimage.morphology import skeletonize
 
-from crackseg.monitoring.changes import GONE, LONGER, MERGED, NEW, NOT_SEEN, SHORTER, SPLIT, UNCHANGED, WIDER, measure_date, match
+from crackseg.monitoring.changes import GONE, LONGER, LONGER_MIN_PX, MERGED, NEW, NOT_SEEN, SHORTER, SPLIT, UNCHANGED, WIDER, measure_date, match
 from crackseg.cracks.measure import find_cracks
 from crackseg.monitoring.registration import Alignment
 
@@ -266,3 +266,38 @@ def test_a_crack_cut_by_the_frame_that_grew_inside_the_view_is_longer():
     after = _measure(_after(([(100, -40), (110.3, 200)], 3), alignment=view))
     (change,) = match(before, after, view)
     assert change.status == LONGER and change.length_growth_px == pytest.approx(50, rel=0.15)
+
+
+@pytest.mark.parametrize("scale", [0.8, 1.25, 1.5])
+def test_a_faint_stretch_the_join_bridges_on_one_date_only_counts_on_both(scale):
+    """A 9 px faint stretch (edge to edge) is bridged by the 10 px join gap in BEFORE's pixels, and is 11 px or more
+    at 1.25x: the AFTER mask's two pieces are not shorter by the bridge, which predict's length of BEFORE includes."""
+    pieces = ([(150, 60), (152, 140)], 3), ([(152.0, 152), (154, 200)], 3)
+    view = _similarity(0.0, scale, (0.0, 0.0))
+    before, after = _measure(_before(*pieces)), _measure(_after(*pieces, alignment=view))
+    assert len(before.cracks) == 1 and len(after.cracks) == (1 if scale < 1 else 2)
+    changes = match(before, after, view)
+    assert {c.status for c in changes} == {UNCHANGED}
+    assert abs(changes[0].length_growth_px) < LONGER_MIN_PX
+
+
+def test_a_crack_shorter_than_the_minimum_length_on_one_date_is_compared_with_what_that_date_shows():
+    """12 px at 0.8x is 9.7 px, below predict's 10 px: not gone. 9 px at 1.25x is 11 px: not new. A crack that grew
+    from 9 px to 60 px is longer; short cracks on both dates get no row, and none of them gets an id of cracks.csv."""
+    twelve, nine, grown = ([(60, 60), (60, 70)], 3), ([(100, 60), (100, 67)], 3), ([(200, 60), (200, 66)], 3)
+    smaller = _similarity(0.0, 0.8, (0.0, 0.0))
+    before, after = _measure(_before(twelve)), _measure(_after(twelve, alignment=smaller))
+    assert [c.id for c in before.cracks] == [1] and after.cracks == [] and len(after.short) == 1 and not after.labels.any()
+    (change,) = match(before, after, smaller)
+    assert (change.status, change.before.id, change.after) == (UNCHANGED, 1, None)
+    assert abs(change.length_growth_px) < 3 and change.box_after[0] <= smaller.map_points([(60, 65)])[0, 0] <= change.box_after[2]
+
+    larger = _similarity(0.0, 1.25, (0.0, 0.0))
+    before = _measure(_before(nine, grown))
+    after = _measure(_after(nine, alignment=larger) | _after(_extended(grown, 50.0), alignment=larger))
+    assert before.cracks == [] and [c.id for c in before.short] == [1, 2] and [c.id for c in after.cracks] == [1, 2]
+    changes = match(before, after, larger)
+    assert [(c.status, c.before, c.after.id) for c in changes] == [(LONGER, None, 1), (UNCHANGED, None, 2)]
+    assert changes[0].length_growth_px == pytest.approx(50 * 1.25, rel=0.15) and changes[0].scale == pytest.approx(1.25)
+
+    assert match(_measure(_before(nine)), _measure(_after(nine, alignment=smaller)), smaller) == []

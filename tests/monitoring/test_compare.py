@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +23,7 @@ from skimage.transform import SimilarityTransform, warp
 
 from crackseg.cli.main import main
 from conftest import predict_cli
-from conftest import browser, needs_browser
+from conftest import assert_soon, browser, loaded_pictures, needs_browser
 
 SIZE = 480
 # Cracks of the first visit in its pixels: (row0, col0, row1, col1, width px).
@@ -329,20 +332,17 @@ def test_the_register_dates_surveys_by_their_photos_exif(tmp_path):
 @needs_browser
 def test_the_report_of_a_comparison_renders_in_a_real_browser(two_visits, tmp_path):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     out = tmp_path / "out"
     assert main(["compare", *map(str, two_visits), "--out", str(out), "--report", "--px-size", "0.5"]) == 0
     driver = browser()
     try:
         driver.get((out / "report.html").as_uri())
-        assert [s.get_attribute("id") for s in driver.find_elements(By.CSS_SELECTOR, "section.pair")] == ["pair-0"]
-        for picture in driver.find_elements(By.CSS_SELECTOR, "section.pair img"):
-            driver.execute_script("arguments[0].scrollIntoView()", picture)
-            WebDriverWait(driver, 10).until(lambda _: driver.execute_script("return arguments[0].complete", picture))
-        assert driver.execute_script("return [...document.querySelectorAll('section.pair img')].map(i => i.naturalWidth)") == [SIZE, SIZE]
-        page = driver.find_element(By.CSS_SELECTOR, "#pair-0").text
-        assert all(status in page for status in ("longer", "wider", "new", "gone", "unchanged")) and "mm" in page
+        assert_soon(driver, lambda: [s.get_attribute("id") for s in driver.find_elements(By.CSS_SELECTOR, "section.pair")], ["pair-0"])
+        assert loaded_pictures(driver, "section.pair img") == [SIZE, SIZE]
+        page = lambda: driver.find_element(By.CSS_SELECTOR, "#pair-0").text  # noqa: E731
+        assert_soon(driver, lambda: all(status in page() for status in ("longer", "wider", "new", "gone", "unchanged")), True)
+        assert "mm" in page()
         assert not [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
     finally:
         driver.quit()
@@ -368,7 +368,7 @@ def test_a_pair_whose_photo_cannot_be_decoded_fails_alone_and_the_others_are_com
     whole = (after / "images" / "broken.jpg").read_bytes()
     (after / "images" / "broken.jpg").write_bytes(whole[: len(whole) // 3])  # the header reads, the pixels do not
     out = tmp_path / "out"
-    assert main(["compare", str(before), str(after), "--out", str(out), "--report"]) == 0
+    assert main(["compare", str(before), str(after), "--out", str(out), "--report"]) == 1  # written, and incomplete
     pairs = {row["name_after"]: row for row in _rows(out / "pairs.csv")}
     assert pairs["wall"]["status"] == "registered" and pairs["broken"]["status"] == "failed"
     assert "broken.jpg" in pairs["broken"]["reason"]
@@ -424,8 +424,9 @@ def test_a_blob_without_a_centreline_link_goes_into_the_layer_and_the_register(t
     mask = _draw([A, B])
     mask[disk((400, 400), 7)] = True
     visit = _write_visit(tmp_path / "v", _photo(_texture(), mask), mask)
+    again = shutil.copytree(visit, tmp_path / "v-again")  # a register holds each inspection once: a second visit of the same state
     out, register = tmp_path / "out", tmp_path / "site.gpkg"
-    assert main(["compare", str(visit), str(visit), "--out", str(out), "--vectors", "gpkg", "--register", str(register),
+    assert main(["compare", str(visit), str(again), "--out", str(out), "--vectors", "gpkg", "--register", str(register),
                  "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
     assert len({row["crack_after"] for row in _rows(out / "changes.csv") if row["crack_after"]}) == 3
     geometries = pyogrio.raw.read(out / "vectors" / "wall.gpkg", layer="changes")[2]
@@ -515,10 +516,12 @@ def test_a_register_lock_of_a_killed_compare_is_taken_over_and_a_live_one_refuse
     killed = subprocess.Popen([sys.executable, "-c", "pass"])
     killed.wait()
     lock = _register_lock(register, killed.pid)
+    left = tmp_path / ".site.gpkg.0a1b2c3d.crackseg-tmp.gpkg"  # the register it was building (an older crackseg: its copy)
+    left.write_bytes(b"half a register")
     assert main(["compare", str(before), str(after), "--out", str(tmp_path / "first"), "--register", str(register),
                  "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
     assert f"{lock}: left by pid {killed.pid} on this host, which is no longer running; taking it over" in capsys.readouterr().err
-    assert not lock.exists()
+    assert not lock.exists() and not left.exists()
     with sqlite3.connect(register) as db:
         assert db.execute("SELECT count(*) FROM surveys").fetchone()[0] == 2
     original = register.read_bytes()
@@ -644,7 +647,7 @@ def test_predictions_folders_find_their_photos_and_names_as_predict_wrote_them(t
 def test_a_predicted_photo_that_is_nowhere_fails_its_pair_and_dates_say_so(tmp_path, two_visits, capsys):
     predicted = _predictions(tmp_path / "preds", two_visits[0], "wall", "gone/wall.png", {})
     out = tmp_path / "out"
-    assert main(["compare", str(predicted), str(predicted), "--out", str(out)]) == 0
+    assert main(["compare", str(predicted), str(predicted), "--out", str(out)]) == 1
     pair = _rows(out / "pairs.csv")[0]
     assert pair["status"] == "failed" and pair["reason"] == "photo not found: gone/wall.png"
     with pytest.raises(SystemExit):
@@ -679,3 +682,134 @@ def test_comparing_prediction_folders_does_not_load_torch(tmp_path, two_visits):
             "sys.exit(10 + code if 'torch' in sys.modules else code)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
     assert _rows(tmp_path / "out" / "pairs.csv")[0]["status"] == "registered"
+
+
+# The register extended in place: another program holding it, a register inside --out, what cannot take the comparison.
+
+
+def _three_visits(root: Path) -> list[Path]:
+    """Three visits of one wall: B widens from 3 to 5 to 9 px."""
+    texture = _texture()
+    visits = []
+    for number, width in enumerate([3, 5, 9], 1):
+        mask = _draw([A, B[:4] + (width,)])
+        visits.append(_write_visit(root / f"v{number}", _photo(texture, mask), mask))
+    return visits
+
+
+DATES = ["2024-05-01", "2025-05-02", "2026-05-03"]
+
+
+def _register_visit(visits: list[Path], number: int, out: Path, register: Path | None, *flags: str) -> int:
+    """compare visit ``number`` with the next one into ``out`` (and ``register`` when given)."""
+    extra = ["--register", str(register), "--before-date", DATES[number], "--after-date", DATES[number + 1]] if register else []
+    return main(["compare", str(visits[number]), str(visits[number + 1]), "--out", str(out), *extra, *flags])
+
+
+def test_a_register_open_in_qgis_in_wal_mode_keeps_its_saved_edit_and_gets_the_new_survey(tmp_path):
+    pyogrio = pytest.importorskip("pyogrio")
+    visits, register = _three_visits(tmp_path), tmp_path / "site.gpkg"
+    assert _register_visit(visits, 0, tmp_path / "c0", register) == 0
+    qgis = sqlite3.connect(register)  # QGIS holds the GeoPackage open in WAL mode, its edit saved (in the -wal file)
+    try:
+        assert qgis.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+        with qgis:
+            qgis.execute("UPDATE surveys SET source = 'visit 1, checked on site' WHERE survey = 1")
+        assert Path(f"{register}-wal").exists() and Path(f"{register}-shm").exists()
+        assert _register_visit(visits, 1, tmp_path / "c1", register) == 0
+    finally:
+        qgis.close()
+    with sqlite3.connect(register) as db:
+        assert [row[0] for row in db.execute("SELECT source FROM surveys ORDER BY survey")] == [
+            "visit 1, checked on site", str(visits[1].resolve()), str(visits[2].resolve())]
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    info = pyogrio.read_info(register, layer="cracks", force_feature_count=True)
+    assert info["features"] == 6 and info["geometry_type"] == "MultiLineString"
+    assert len(pyogrio.raw.read(register, layer="cracks")[2]) == 6
+
+
+def test_a_register_inside_out_survives_a_compare_that_overwrites_out(tmp_path):
+    """--overwrite replaces what compare wrote in --out (its tables, pictures and change layers), never a register there,
+    whether the later compare names it or not."""
+    visits, out = _three_visits(tmp_path), tmp_path / "out"
+    register = out / "vectors" / "site.gpkg"
+    assert _register_visit(visits, 0, out, register, "--vectors", "gpkg") == 0
+    assert _register_visit(visits, 0, out, None, "--vectors", "gpkg", "--overwrite") == 0  # no --register this time
+    assert _register_visit(visits, 1, out, register, "--vectors", "gpkg", "--overwrite") == 0
+    with sqlite3.connect(register) as db:
+        assert [row[0] for row in db.execute("SELECT date FROM surveys ORDER BY survey")] == DATES
+    assert sorted(path.name for path in (out / "vectors").iterdir()) == ["site.gpkg", "wall.gpkg"]
+
+
+@pytest.fixture(scope="module")
+def site_register(two_visits, tmp_path_factory) -> Path:
+    """A register of the two visits, dated 2024-01-01 and 2025-01-01 (copy it before changing it)."""
+    root = tmp_path_factory.mktemp("site")
+    assert main(["compare", *map(str, two_visits), "--out", str(root / "out"), "--register", str(root / "site.gpkg"),
+                 "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    return root / "site.gpkg"
+
+
+@pytest.mark.parametrize("case", ["read-only file", "read-only folder", "another crs", "same inspection", "another program writing",
+                                  "another compare appending", "a layer of out"])
+def test_a_register_that_cannot_take_the_comparison_is_refused_before_any_work(tmp_path, two_visits, site_register, case,
+                                                                              monkeypatch, capsys):
+    before, after = two_visits[1], shutil.copytree(two_visits[0], tmp_path / "third")  # the next visit, 2026
+    register, out, flags = tmp_path / "site" / "site.gpkg", tmp_path / "out", ["--before-date", "2025-01-01", "--after-date", "2026-01-01"]
+    register.parent.mkdir()
+    shutil.copyfile(site_register, register)
+    writer = None
+    if case == "read-only file":
+        register.chmod(0o444)
+        message = f"{register}: is read-only (mode 0444)"
+    elif case == "read-only folder":
+        if os.geteuid() == 0:  # root writes anywhere but on a read-only mount: the error such a mount gives
+            import tempfile
+
+            temporary_file = tempfile.TemporaryFile
+
+            def read_only_mount(*args, dir=None, **kwargs):
+                if Path(dir) == register.parent:
+                    raise OSError(30, "Read-only file system")
+                return temporary_file(*args, dir=dir, **kwargs)
+
+            monkeypatch.setattr(tempfile, "TemporaryFile", read_only_mount)
+        else:
+            register.parent.chmod(0o555)
+        message = f"{register}: its folder {register.parent} cannot be written"
+    elif case == "another crs":
+        before = _geo_visit(tmp_path / "g1", [A, B], (500_000, 6_000_000), 0.01)
+        after = _geo_visit(tmp_path / "g2", [A, B], (500_000, 6_000_000), 0.01)
+        flags = ["--before-date", "2026-01-01", "--after-date", "2027-01-01"]
+        message = f"{register}: its cracks are in pixel coordinates (no CRS), this comparison's in EPSG:32633"
+    elif case == "same inspection":
+        after = before
+        message = f"{register}: BEFORE and AFTER are the same inspection {before.resolve()}"
+    elif case == "another program writing":
+        monkeypatch.setattr("crackseg.monitoring.history.BUSY_TIMEOUT_S", 0.2, raising=False)
+        writer = sqlite3.connect(register, isolation_level=None)
+        writer.execute("BEGIN EXCLUSIVE")  # committing its edits
+        message = f"{register}: busy: another program is writing to it (SQLite: database is locked"
+    elif case == "another compare appending":
+        lock = _register_lock(register, os.getpid())  # a live process: this one
+        message = f"{register}: another crackseg compare is appending to it: pid {os.getpid()} on "
+    else:
+        register = out / "vectors" / "wall.gpkg"
+        before, after, flags = *two_visits, ["--vectors", "gpkg", "--before-date", "2024-01-01", "--after-date", "2025-01-01"]
+        message = f"--register {register}: is vectors/wall.gpkg, a file this compare writes in --out"
+    original = register.read_bytes() if register.exists() else None
+    try:
+        with pytest.raises(SystemExit) as stop:
+            main(["compare", str(before), str(after), "--out", str(out), "--register", str(register), *flags])
+    finally:
+        if writer is not None:
+            writer.close()
+        if register.parent.exists():
+            register.parent.chmod(0o755)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert not out.exists() and (register.read_bytes() if register.exists() else None) == original
+    if case == "read-only file":
+        assert stat.S_IMODE(register.stat().st_mode) == 0o444
+    if case == "another compare appending":
+        assert lock.exists()

@@ -8,6 +8,9 @@ import shutil
 import sqlite3
 import stat
 import subprocess
+import sys
+import tempfile
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ pyogrio = pytest.importorskip("pyogrio")
 shapely = pytest.importorskip("shapely")
 
 from crackseg.core.errors import InputError  # noqa: E402
+from crackseg.monitoring import history  # noqa: E402
 from crackseg.monitoring.history import WIDTH_HISTORY, Survey, append_comparison, check_append, width_history  # noqa: E402
 
 VISITS = [Survey("2023-04-01", "visits/2023"), Survey("2024-04-01", "visits/2024"), Survey("2025-04-01", "visits/2025")]
@@ -113,14 +117,14 @@ def test_an_error_in_the_middle_of_an_append_leaves_the_register_as_it_was(tmp_p
     register = tmp_path / "site.gpkg"
     _compare(register, 0)
     original = register.read_bytes()
-    write = pyogrio.raw.write
+    link_columns = history._link_columns
 
-    def fail_at_links(path, *args, layer=None, **kwargs):
-        if layer == "links":  # surveys and cracks are already appended to the copy
+    def fail_at_links(links, *args):
+        if links:  # surveys and cracks are already appended
             raise OSError("disk full")
-        return write(path, *args, layer=layer, **kwargs)
+        return link_columns(links, *args)
 
-    monkeypatch.setattr(pyogrio.raw, "write", fail_at_links)
+    monkeypatch.setattr(history, "_link_columns", fail_at_links)
     with pytest.raises(OSError, match="disk full"):
         _compare(register, 1)
     assert register.read_bytes() == original and [p.name for p in tmp_path.iterdir()] == ["site.gpkg"]
@@ -221,7 +225,8 @@ def test_a_register_lock_left_by_a_dead_process_is_taken_over(tmp_path, capsys):
 
 
 def test_the_new_register_is_on_disk_before_it_replaces_the_old_one(tmp_path, monkeypatch):
-    """fsync of the written copy and of the folder after the rename: a power loss leaves the old register or the new."""
+    """A new register: fsync of the file built under a temporary name and of the folder after the rename (an existing one
+    is extended in SQLite's transaction, which syncs its journal and the file)."""
     synced = []
     fsync = os.fsync
 
@@ -239,3 +244,172 @@ def test_the_readme_gives_the_width_history_query_as_the_register_runs_it():
     readme = (Path(__file__).resolve().parents[2] / "docs" / "compare.md").read_text()
     shown = readme[readme.index("```sql") + len("```sql"):].split("```")[0]
     assert shown.split() == WIDTH_HISTORY.split()
+
+
+# The register extended in place, in SQLite's own transaction: other programs, kills, permissions, duplicates.
+
+
+def _assert_valid_geopackage(register: Path, features: int) -> None:
+    """What GDAL and QGIS rely on: an intact file, an R-tree entry per non-empty line, the feature counts of
+    gpkg_ogr_contents and the extent in gpkg_contents."""
+    with closing(sqlite3.connect(register)) as db:  # closed before GDAL, another SQLite library, opens the file
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert db.execute("SELECT rtreecheck('rtree_cracks_geom')").fetchone()[0] == "ok"
+        counts = dict(db.execute("SELECT table_name, feature_count FROM gpkg_ogr_contents"))
+        assert counts == {table: db.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in ("surveys", "cracks", "links")}
+        indexed = db.execute("SELECT id, minx, maxx, miny, maxy FROM rtree_cracks_geom ORDER BY id").fetchall()
+        extent = db.execute("SELECT min_x, min_y, max_x, max_y FROM gpkg_contents WHERE table_name = 'cracks'").fetchone()
+    info = pyogrio.read_info(register, layer="cracks", force_feature_count=True, force_total_bounds=True)
+    assert info["features"] == counts["cracks"] == features
+    _, fids, geometries, _ = pyogrio.raw.read(register, layer="cracks", return_fids=True)
+    lines = shapely.from_wkb(geometries)
+    assert [fid for fid, line in zip(fids, lines) if not line.is_empty] == [row[0] for row in indexed]
+    for (_, *box), line in zip(indexed, (line for line in lines if not line.is_empty)):
+        x0, y0, x1, y1 = line.bounds
+        assert box == pytest.approx([x0, x1, y0, y1], abs=1e-3)  # the R-tree stores 32-bit floats, rounded outwards
+    assert extent == pytest.approx(shapely.union_all(lines).bounds)
+
+
+def test_appends_keep_the_geopackage_valid_for_gis_tools(tmp_path):
+    register = tmp_path / "site.gpkg"
+    cracks = (CRACKS[0], CRACKS[1][:2] + [{**CRACKS[1][2], "geometry": None}])  # a blob without a centreline: an empty line
+    _compare(register, 0, cracks=cracks)
+    _assert_valid_geopackage(register, 5)
+    _compare(register, 1, cracks=(cracks[1], CRACKS[2]))
+    _assert_valid_geopackage(register, 7)
+
+
+def test_an_edit_saved_by_another_program_in_wal_mode_is_kept_by_the_next_append(tmp_path):
+    """QGIS keeps a GeoPackage in WAL mode: its saved edits may lie in the -wal file while it holds the register open."""
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    qgis = sqlite3.connect(register)
+    try:
+        assert qgis.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+        with qgis:
+            qgis.execute("UPDATE surveys SET source = 'visits/2023 (checked on site)' WHERE survey = 1")
+        assert Path(f"{register}-wal").exists() and Path(f"{register}-shm").exists()
+        assert _compare(register, 1) == {"surveys": 1, "cracks": 2, "links": 2}
+        assert qgis.execute("SELECT count(*) FROM surveys").fetchone()[0] == 3  # the holder sees the new survey
+    finally:
+        qgis.close()
+    assert _table(register, "SELECT survey, source FROM surveys ORDER BY survey") == [
+        (1, "visits/2023 (checked on site)"), (2, "visits/2024"), (3, "visits/2025")]
+    _assert_valid_geopackage(register, 7)
+
+
+_KILLED_AT_LINKS = """
+import os, signal, sys
+sys.path[:0] = [{tests!r}]
+from crackseg.monitoring import history
+from test_history import _compare
+history._link_columns = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # surveys and cracks are appended by now
+_compare({register!r}, 1)
+"""
+
+
+def test_a_compare_killed_in_the_middle_of_an_append_leaves_the_register_and_the_next_one_appends(tmp_path, capsys):
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    original = register.read_bytes()
+    code = _KILLED_AT_LINKS.format(tests=str(Path(__file__).parent), register=str(register))
+    killed = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2])
+    assert killed.returncode == -9
+    assert (tmp_path / ".site.gpkg.lock").exists()  # its lock, naming a dead process
+    assert _table(register, "SELECT count(*) FROM surveys") == [(2,)]  # reading rolls back what SQLite's journal holds
+    assert register.read_bytes() == original
+    assert _compare(register, 1) == {"surveys": 1, "cracks": 2, "links": 2}
+    assert "which is no longer running; taking it over" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["site.gpkg"]  # no lock, journal or copy left
+    _assert_valid_geopackage(register, 7)
+
+
+def test_a_temporary_copy_left_by_an_older_crackseg_is_removed_by_the_next_append(tmp_path):
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    left = [tmp_path / ".site.gpkg.0a1b2c3d.crackseg-tmp.gpkg", tmp_path / ".site.gpkg.0a1b2c3d.crackseg-tmp.gpkg-journal"]
+    for path in left:
+        path.write_bytes(b"half a register")
+    others = [".other.gpkg.0a1b2c3d.crackseg-tmp.gpkg", ".site.gpkg-old.gpkg.0a1b2c3d.crackseg-tmp.gpkg"]  # other files' temps
+    for name in others:
+        (tmp_path / name).write_bytes(b"another file's")
+    _compare(register, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [*others, "site.gpkg"]
+
+
+@pytest.mark.parametrize("case", ["read-only file", "read-only folder"])
+def test_a_register_that_cannot_be_written_is_refused_before_anything_is_written(tmp_path, monkeypatch, case):
+    register = tmp_path / "site" / "site.gpkg"
+    _compare(register, 0)
+    original = register.read_bytes()
+    if case == "read-only file":
+        register.chmod(0o444)
+        message = f"^{register}: is read-only \\(mode 0444\\)"
+    elif os.geteuid() == 0:  # root writes anywhere but on a read-only mount: the error such a mount gives
+        temporary_file = tempfile.TemporaryFile
+
+        def read_only_mount(*args, dir=None, **kwargs):
+            if Path(dir) == register.parent:
+                raise OSError(30, "Read-only file system")
+            return temporary_file(*args, dir=dir, **kwargs)
+
+        monkeypatch.setattr(tempfile, "TemporaryFile", read_only_mount)
+        message = f"^{register}: its folder {register.parent} cannot be written \\(Read-only file system\\)"
+    else:
+        register.parent.chmod(0o555)
+        message = f"^{register}: its folder {register.parent} cannot be written"
+    try:
+        with pytest.raises(InputError, match=message):
+            check_append(register, VISITS[1], VISITS[2])
+        with pytest.raises(InputError, match=message):
+            _compare(register, 1)
+        assert register.read_bytes() == original and stat.S_IMODE(register.stat().st_mode) == (0o444 if case == "read-only file" else 0o644)
+        assert [p.name for p in register.parent.iterdir()] == ["site.gpkg"]
+    finally:
+        register.parent.chmod(0o755)
+
+
+@pytest.mark.parametrize("before, after, message", [
+    (VISITS[1], Survey("2025-04-01", "visits/2024"), "BEFORE and AFTER are the same inspection visits/2024"),
+    (Survey("2024-06-01", "visits/2024"), VISITS[2], "visits/2024 is registered already as the survey of 2024-04-01, not 2024-06-01 (--before-date)"),
+    (VISITS[1], Survey("2025-04-01", "visits/2023"), "visits/2023 is registered already as the survey of 2023-04-01, not 2025-04-01 (--after-date)"),
+])
+def test_an_inspection_is_registered_once_under_one_date(tmp_path, before, after, message):
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    original = register.read_bytes()
+    for append in (lambda: check_append(register, before, after), lambda: append_comparison(register, before, after, CRACKS[1:3], [], None)):
+        with pytest.raises(InputError, match=f"^{register}: ") as error:
+            append()
+        assert message in str(error.value)
+    assert register.read_bytes() == original
+
+
+@pytest.mark.parametrize("hold", ["BEGIN IMMEDIATE", "BEGIN EXCLUSIVE"])
+def test_a_register_another_program_is_writing_to_is_reported_busy(tmp_path, monkeypatch, hold):
+    """A write transaction of another program (reserved: others may still read; exclusive: committing) is waited for
+    a short while, then reported as busy, naming the file: never as "not a crack register"."""
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    monkeypatch.setattr(history, "BUSY_TIMEOUT_S", 0.2, raising=False)
+    writer = sqlite3.connect(register, isolation_level=None)
+    try:
+        writer.execute(hold)
+        writer.execute("UPDATE surveys SET source = 'edited' WHERE survey = 1")
+        for append in (lambda: check_append(register, VISITS[1], VISITS[2]), lambda: _compare(register, 1)):
+            with pytest.raises(InputError, match=f"^{register}: busy: another program is writing to it .*database is locked"):
+                append()
+        writer.execute("COMMIT")
+    finally:
+        writer.close()
+    _compare(register, 1)
+    assert _table(register, "SELECT survey, source FROM surveys ORDER BY survey") == [(1, "edited"), (2, "visits/2024"), (3, "visits/2025")]
+
+
+def test_check_append_names_the_compare_that_holds_the_register_lock(tmp_path):
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    lock = tmp_path / ".site.gpkg.lock"
+    _lock(lock, os.getpid())  # a live process: this one
+    with pytest.raises(InputError, match=f"^{register}: another crackseg compare is appending to it: pid {os.getpid()} .*delete {lock} "):
+        check_append(register, VISITS[1], VISITS[2])

@@ -39,6 +39,8 @@ def test_pairs_csv_cells_name_a_shot_by_name_then_path_then_a_file_name_only_one
     ("before,after\na/wall,a/wall\nb/wall,b/wall\na/wall,a/wall\n", "line 4: the pair a/wall,a/wall is listed twice (also on line 2)"),
     ("before,after\na/wall,a/wall\na/wall,b/wall\n", "line 3: a/wall of BEFORE is already paired on line 2"),
     (b"before,after\n\xe9,a/wall\n", "not UTF-8 text"),
+    (b"before,after\na/wall,a/wall\nb/wall,b/w\x00all\n", "line 3: holds a NUL byte"),  # a path with one is a ValueError
+    (b"before,af\x00ter\na/wall,a/wall\n", "line 1: holds a NUL byte"),
 ])
 def test_a_pairs_csv_that_is_not_one_pair_per_line_is_one_line_naming_it(tmp_path, content, message):
     listed = tmp_path / "pairs.csv"

@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import (
+    assert_soon,
     browser,
+    loaded_pictures,
     dark_pixel_model,
     needs_browser,
     pavement,
@@ -33,6 +35,8 @@ def screenshot(report: Path, png: Path) -> None:
     driver = browser()
     try:
         driver.get(Path(report).resolve().as_uri())
+        on_screen = "return [...document.images].filter(i => i.getBoundingClientRect().top < innerHeight).every(i => i.complete)"
+        assert_soon(driver, lambda: driver.execute_script(on_screen), True)  # the first screen's pictures, loaded
         picture = Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("RGB")
         picture.thumbnail((900, 900))
         picture.save(png, optimize=True)
@@ -77,25 +81,27 @@ def test_report_in_a_real_browser(tmp_path):
     try:
         driver.get((tmp_path / "pred" / "report.html").as_uri())
         text = lambda css: driver.find_element(By.CSS_SELECTOR, css).text  # noqa: E731
-        assert text("#sum-images") == "4" and text("#sum-cracks") == str(len(cracks))
+        assert_soon(driver, lambda: (text("#sum-images"), text("#sum-cracks")), ("4", str(len(cracks))))
         assert text("#sum-length") == f"{sum(float(c['length_mm']) for c in cracks) / 1000:.3f} m"
         assert text("#sum-widest").endswith(" mm") and driver.find_element(By.ID, "classes")
-        assert driver.find_element(By.ID, "pr-curve") and len(driver.find_elements(By.CSS_SELECTOR, "#worst li")) == 4
+        assert driver.find_element(By.ID, "pr-curve")
+        assert_soon(driver, lambda: len(driver.find_elements(By.CSS_SELECTOR, "#worst li")), 4)
 
         names = lambda: [row.get_attribute("data-name") for row in driver.find_elements(By.CSS_SELECTOR, "tr.image-row")]  # noqa: E731
-        assert names() == ["img0", "img1", "img2", "img3"]
+        assert_soon(driver, names, ["img0", "img1", "img2", "img3"])
         driver.find_element(By.CSS_SELECTOR, 'th[data-key="cracks"]').click()
-        assert names() == ["img2", "img1", "img0", "img3"]  # most cracks first
+        assert_soon(driver, names, ["img2", "img1", "img0", "img3"])  # most cracks first
         driver.find_element(By.CSS_SELECTOR, 'th[data-key="cracks"]').click()
-        assert names() == ["img3", "img0", "img1", "img2"]
+        assert_soon(driver, names, ["img3", "img0", "img1", "img2"])
 
         driver.find_element(By.CSS_SELECTOR, 'tr.image-row[data-name="img2"]').click()
-        view = driver.find_element(By.ID, "view")
-        assert view.get_attribute("src").endswith("report/overlays/img2.jpg")
-        assert len(driver.find_elements(By.CSS_SELECTOR, "#cracks tr")) == 1 + 3
+        source = lambda: driver.find_element(By.ID, "view").get_attribute("src").rsplit("/", 3)[-3:]  # noqa: E731
+        assert_soon(driver, source, ["report", "overlays", "img2.jpg"])
+        assert_soon(driver, lambda: len(driver.find_elements(By.CSS_SELECTOR, "#cracks tr")), 1 + 3)
         driver.find_element(By.ID, "toggle").click()
-        assert view.get_attribute("src").endswith("report/photos/img2.jpg")
-        assert driver.execute_script("return document.getElementById('view').complete && document.getElementById('view').naturalWidth") > 0
+        assert_soon(driver, source, ["report", "photos", "img2.jpg"])
+        shown = "const view = document.getElementById('view'); return view.complete && view.naturalWidth > 0"
+        assert_soon(driver, lambda: driver.execute_script(shown), True)  # loaded, not merely asked for
 
         picture = np.asarray(Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("L"), dtype=float)
         assert picture.std() > 10  # not a blank page
@@ -120,11 +126,11 @@ def test_names_that_html_or_urls_give_a_meaning_to_show_as_they_are(tmp_path):
     driver = browser()
     try:
         driver.get((tmp_path / "pred" / "report.html").as_uri())
-        rows = driver.find_elements(By.CSS_SELECTOR, "tr.image-row")
-        assert sorted(row.get_attribute("data-name") for row in rows) == sorted(names)
-        assert driver.find_element(By.CSS_SELECTOR, "#sum-images").text == str(len(names))
-        loaded = driver.execute_script("return [...document.querySelectorAll('img.thumb')].map(i => i.complete && i.naturalWidth > 0)")
-        assert loaded == [True] * len(names)
+        rows = lambda: sorted(row.get_attribute("data-name") for row in driver.find_elements(By.CSS_SELECTOR, "tr.image-row"))  # noqa: E731
+        assert_soon(driver, rows, sorted(names))
+        assert_soon(driver, lambda: driver.find_element(By.CSS_SELECTOR, "#sum-images").text, str(len(names)))
+        widths = loaded_pictures(driver, "img.thumb")
+        assert len(widths) == len(names) and all(width > 0 for width in widths), widths
         assert not driver.find_elements(By.CSS_SELECTOR, "tr.image-row b")  # a name is text, never markup
         assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     finally:
@@ -152,10 +158,11 @@ def test_thousands_of_images_stay_paginated(tmp_path):
     driver = browser()
     try:
         driver.get((tmp_path / "report.html").as_uri())
-        assert len(driver.find_elements(By.CSS_SELECTOR, "tr.image-row")) == PAGE_ROWS
+        assert_soon(driver, lambda: len(driver.find_elements(By.CSS_SELECTOR, "tr.image-row")), PAGE_ROWS)
         driver.find_element(By.ID, "next").click()
-        assert driver.find_elements(By.CSS_SELECTOR, "tr.image-row")[0].get_attribute("data-name") == f"p{PAGE_ROWS:04d}"
-        assert "of 50" in driver.find_element(By.ID, "pager").text
+        first = lambda: [row.get_attribute("data-name") for row in driver.find_elements(By.CSS_SELECTOR, "tr.image-row")][:1]  # noqa: E731
+        assert_soon(driver, first, [f"p{PAGE_ROWS:04d}"])
+        assert_soon(driver, lambda: "of 50" in driver.find_element(By.ID, "pager").text, True)
         assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     finally:
         driver.quit()
@@ -175,8 +182,9 @@ def test_the_report_of_rasters_in_two_scales_gives_metres_and_says_whose_scale(t
     try:
         driver.get((tmp_path / "out" / "report.html").as_uri())
         text = lambda css: driver.find_element(By.CSS_SELECTOR, css).text  # noqa: E731
-        assert text("#sum-length") == f"{sum(float(c['length_mm']) for c in cracks) / 1000:.3f} m"
-        assert text("#scale").startswith("each raster in its own pixel size") and driver.find_element(By.ID, "classes")
+        assert_soon(driver, lambda: text("#sum-length"), f"{sum(float(c['length_mm']) for c in cracks) / 1000:.3f} m")
+        assert_soon(driver, lambda: text("#scale").startswith("each raster in its own pixel size"), True)
+        assert driver.find_element(By.ID, "classes")
     finally:
         driver.quit()
 
