@@ -209,3 +209,19 @@ needs_browser = pytest.mark.skipif(
     not (shutil.which("chromedriver") and (shutil.which("chromium") or shutil.which("chromium-browser"))),
     reason="no chromium and chromedriver installed",
 )
+
+
+def cli_result(argv: list[str]) -> tuple[int, str]:
+    """``crackseg ARGV`` in this process: its exit status and what it wrote on stderr."""
+    import contextlib
+    import io
+
+    from crackseg.cli.main import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main([str(arg) for arg in argv])
+        except SystemExit as exit:
+            code = exit.code
+    return code, err.getvalue()

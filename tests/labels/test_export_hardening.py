@@ -20,9 +20,9 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 import torch
+from conftest import cli_result
 from PIL import Image
 
-from crackseg.cli.main import main
 from crackseg.core.errors import InputError
 from crackseg.data.images import load_mask
 from crackseg.labels.loop import export_labels, import_labels
@@ -40,17 +40,7 @@ def _photo(folder, name="a.png", size=(W, H)):
 
 
 def _cli(*args) -> tuple[int, str]:
-    return _run(["labels", *map(str, args)])
-
-
-def _run(argv: list[str]) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = main(argv)
-        except SystemExit as exit:
-            code = exit.code
-    return code, err.getvalue()
+    return cli_result(["labels", *args])
 
 
 def _one_line_error(code: int, err: str, *parts: str) -> None:
@@ -164,7 +154,7 @@ def test_a_mask_path_outside_the_predictions_folder_is_refused_by_export_and_ran
     code, err = _cli("rank", predictions)
     _one_line_error(code, err, str(predictions / "predictions.csv"), "row 1", value)
     for command in (["report", str(predictions)], ["compare", str(predictions), str(predictions), "--out", str(tmp_path / "changes")]):
-        code, err = _run(command)  # the other readers of the table
+        code, err = cli_result(command)  # the other readers of the table
         _one_line_error(code, err, str(predictions / "predictions.csv"), "row 1", value)
 
 

@@ -7,15 +7,14 @@ Every file here is written by the test; the 10x8 px photos keep each case tiny.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 
 import numpy as np
 import pytest
+from conftest import cli_result
 from PIL import Image
 
-from crackseg.cli.main import main
 from crackseg.core.errors import InputError
 from crackseg.data.images import load_mask
 from crackseg.labels.formats.shapes import finite_points
@@ -56,13 +55,7 @@ def _cvat(tmp_path, shapes: str, size=(W, H)):
 
 
 def _cli(*args) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            code = main(["labels", *map(str, args)])
-        except SystemExit as exit:
-            code = exit.code
-    return code, err.getvalue()
+    return cli_result(["labels", *args])
 
 
 def _refused(path, fmt, photos, out, message):

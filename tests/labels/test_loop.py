@@ -8,7 +8,6 @@ export and label-studio-converter's brush RLE); none comes from a labelling tool
 from __future__ import annotations
 
 import base64
-import contextlib
 import csv
 import io
 import json
@@ -16,11 +15,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import cli_result
 from PIL import Image
 
-from crackseg.cli.main import main
-from crackseg.data.datasets import open_dataset
 from crackseg.core.errors import InputError
+from crackseg.data.datasets import open_dataset
 from crackseg.data.images import load_mask
 from crackseg.labels.formats.label_studio import brush_decode, brush_encode
 from crackseg.labels.loop import ImportOptions, export_labels, import_labels, import_summary, rank_predictions
@@ -256,13 +255,7 @@ def test_import_refuses_to_replace_a_dataset_and_replaces_it_whole_with_overwrit
 
 
 def _cli(*args) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            code = main(["labels", *map(str, args)])
-        except SystemExit as exit:
-            code = exit.code
-    return code, err.getvalue()
+    return cli_result(["labels", *args])
 
 
 @pytest.mark.parametrize("case, message", [
