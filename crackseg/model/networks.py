@@ -125,9 +125,17 @@ def enable_activation_checkpointing(model: CrackSegModel) -> None:
     """
     if model.arch != "unet":
         raise InputError(f"--activation-checkpointing supports --arch unet only, not {model.arch}")
-    stages = [child for child in model.net.encoder.children() if isinstance(child, nn.Sequential)]
-    for module in [*stages, *model.net.decoder.blocks]:
+    for module in [*encoder_stages(model.net.encoder), *model.net.decoder.blocks]:
         module.__class__ = _checkpointed(type(module))
+
+
+def encoder_stages(encoder: nn.Module) -> list[nn.Module]:
+    """The stages an smp encoder runs one after the other: its ``nn.Sequential`` children, or for
+    the timm encoders that smp wraps (``tu-...``, the EfficientNet-Lite ones among them) the stages
+    in the timm network's ``blocks``."""
+    blocks = getattr(getattr(encoder, "model", None), "blocks", None)
+    parent = blocks if isinstance(blocks, nn.Sequential) else encoder
+    return [child for child in parent.children() if isinstance(child, nn.Sequential)]
 
 
 @functools.cache

@@ -220,22 +220,28 @@ def test_unknown_names_are_user_errors():
         build_model("resnet34", arch="unet16")
 
 
-def test_activation_checkpointing_keeps_gradients_names_and_batchnorm_statistics():
+@pytest.mark.parametrize("encoder, stages", [("resnet18", 4), ("efficientnet-lite0", 7)])
+def test_activation_checkpointing_keeps_gradients_names_and_batchnorm_statistics(encoder, stages):
     import copy
 
-    from crackseg.model.networks import enable_activation_checkpointing
+    from crackseg.model.networks import enable_activation_checkpointing, encoder_stages
 
     torch.manual_seed(0)
-    plain = build_model("resnet18").train()
+    plain = build_model(encoder).train()
     checkpointed = copy.deepcopy(plain)
     enable_activation_checkpointing(checkpointed)
     images = torch.rand(2, 3, 64, 64)
+    runs = []
+    encoder_stages(checkpointed.net.encoder)[0][0].register_forward_pre_hook(lambda *args: runs.append(1))
     for model in (plain, checkpointed):
         model(images).square().mean().backward()
+    assert len(runs) == 2  # the forward pass, then the recomputation in the backward pass
     assert list(plain.state_dict()) == list(checkpointed.state_dict())
     for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters()):
         assert torch.equal(a.grad, b.grad), name
     for (name, a), (_, b) in zip(plain.state_dict().items(), checkpointed.state_dict().items()):
         assert torch.equal(a, b), name  # the recomputation must not update running statistics a second time
-    stage = checkpointed.net.encoder.layer1
+    checkpointed_stages = encoder_stages(checkpointed.net.encoder)
+    assert len(checkpointed_stages) == stages and all(type(s).__name__.startswith("Checkpointed") for s in checkpointed_stages)
+    stage = checkpointed_stages[0]
     assert "forward" not in vars(stage) and "forward" not in vars(stage._replicate_for_data_parallel())  # DataParallel replicas run their own weights
