@@ -22,7 +22,9 @@ Pieces that one crack joins are tracked by scipy's DisjointSet (here and across 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -37,6 +39,7 @@ from skimage.draw import line as draw_line
 ORTHOGONAL, DIAGONAL, CORNER = 0.980, 1.406, 0.091
 _COS_30 = math.cos(math.radians(30))
 _SLACK = 1e-6  # px: far more than rounding, far less than a pixel
+_BATCH = 1024  # skeleton ends looked up in the tree at once
 
 
 @dataclass(frozen=True)
@@ -312,27 +315,15 @@ def _ends(skeleton: _Pixels) -> np.ndarray:
 def _join_pieces(cracks: _Pixels, pieces: np.ndarray, distance: np.ndarray, skeleton: _Pixels,
                  join_gap: float) -> list[tuple[tuple[int, int], float, np.ndarray]]:
     """A one-pixel bridge across each gap a skeleton end points over: (row, col) of its start, the gap, its pixels' padded indices."""
-    points = skeleton.points
-    owner, depth = pieces[skeleton.in_parent], distance[skeleton.in_parent]
-    tree = cKDTree(points)
-    reach = join_gap + 2 * distance.max()
+    points, owner, depth = skeleton.points, pieces[skeleton.in_parent], distance[skeleton.in_parent]
     bridges = []
     joined_pieces = DisjointSet(range(pieces.max() + 1))  # one bridge per pair of pieces, none around a loop
-    for end in np.flatnonzero(_ends(skeleton)):
+    for end, direction, found in _aimed_at(skeleton, owner, depth, join_gap + 2 * distance.max(), join_gap):
         piece = owner[end]
-        near = np.asarray(tree.query_ball_point(points[end], 10.0), int)
-        direction = points[end] - points[near[owner[near] == piece]].mean(axis=0)
-        if np.hypot(*direction) < 1.0:
-            continue
-        direction /= np.hypot(*direction)
-        found = np.asarray(tree.query_ball_point(points[end], reach), int)  # in the tree's order: the last of equal gaps wins
-        steps = points[found] - points[end]
-        spans = np.hypot(steps[:, 0], steps[:, 1])
-        found = found[(spans - depth[end] - depth[found] <= join_gap + _SLACK) & (steps @ direction >= spans * _COS_30 - _SLACK)]
-        others, which = np.unique(owner[found], return_inverse=True)
-        found = found[np.array([not joined_pieces.connected(other, piece) for other in others], bool)[which]]
         best, best_gap = None, join_gap
-        for i in found:  # each candidate as it always was tested: the filters above only drop sure misses
+        for i in found:  # each candidate as it always was tested: the filters before only drop sure misses
+            if joined_pieces.connected(owner[i], piece):
+                continue
             step = points[i] - points[end]
             span = np.hypot(*step)
             gap = span - depth[end] - depth[i]
@@ -344,6 +335,43 @@ def _join_pieces(cracks: _Pixels, pieces: np.ndarray, distance: np.ndarray, skel
             line_rows, line_cols = draw_line(int(row), int(col), int(best_row), int(best_col))
             bridges.append(((int(row), int(col)), max(best_gap, 0.0), cracks.index_of(line_rows, line_cols)))
     return bridges
+
+
+def _aimed_at(skeleton: _Pixels, owner: np.ndarray, depth: np.ndarray, reach: float,
+              join_gap: float) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Each skeleton end that has candidates, in scan order: the end, its unit direction (away from its own piece's
+    skeleton within 10 px) and the other pieces' skeleton pixels it may point at across a gap, in the tree's order
+    (the last of equal gaps wins). All ends of a batch are worked out at once; batches bound the memory of the pairs."""
+    points = skeleton.points
+    tree = cKDTree(points)
+    all_ends = np.flatnonzero(_ends(skeleton))
+    for first in range(0, len(all_ends), _BATCH):
+        ends = all_ends[first:first + _BATCH]
+        which, near = _within(tree, points[ends], 10.0)
+        own = owner[near] == owner[ends[which]]
+        count = np.bincount(which[own], minlength=len(ends))[:, None]
+        mean = np.stack([np.bincount(which[own], points[near[own], axis], len(ends)) for axis in (0, 1)], axis=1) / count
+        direction = points[ends] - mean  # the sums are of integers, exact in any order: np.mean's values
+        size = np.hypot(direction[:, 0], direction[:, 1])
+        pointing = size >= 1.0
+        ends, direction = ends[pointing], direction[pointing] / size[pointing, None]
+        which, found = _within(tree, points[ends], reach)
+        steps = points[found] - points[ends[which]]
+        spans = np.hypot(steps[:, 0], steps[:, 1])
+        likely = ((owner[found] != owner[ends[which]]) & (spans - depth[ends[which]] - depth[found] <= join_gap + _SLACK)
+                  & ((steps * direction[which]).sum(axis=1) >= spans * _COS_30 - _SLACK))
+        heads, starts = np.unique(which[likely], return_index=True)
+        yield from zip(ends[heads], direction[heads], np.split(found[likely], starts[1:]))
+
+
+def _within(tree: cKDTree, centres: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray]:
+    """The tree's points within ``radius`` of each centre as pairs (centre's position, point's), centre by centre, each
+    centre's points in the order the tree gives them for that centre alone."""
+    if not len(centres):
+        return np.zeros(0, np.intp), np.zeros(0, np.intp)
+    found = tree.query_ball_point(centres, radius, return_sorted=False)
+    sizes = np.fromiter(map(len, found), np.intp, len(found))
+    return np.repeat(np.arange(len(found)), sizes), np.fromiter(itertools.chain.from_iterable(found), np.intp, sizes.sum())
 
 
 def _anchors(skeleton: _Pixels, labels: np.ndarray, count: int) -> dict[int, tuple[int, int]]:

@@ -211,13 +211,17 @@ class Records:
 
 def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image: torch.Tensor, prob: torch.Tensor,
                         threshold: float, spec: OutputSpec) -> tuple[dict, list[dict]]:
-    """Write one photo's files; returns its predictions.csv row and cracks.csv rows."""
-    mask = (prob >= threshold).numpy()
+    """Write one photo's files; returns its predictions.csv row and cracks.csv rows.
+
+    Runs in writer threads: numpy, not torch, does the per-pixel work, so that the threads do not
+    each start torch's intra-op pool.
+    """
+    mask = prob.numpy() >= threshold
     mask_path = folder.mask(name)
     write_png(mask_path, mask.astype(np.uint8) * 255)
     counts = mask_counts(mask)
     if spec.save_prob:
-        levels = probability_levels(prob, spec.save_prob)
+        levels = probability_levels(prob.numpy(), spec.save_prob)
         write_png(folder.probabilities(name), levels)
         counts |= uncertainty(levels.astype(np.float32) / float(np.iinfo(levels.dtype).max), threshold)  # as rank reads the file
     labels, cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px) if spec.measure else (None, [])
@@ -347,11 +351,11 @@ def overlay_jpeg(photo: np.ndarray, cracks_mask: np.ndarray, cracks: list[CrackM
     return buffer.getvalue()
 
 
-def probability_levels(prob: torch.Tensor, bits: int) -> np.ndarray:
-    """Probabilities as 8- or 16-bit grey levels (0 = 0, the top level = 1)."""
+def probability_levels(prob: np.ndarray, bits: int) -> np.ndarray:
+    """Probabilities (float32) as 8- or 16-bit grey levels (0 = 0, the top level = 1)."""
     if bits == 8:
-        return (prob * 255).round().byte().numpy()
-    return (prob.double() * 65535).round().numpy().astype(np.uint16)
+        return np.round(prob * 255).astype(np.uint8)
+    return np.round(prob.astype(np.float64) * 65535).astype(np.uint16)
 
 
 def write_png(path: Path, array: np.ndarray) -> None:

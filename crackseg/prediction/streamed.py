@@ -204,7 +204,7 @@ def predict_raster(source: RasterSource, outputs: list[Path], run: RasterRun, pa
                     valid_pixels += int(np.count_nonzero(valid))
                     sinks[0].write_block(top - start, left, cracks.astype(np.uint8) * 255, valid)
                     if save_prob:
-                        sinks[1].write_block(top - start, left, np.where(valid, probability_levels(prob, save_prob), 0), valid)
+                        sinks[1].write_block(top - start, left, np.where(valid, probability_levels(prob.numpy(), save_prob), 0), valid)
                     bar.update(round(prob.numel() / 1e6, 3))
             for sink in sinks:
                 sink.commit(run.overviews and count == 1)
