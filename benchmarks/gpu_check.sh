@@ -207,8 +207,8 @@ bench=("$python" benchmarks/bench.py)
 goal=(--device cuda --encoder resnet34 --size 448 --amp bf16 --channels-last)
 run bench_train 80 "${bench[@]}" train "${goal[@]}" --batch-size 64 --workers 14 --out "$out/gpu_check_train.json"
 finish bench_train "bench.py train" "batch 64, 14 workers"
-run bench_predict 100 "${bench[@]}" predict "${goal[@]}" --batch-size 64 --workers 14 --count 512 --out "$out/gpu_check_predict.json"
-finish bench_predict "bench.py predict" "batch 64, 14 workers, 512 images per run"
+run bench_predict 200 "${bench[@]}" predict "${goal[@]}" --batch-size 64 --workers 14 --count 512 --windows 1 --out "$out/gpu_check_predict.json"
+finish bench_predict "bench.py predict" "batch 64, 14 workers, 512 images per run, one timed window"
 run bench_strategies 70 "${bench[@]}" strategies --device cuda --encoder resnet34 --size 448 --batch-size 32 --workers 6 \
   --out "$out/gpu_check_strategies.json"
 finish bench_strategies "bench.py strategies" "batch 32 per process, 6 workers"

@@ -177,3 +177,9 @@ def test_generalization_table_gives_each_test_set_its_figures_over_seeds(tmp_pat
     assert "| cfd | lite0-imagenet-bf16cl | 2 | 0.4500 ± 0.0707 | 0.4500 ± 0.0707 | 0.4500 ± 0.0707 |" in crack500
     lookalikes = next(section for section in sections if section.startswith("lookalikes"))
     assert "| cfd | lite0-imagenet-bf16cl | 2 | 1000.5000 ± 0.7071 | 0.3750 ± 0.1768 |" in lookalikes
+
+
+def test_gpu_levers_without_a_cuda_device_says_so_in_one_line_with_status_2():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, str(BENCH.with_name("gpu_levers.py"))], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2 and result.stderr == "gpu_levers.py: no CUDA device\n" and result.stdout == ""
