@@ -8,6 +8,7 @@ import functools
 import importlib
 import multiprocessing
 import shutil
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -225,3 +226,15 @@ def cli_result(argv: list[str]) -> tuple[int, str]:
         except SystemExit as exit:
             code = exit.code
     return code, err.getvalue()
+
+
+def read_only_mount(monkeypatch, folder: Path) -> None:
+    """Temporary files in ``folder`` fail as on a read-only mount: the only way root is refused a write."""
+    temporary_file = tempfile.TemporaryFile
+
+    def refuse(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == folder:
+            raise OSError(30, "Read-only file system")
+        return temporary_file(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)

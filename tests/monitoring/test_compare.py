@@ -22,7 +22,7 @@ from skimage.draw import line as draw_line
 from skimage.transform import SimilarityTransform, warp
 
 from crackseg.cli.main import main
-from conftest import predict_cli
+from conftest import predict_cli, read_only_mount
 from conftest import assert_soon, browser, loaded_pictures, needs_browser
 
 SIZE = 480
@@ -764,16 +764,7 @@ def test_a_register_that_cannot_take_the_comparison_is_refused_before_any_work(t
         message = f"{register}: is read-only (mode 0444)"
     elif case == "read-only folder":
         if os.geteuid() == 0:  # root writes anywhere but on a read-only mount: the error such a mount gives
-            import tempfile
-
-            temporary_file = tempfile.TemporaryFile
-
-            def read_only_mount(*args, dir=None, **kwargs):
-                if Path(dir) == register.parent:
-                    raise OSError(30, "Read-only file system")
-                return temporary_file(*args, dir=dir, **kwargs)
-
-            monkeypatch.setattr(tempfile, "TemporaryFile", read_only_mount)
+            read_only_mount(monkeypatch, register.parent)
         else:
             register.parent.chmod(0o555)
         message = f"{register}: its folder {register.parent} cannot be written"

@@ -9,7 +9,6 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import tempfile
 from contextlib import closing
 from pathlib import Path
 
@@ -21,6 +20,7 @@ shapely = pytest.importorskip("shapely")
 from crackseg.core.errors import InputError  # noqa: E402
 from crackseg.monitoring import history  # noqa: E402
 from crackseg.monitoring.history import WIDTH_HISTORY, Survey, append_comparison, check_append, width_history  # noqa: E402
+from conftest import read_only_mount  # noqa: E402
 
 VISITS = [Survey("2023-04-01", "visits/2023"), Survey("2024-04-01", "visits/2024"), Survey("2025-04-01", "visits/2025")]
 
@@ -346,14 +346,7 @@ def test_a_register_that_cannot_be_written_is_refused_before_anything_is_written
         register.chmod(0o444)
         message = f"^{register}: is read-only \\(mode 0444\\)"
     elif os.geteuid() == 0:  # root writes anywhere but on a read-only mount: the error such a mount gives
-        temporary_file = tempfile.TemporaryFile
-
-        def read_only_mount(*args, dir=None, **kwargs):
-            if Path(dir) == register.parent:
-                raise OSError(30, "Read-only file system")
-            return temporary_file(*args, dir=dir, **kwargs)
-
-        monkeypatch.setattr(tempfile, "TemporaryFile", read_only_mount)
+        read_only_mount(monkeypatch, register.parent)
         message = f"^{register}: its folder {register.parent} cannot be written \\(Read-only file system\\)"
     else:
         register.parent.chmod(0o555)
