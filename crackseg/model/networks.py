@@ -125,7 +125,11 @@ def enable_activation_checkpointing(model: CrackSegModel) -> None:
     """
     if model.arch != "unet":
         raise InputError(f"--activation-checkpointing supports --arch unet only, not {model.arch}")
-    for module in [*encoder_stages(model.net.encoder), *model.net.decoder.blocks]:
+    stages = encoder_stages(model.net.encoder)
+    if not stages:
+        raise InputError(f"--activation-checkpointing finds no stages to recompute in the {model.encoder} encoder; "
+                         f"leave it out, or choose an encoder such as {DEFAULT_ENCODER} or resnet34")
+    for module in [*stages, *model.net.decoder.blocks]:
         module.__class__ = _checkpointed(type(module))
 
 

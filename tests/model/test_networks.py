@@ -220,6 +220,13 @@ def test_unknown_names_are_user_errors():
         build_model("resnet34", arch="unet16")
 
 
+def test_activation_checkpointing_refuses_an_encoder_without_stages_it_can_find():
+    from crackseg.model.networks import enable_activation_checkpointing
+
+    with pytest.raises(InputError, match=r"^--activation-checkpointing finds no stages to recompute in the efficientnet-b0 encoder; leave it out"):
+        enable_activation_checkpointing(build_model("efficientnet-b0"))
+
+
 @pytest.mark.parametrize("encoder, stages", [("resnet18", 4), ("efficientnet-lite0", 7)])
 def test_activation_checkpointing_keeps_gradients_names_and_batchnorm_statistics(encoder, stages):
     import copy
