@@ -300,7 +300,7 @@ def test_an_edit_saved_by_another_program_in_wal_mode_is_kept_by_the_next_append
 
 _KILLED_AT_LINKS = """
 import os, signal, sys
-sys.path[:0] = [{tests!r}]
+sys.path[:0] = [{tests!r}, {conftest!r}]
 from crackseg.monitoring import history
 from test_history import _compare
 history._link_columns = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # surveys and cracks are appended by now
@@ -312,7 +312,7 @@ def test_a_compare_killed_in_the_middle_of_an_append_leaves_the_register_and_the
     register = tmp_path / "site.gpkg"
     _compare(register, 0)
     original = register.read_bytes()
-    code = _KILLED_AT_LINKS.format(tests=str(Path(__file__).parent), register=str(register))
+    code = _KILLED_AT_LINKS.format(tests=str(Path(__file__).parent), conftest=str(Path(__file__).parents[1]), register=str(register))
     killed = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2])
     assert killed.returncode == -9
     assert (tmp_path / ".site.gpkg.lock").exists()  # its lock, naming a dead process
