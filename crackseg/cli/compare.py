@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from crackseg.cli.options import HelpFormatter, checked, width_classes
+from crackseg.cli.options import HelpFormatter, checked, width_classes, width_classes_help
 from crackseg.core.config import POSITIVE
 from crackseg.core.errors import InputError
 from crackseg.cracks.vectors import FORMATS as VECTOR_FORMATS
@@ -40,8 +40,9 @@ def add_commands(commands) -> None:
                          help="mm per pixel of the AFTER photos: widths and lengths also in mm (BEFORE photos through the registration's "
                               "scale); georeferenced rasters use their own pixel size")
     compare.add_argument("--width-classes", type=width_classes, default=None,
-                         help="report each crack's max-width class before and after and whether it changed: bre251, aci224 or edges "
-                              "in mm (as predict); needs a pixel size")
+                         help=width_classes_help("report each crack's class before and after and whether it changed, by the width "
+                                                 "the standard grades (changes.csv: max_width_class_before/after, or "
+                                                 "mean_width_class_before/after for a standard grading mean width)"))
     compare.add_argument("--pairs", type=Path, default=None, help="CSV with a header 'before,after': the photo paths (or names) to pair")
     compare.add_argument("--transform", choices=("similarity", "affine", "homography"), default="similarity",
                          help="how photos may differ: similarity (shift, rotation, scale), affine, or homography (another viewpoint on a plane)")

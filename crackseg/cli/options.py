@@ -24,6 +24,7 @@ from crackseg.core.config import (
     option_fields,
     parse_length,
 )
+from crackseg.cracks.widths import WIDTH_CLASS_PRESETS, WidthClasses
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -64,14 +65,22 @@ def length(text: str) -> str:
 
 
 def width_classes(text: str) -> str:
-    """bre251, aci224 or increasing edges in mm, checked by their owner and kept as text."""
-    from crackseg.cracks.widths import WidthClasses
-
+    """A preset of :data:`~crackseg.cracks.widths.WIDTH_CLASS_PRESETS` or increasing edges in mm, checked by their owner
+    and kept as text."""
     try:
         WidthClasses.parse(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
+
+
+def width_classes_help(what: str) -> str:
+    """--width-classes' help for predict and compare: ``what`` they do with the classes, then every preset with its
+    standard, edges and graded width, from the presets themselves."""
+    presets = ", ".join(f"{name} ({preset.title}: {', '.join(f'{edge:g}' for edge in preset.edges_mm)} mm, {preset.graded} width)"
+                        for name, preset in WIDTH_CLASS_PRESETS.items())
+    return (f"{what}: {presets}; or your own edges in mm, e.g. 0.1,0.2,0.3,1.0 (max width, a width on an edge in the lower "
+            "class). docs/predict.md gives each standard's classes and source; needs a pixel size, see --px-size")
 
 
 def checked(kind: type, valid: Range | None, parse=None):

@@ -6,7 +6,15 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from crackseg.cli.options import HelpFormatter, add_inference_options, checked, inference_options, length, width_classes
+from crackseg.cli.options import (
+    HelpFormatter,
+    add_inference_options,
+    checked,
+    inference_options,
+    length,
+    width_classes,
+    width_classes_help,
+)
 from crackseg.core.config import (
     AT_LEAST_ONE,
     EXPORT_FORMATS,
@@ -51,8 +59,8 @@ def add_commands(commands) -> None:
     predict.add_argument("--min-length", type=length, default=MIN_LENGTH,
                          help="leave cracks shorter than this (px or mm) out of cracks.csv, the overlays and the counts; the mask keeps their pixels")
     predict.add_argument("--width-classes", type=width_classes, default=None,
-                         help="class each crack by its max and mean width: bre251 (BRE Digest 251: <=0.1, 1, 5, 15, 25, >25 mm), "
-                              "aci224 (ACI 224R tolerable widths 0.10, 0.15, 0.18, 0.30, 0.41 mm) or your edges in mm, e.g. 0.1,0.2,0.3,1.0; needs a pixel size, see --px-size")
+                         help=width_classes_help("class each crack by its max and mean width (cracks.csv); lengths per class "
+                                                 "(predictions.csv, summary.json, the report) by the width the standard grades"))
     predict.add_argument("--px-size", type=checked(float, POSITIVE), default=None, help="pixel size in mm: measurements are also reported in mm; a georeferenced raster in a projected CRS "
                               "carries its own, which this overrides")
     predict.add_argument("--no-measure", dest="measure", action="store_false",

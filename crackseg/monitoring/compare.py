@@ -69,11 +69,11 @@ def compare_inspections(before: Path, after: Path, out: Path, options: CompareOp
         for side, shot in alone:
             found.pairs.append({"pair": len(found.pairs), f"name_{side}": shot.name, f"path_{side}": str(shot.photo or shot.mask),
                                 "status": ONLY_BEFORE if side == "before" else ONLY_AFTER})
-        summary = _summary(before, after, found, options)
+        summary = _summary(before, after, found, options, classes)
         outputs.write_tables(found.pairs, found.changes, summary, options.report)
         outputs.remove_stale()
         if options.register:
-            summary["register"] = _append_to_register(options.register, surveys, found, summary["registered"])
+            summary["register"] = _append_to_register(options.register, surveys, found, summary["registered"], classes)
             outputs.write_summary(summary)
     finally:
         outputs.release()
@@ -137,11 +137,11 @@ def _register_crs(paired: list[tuple[Shot, Shot]], known: dict[Path, bool]) -> s
     return found
 
 
-def _summary(before: Path, after: Path, found: Comparison, options: CompareOptions) -> dict:
+def _summary(before: Path, after: Path, found: Comparison, options: CompareOptions, classes: WidthClasses | None) -> dict:
     def names(status: str, side: str = "after") -> list[str]:
         return [row[f"name_{side}"] for row in found.pairs if row["status"] == status]
 
-    return {
+    summary = {
         "before": str(before), "after": str(after),
         "pairs": sum(row["status"] not in (ONLY_BEFORE, ONLY_AFTER) for row in found.pairs),
         "registered": len(names("registered")),
@@ -153,9 +153,13 @@ def _summary(before: Path, after: Path, found: Comparison, options: CompareOptio
         "px_size_mm": options.px_size,
         "transform": options.transform,
     }
+    if classes is not None:  # changes.csv's class columns are those of the width the standard grades
+        summary["width_classes"] = classes.as_dict() | {"class_changed": sum(bool(row.get("class_changed")) for row in found.changes)}
+    return summary
 
 
-def _append_to_register(register: Path, surveys: tuple[history.Survey, history.Survey], found: Comparison, registered: int) -> dict:
+def _append_to_register(register: Path, surveys: tuple[history.Survey, history.Survey], found: Comparison, registered: int,
+                        classes: WidthClasses | None) -> dict:
     """Append the comparison to the site's register; nothing when no pair was registered (surveys without cracks
     would say the site had none)."""
     if not registered:
@@ -165,5 +169,6 @@ def _append_to_register(register: Path, surveys: tuple[history.Survey, history.S
     if len(records.crs) > 1:
         raise InputError(f"--register {register}: the pairs lie in several CRSs or mix photos and rasters "
                          f"({', '.join(sorted(map(str, records.crs)))})")
-    added = history.append_comparison(register, *surveys, (records.before, records.after), records.links, next(iter(records.crs)))
+    added = history.append_comparison(register, *surveys, (records.before, records.after), records.links, next(iter(records.crs)),
+                                      classes)
     return {"appended": True, **added}

@@ -1,7 +1,7 @@
 """The comparison folder: the one place that names and writes what ``crackseg compare`` leaves in ``--out``.
 
 ``changes.csv`` (a row per crack), ``pairs.csv`` (a row per pair, and per image present on one side
-only), ``summary.json``; with ``--vectors`` a change layer per pair under ``vectors/``, with
+only), ``summary.json``; with ``--vectors`` a change layer per pair under ``vectors/`` (styled for QGIS by status), with
 ``--report`` report.html and its pictures under ``report/``. One compare at a time (its
 :class:`~crackseg.core.locks.FolderLock`), nothing of an earlier compare replaced unasked, and with
 ``--overwrite`` none of the earlier compare's files left beside the new ones. Only compare's own files are
@@ -20,8 +20,9 @@ from pathlib import Path
 from crackseg.core.errors import InputError
 from crackseg.core.files import ensure_writable_folder, remove_orphan_temps, write_atomic, write_csv
 from crackseg.core.locks import FolderLock
-from crackseg.cracks.vectors import FORMATS, write_features
-from crackseg.monitoring.report import write_change_report
+from crackseg.cracks.styles import categorized_style
+from crackseg.cracks.vectors import FORMATS, layer_files, write_features
+from crackseg.monitoring.report import STATUS_COLOURS, write_change_report
 
 CHANGE_COLUMNS = ["path_before", "path_after", "crack_before", "crack_after", "status", "length_px_before", "length_px_after",
                   "mean_width_px_before", "mean_width_px_after", "max_width_px_before", "max_width_px_after"]
@@ -63,8 +64,8 @@ class ComparisonFolder:
 
     def write_layer(self, name: str, rows: list[dict], geometries: list, crs: str | None) -> None:
         path = self._layer_path(name)
-        write_features(path, rows, geometries, crs, "changes")
-        self.written.add(path)
+        write_features(path, rows, geometries, crs, "changes", categorized_style("status", STATUS_COLOURS))  # the report's colours
+        self.written.update(layer_files(path))
 
     def write_picture(self, index: int, side: str, jpeg: bytes) -> str:
         """Write a report picture; returns its path relative to the folder, as the report links it."""
@@ -108,20 +109,21 @@ class ComparisonFolder:
 
     def _claims(self, path: Path) -> bool:
         """Whether ``path``, found where compare writes, is an earlier compare's output: never the register, and a
-        GeoPackage only when it holds nothing but a change layer (a register kept in vectors/ is the site's history)."""
+        GeoPackage only when it holds nothing but a change layer and its style (a register kept in vectors/ is the site's
+        history)."""
         if self.register is not None and path.resolve() == Path(self.register).resolve():
             return False
         if path.suffix.lower() != FORMATS["gpkg"][1]:
             return True
         try:
             with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
-                return [name for (name,) in db.execute("SELECT table_name FROM gpkg_contents")] == ["changes"]
+                return {name for (name,) in db.execute("SELECT table_name FROM gpkg_contents")} - {"layer_styles"} == {"changes"}
         except sqlite3.Error:
             return False  # not a GeoPackage compare wrote
 
     def _outputs_here(self) -> list[Path]:
         tables = [path for path in (self.changes_csv, self.pairs_csv, self.summary_json, self.report_html) if path.exists()]
-        suffixes = {suffix for _, suffix in FORMATS.values()}
+        suffixes = {suffix for _, suffix in FORMATS.values()} | {".qml"}  # a GeoJSON's style beside it
         layers = sorted(path for path in (self.root / "vectors").rglob("*")
                         if path.suffix in suffixes and not path.name.startswith(".") and path.is_file())
         pictures = sorted(path for path in (self.root / "report").glob("pair*.jpg") if path.is_file())

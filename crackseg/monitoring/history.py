@@ -1,14 +1,16 @@
 """The crack register: one GeoPackage per site that accumulates its inspections, so that a crack can be
 followed from visit to visit in QGIS or with plain SQL (:data:`WIDTH_HISTORY`).
 
-Tables (GIS tools list all three; ``surveys`` and ``links`` are attribute tables):
+Tables (GIS tools list all three; ``surveys`` and ``links`` are attribute tables, as is QGIS's ``layer_styles``):
 
 - ``surveys``: ``survey`` (1, 2, ... in date order), ``date`` (YYYY-MM-DD), ``source`` (the inspection folder).
 - ``cracks``: MultiLineString features, one per crack per survey: ``crack_key`` (unique in the register, the
   key links use), ``survey``, ``image`` (its name within the inspection), ``crack`` (its id in that survey's
-  cracks.csv), ``length_px``, ``mean_width_px``, ``max_width_px``, the same in mm (NULL when the pixel size is
-  unknown) and ``max_width_class`` (NULL without width classes). Geometries are in the register's one CRS for
-  georeferenced rasters, else in pixels of the survey's own image (x right, y down; no CRS).
+  cracks.csv), ``length_px``, ``mean_width_px``, ``max_width_px``, the same in mm (NULL when the pixel size is unknown),
+  ``max_width_class`` or ``mean_width_class`` (the width its standard grades; NULL without width classes). Geometries are
+  in the register's one CRS for georeferenced rasters, else in pixels of the survey's own image (x right, y down; no CRS).
+  QGIS opens them coloured by the width class of the comparison that made the register (its default style, kept in
+  ``layer_styles``: :func:`crackseg.cracks.styles.width_class_style`), or as red lines when it had none.
 - ``links``: ``before_key`` -> ``after_key``, a crack and its successor in the next survey, with ``status``
   (the change between them as changes.csv gives it: unchanged, longer, wider, merged, ...). A crack without a
   successor is gone (or outside the view both dates share); one without a predecessor is new.
@@ -20,7 +22,7 @@ its AFTER (then BEFORE's registered cracks are linked). Visits are appended in d
 The register is extended in place, in one SQLite write transaction (BEGIN IMMEDIATE ... COMMIT) as every SQLite
 client writes it, so QGIS may hold it open (WAL mode or not) and an error, a kill or a power loss leaves it as it
 was. Rows are written as GDAL writes them (GeoPackage geometry blobs; the R-tree kept by the file's own triggers,
-whose ST_* functions are defined here), gpkg_contents and gpkg_ogr_contents kept right; a new register is built
+whose ST_* functions :mod:`crackseg.cracks.vectors` defines), gpkg_contents and gpkg_ogr_contents kept right; a new register is built
 under a temporary name, then renamed. Another program's write transaction is waited for :data:`BUSY_TIMEOUT_S`,
 then reported busy; a second compare is kept out by a lock file beside the register (``.<name>.lock``,
 :class:`crackseg.core.locks.FileLock`), taken over when the compare that left it was killed on this host.
@@ -35,7 +37,6 @@ import os
 import re
 import sqlite3
 import stat
-import struct
 import tempfile
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -49,14 +50,16 @@ import numpy as np
 from crackseg.core.errors import InputError, require
 from crackseg.core.files import TEMP_MARK, PendingFile, cell_number, readable, temp_path
 from crackseg.core.locks import FileLock
-from crackseg.cracks.vectors import write_layer
+from crackseg.cracks.styles import width_class_style
+from crackseg.cracks.vectors import define_gpkg_functions, gpkg_envelope, gpkg_geometry_blob, write_layer, write_styles
+from crackseg.cracks.widths import WidthClasses
 
 BUSY_TIMEOUT_S = 5.0  # how long another program's write transaction is waited for before the register is reported busy
 _MEASURES = ("length_px", "mean_width_px", "max_width_px", "length_mm", "mean_width_mm", "max_width_mm")
+_CLASSES = ("max_width_class", "mean_width_class")  # a crack has the one of the width its standard grades
 _TABLES = ("surveys", "cracks", "links")
 _SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
 _APPENDING = "another crackseg compare is appending to it"
-_GP_EMPTY, _GP_ENVELOPE_XY = 0x11, 0x03  # GeoPackage blob flags, little-endian: an empty geometry / a geometry with its x, y box
 
 # Parameters :date (YYYY-MM-DD), :image and :crack name the crack in the survey of that date; the rows are that
 # crack and its successors in every later survey (a split crack has several on a date), with the change since
@@ -93,20 +96,21 @@ class _Registered:
 
 
 def append_comparison(register: Path, before: Survey, after: Survey, cracks: tuple[list[dict], list[dict]],
-                      links: list[dict], crs: str | None) -> dict:
+                      links: list[dict], crs: str | None, classes: WidthClasses | None = None) -> dict:
     """Append one comparison to ``register`` (created when missing); returns the surveys, cracks and links added.
 
     ``cracks`` holds BEFORE's and AFTER's crack dicts: image, crack, length_px, mean_width_px, max_width_px,
-    optionally length_mm, mean_width_mm, max_width_mm, max_width_class (None or "" when unknown), and geometry
+    optionally length_mm, mean_width_mm, max_width_mm, max_width_class or mean_width_class (None or "" when unknown), and geometry
     (a shapely line in ``crs``, or in pixels of the survey's image when ``crs`` is None). A link dict names
-    before_image, before_crack, after_image, after_crack and status.
+    before_image, before_crack, after_image, after_crack and status. ``classes``: the comparison's width classes, which a
+    new register's QGIS style colours its cracks by.
     """
     register = Path(register)
     _check_dates(before, after)
     _check_writable(register)
     with _locked(register):
         if not register.exists():
-            return _create(register, (before, after), cracks, links, crs)
+            return _create(register, (before, after), cracks, links, crs, classes)
         with _transaction(register, register) as db:
             return _append(db, register, (before, after), cracks, links, crs)
 
@@ -186,7 +190,7 @@ def _transaction(path: Path, register: Path, write: bool = True) -> Iterator[sql
     except sqlite3.Error as error:
         raise _register_error(register, error) from None
     with closing(db):
-        _define_geometry_functions(db)
+        define_gpkg_functions(db)
         try:
             db.execute("BEGIN IMMEDIATE")
             yield db
@@ -230,15 +234,16 @@ def _check_date(text: str, flag: str) -> None:
 
 
 def _create(register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[dict], list[dict]], links: list[dict],
-            crs: str | None) -> dict:
-    """A new register: its empty layers made by GDAL under a temporary name, the rows appended as to any register, the
-    file on disk (fsynced) before the rename makes it the register."""
+            crs: str | None, classes: WidthClasses | None) -> dict:
+    """A new register: its empty layers and the cracks' QGIS style made by GDAL under a temporary name, the rows appended
+    as to any register, the file on disk (fsynced) before the rename makes it the register."""
     pending = PendingFile(register, suffix=".gpkg")
     try:
         pending.temp.unlink()  # GDAL creates the file itself
         write_layer(pending.temp, "surveys", _survey_columns([]), named=register)
         write_layer(pending.temp, "cracks", _crack_columns([]), np.array([], dtype=object), crs, append=True, named=register)
         write_layer(pending.temp, "links", _link_columns([], {}, {}), append=True, named=register)
+        write_styles(pending.temp, {"cracks": width_class_style(classes)}, named=register)
         with _transaction(pending.temp, register) as db:
             added = _append(db, register, surveys, cracks, links, crs, check_crs=False)  # made in crs
         with open(pending.temp, "rb") as file:
@@ -279,10 +284,13 @@ def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Surve
 
     srs_id = db.execute("SELECT srs_id FROM gpkg_geometry_columns WHERE lower(table_name) = 'cracks'").fetchone()[0]
     _insert(db, "surveys", _survey_columns(new_surveys))
-    geometries = [_geometry_blob(row.get("geometry"), srs_id) for _, rows, _ in new_cracks for row in rows]
+    geometries = [gpkg_geometry_blob(row.get("geometry"), srs_id) for _, rows, _ in new_cracks for row in rows]
+    have = {row[1] for row in db.execute('PRAGMA table_info("cracks")')}  # a register older than mean_width_class gets it
+    for name in sorted(set(_CLASSES) - have):
+        db.execute(f'ALTER TABLE "cracks" ADD COLUMN "{name}" TEXT')
     _insert(db, "cracks", {"geom": geometries, **_crack_columns(new_cracks)})
     _insert(db, "links", _link_columns(links, before_keys, after_keys))
-    _update_contents(db, [box for box in map(_envelope, geometries) if box is not None])
+    _update_contents(db, [box for box in map(gpkg_envelope, geometries) if box is not None])
     return {"surveys": len(new_surveys), "cracks": sum(len(rows) for _, rows, _ in new_cracks), "links": len(links)}
 
 
@@ -378,7 +386,7 @@ def _crack_columns(batches: list[tuple[int, list[dict], int]]) -> dict[str, np.n
             "image": np.array([readable(row["image"]) for _, _, row in rows], object),
             "crack": np.array([int(row["crack"]) for _, _, row in rows], np.int64),
             **{name: np.array([cell_number(row.get(name)) for _, _, row in rows], np.float64) for name in _MEASURES},  # None: NaN, stored as NULL
-            "max_width_class": np.array([row.get("max_width_class") or None for _, _, row in rows], object)}
+            **{name: np.array([row.get(name) or None for _, _, row in rows], object) for name in _CLASSES}}
 
 
 def _link_columns(links: list[dict], before_keys: dict, after_keys: dict) -> dict[str, np.ndarray]:
@@ -392,37 +400,6 @@ def _insert(db: sqlite3.Connection, table: str, columns: dict) -> None:
     values = [column.tolist() if isinstance(column, np.ndarray) else column for column in columns.values()]  # Python scalars
     names = ", ".join(f'"{name}"' for name in columns)
     db.executemany(f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(columns))})', zip(*values))
-
-
-def _geometry_blob(geometry, srs_id: int) -> bytes:
-    """A MultiLineString as a GeoPackage geometry blob (as GDAL writes it): "GP", flags, srs_id, x, y box, then WKB;
-    None or an empty line is the empty MultiLineString."""
-    shapely = require("shapely", "geo", "--register")
-    line = shapely.MultiLineString() if geometry is None else shapely.force_2d(geometry)
-    if line.geom_type == "LineString":
-        line = shapely.MultiLineString([] if line.is_empty else [line])
-    wkb = shapely.to_wkb(line, output_dimension=2, byte_order=1)
-    if line.is_empty:
-        return struct.pack("<2sBBi", b"GP", 0, _GP_EMPTY, srs_id) + wkb
-    min_x, min_y, max_x, max_y = line.bounds
-    return struct.pack("<2sBBi4d", b"GP", 0, _GP_ENVELOPE_XY, srs_id, min_x, max_x, min_y, max_y) + wkb
-
-
-def _envelope(blob: bytes | None) -> tuple[float, float, float, float] | None:
-    """(min x, max x, min y, max y) of a GeoPackage geometry blob, None when it is empty (or NULL)."""
-    if blob is None or bytes(blob[:2]) != b"GP" or blob[3] & 0x10:
-        return None
-    if (blob[3] >> 1) & 0x07:  # the box is in the header
-        return struct.unpack_from("<4d" if blob[3] & 1 else ">4d", blob, 8)
-    geometry = require("shapely", "geo", "--register").from_wkb(bytes(blob[8:]))
-    return None if geometry.is_empty else tuple(np.asarray(geometry.bounds)[[0, 2, 1, 3]])
-
-
-def _define_geometry_functions(db: sqlite3.Connection) -> None:
-    """The SQL functions a GeoPackage's R-tree triggers call (GDAL and QGIS define them; sqlite3 alone has none)."""
-    for index, name in enumerate(("ST_MinX", "ST_MaxX", "ST_MinY", "ST_MaxY")):
-        db.create_function(name, 1, lambda blob, i=index: (_envelope(blob) or (None,) * 4)[i], deterministic=True)
-    db.create_function("ST_IsEmpty", 1, lambda blob: None if blob is None else int(_envelope(blob) is None), deterministic=True)
 
 
 def _update_contents(db: sqlite3.Connection, boxes: list[tuple[float, float, float, float]]) -> None:

@@ -274,10 +274,10 @@ def _change_row(pair: dict, change: changes.Change, sides: tuple[Side, Side], px
         row[key.replace("_px", "_growth_px")] = None if value is None else round(value, 3)
     if after_mm is not None:
         row |= {key.replace("_mm", "_growth_mm"): value for key, value in in_mm(growth, after_mm).items()}
-    if classes is not None and before_mm is not None and after_mm is not None:
-        before_class = classes.classify(row["max_width_mm_before"]) if change.before else None
-        after_class = classes.classify(row["max_width_mm_after"]) if change.after else None
-        row |= {"max_width_class_before": before_class, "max_width_class_after": after_class,
+    if classes is not None and before_mm is not None and after_mm is not None:  # the class of the width the standard grades
+        before_class = classes.grade(row, "_before") if change.before else None
+        after_class = classes.grade(row, "_after") if change.after else None
+        row |= {f"{classes.graded_column}_before": before_class, f"{classes.graded_column}_after": after_class,
                 "class_changed": bool(before_class and after_class and before_class != after_class)}
     top, left, bottom, right = change.box_after
     row |= {"top": top, "left": left, "bottom": bottom, "right": right}
@@ -331,7 +331,7 @@ def _crack_record(side: Side, crack, line, mm_per_px: float | None, classes: Wid
     if mm_per_px is not None:
         record |= in_mm(record, mm_per_px, digits=None)
         if classes is not None:
-            record["max_width_class"] = classes.classify(record["max_width_mm"])
+            record[classes.graded_column] = classes.grade(record)
     return record
 
 

@@ -107,14 +107,17 @@ def write_change_report(out: Path, summary: dict, pairs: list[dict], changes: li
 
     ``pairs``: rows of pairs.csv, each with ``pair`` (its index) and ``picture_before`` /
     ``picture_after`` (JPEG paths relative to ``out``, or None); ``changes``: rows of changes.csv,
-    each with ``pair``. Of ``summary`` only ``before``, ``after`` (the two inspections) and
-    ``warnings`` are shown, all optional: the figures come from the rows. Lengths and widths are
-    in mm where a pair's rows have them, else in px.
+    each with ``pair``. Of ``summary`` only ``before``, ``after`` (the two inspections),
+    ``warnings`` and ``width_classes`` (the standard, and the width it grades, whose class columns
+    are read: ``max_width_class_*`` without it) are used, all optional: the figures come from the
+    rows. Lengths and widths are in mm where a pair's rows have them, else in px.
     """
     by_pair: dict[int, list[dict]] = {}
     for change in changes:
         by_pair.setdefault(int(change["pair"]), []).append(change)
-    entries = [_pair_entry(pair, by_pair.get(int(pair["pair"]), [])) for pair in pairs]
+    classes = summary.get("width_classes") or {}
+    graded = classes.get("graded", "max")  # changes.csv names its class columns after the graded width
+    entries = [_pair_entry(pair, by_pair.get(int(pair["pair"]), []), graded) for pair in pairs]
     compared = [entry for entry in entries if entry["status"] == "registered"]
     measured = [entry for entry in compared if entry["changes"]]  # a pair without cracks has no unit to give
     unit = "mm" if measured and all(entry["unit"] == "mm" for entry in measured) else "px"
@@ -127,6 +130,7 @@ def write_change_report(out: Path, summary: dict, pairs: list[dict], changes: li
             "unpaired": sum(not entry["section"] for entry in entries),
             "statuses": {status: counts[status] for status in [*STATUS_COLOURS, *sorted(set(counts) - set(STATUS_COLOURS))]},
             "unit": unit,
+            "classes": f"{classes.get('title') or classes['name']}, by {classes['by']}" if classes else None,
             **{f"length_{side}": sum(_total_length(by_pair.get(entry["index"], []), side, unit) for entry in compared)
                for side in _SIDES},
         },
@@ -140,10 +144,11 @@ def write_change_report(out: Path, summary: dict, pairs: list[dict], changes: li
     return report
 
 
-def _pair_entry(pair: dict, rows: list[dict]) -> dict:
-    """One pair's row of the pairs table and its section: registration, picture URLs, changes in its unit."""
+def _pair_entry(pair: dict, rows: list[dict], graded: str) -> dict:
+    """One pair's row of the pairs table and its section: registration, picture URLs, changes in its unit, width classes
+    of the ``graded`` width (max or mean)."""
     unit = "mm" if any(cell_number(row.get(f"length_mm_{side}")) is not None for row in rows for side in _SIDES) else "px"
-    changes = [_change_entry(row, unit) for row in rows]
+    changes = [_change_entry(row, unit, graded) for row in rows]
     lengths = {side: _total_length(rows, side, unit) for side in _SIDES}
     inliers = cell_number(pair.get("inliers"))
     return {
@@ -167,14 +172,14 @@ def _pair_growth(pair: dict, lengths: dict, unit: str) -> float:
     return given if given is not None else lengths["after"] - lengths["before"]
 
 
-def _change_entry(row: dict, unit: str) -> dict:
+def _change_entry(row: dict, unit: str, graded: str) -> dict:
     """One row of a pair's change table. Growth is the row's own (compare writes it in the AFTER image's pixels,
     BEFORE sizes through the registration's scale, and a merged or split group's as a whole), else
     after - before, a missing side counting 0 (new: its whole length; gone: minus it)."""
     entry = {"status": str(row["status"]), "class_changed": str(row.get("class_changed", "")).lower() in ("true", "1", "yes")}
     for side in _SIDES:
         entry[side] = int(row[f"crack_{side}"]) if row.get(f"crack_{side}") not in (None, "") else None
-        entry[f"class_{side}"] = str(row.get(f"max_width_class_{side}") or "")
+        entry[f"class_{side}"] = str(row.get(f"{graded}_width_class_{side}") or "")
         for measure in ("length", "max_width"):
             entry[f"{measure}_{side}"] = cell_number(row.get(f"{measure}_{unit}_{side}"))
     for measure in ("length", "max_width"):
@@ -291,7 +296,7 @@ function changes(p) {
     number("max_width_after", "max width after", c => size(c.max_width_after, u, w)),
     number("max_width_growth", "width growth", c => growth(c.max_width_growth, u, w))];
   if (p.changes.some(c => c.class_before || c.class_after))
-    columns.push({...text("class_after", "width class", c => c.class_before === c.class_after ? c.class_after : `${c.class_before || "–"} → ${c.class_after || "–"}`),
+    columns.push({...text("class_after", S.classes ? `width class (${S.classes})` : "width class", c => c.class_before === c.class_after ? c.class_after : `${c.class_before || "–"} → ${c.class_after || "–"}`),
       changed: c => c.class_changed});
   return sortableTable({id: `changes-${p.index}`, columns, rows: p.changes, key: "length_growth", down: true, rowsPerPage: CHANGE_ROWS,
     rowAttrs: c => ({class: "change-row", "data-status": c.status, "data-before": c.before ?? "", "data-after": c.after ?? ""})});

@@ -32,7 +32,7 @@ from crackseg.core.errors import InputError
 from crackseg.core.files import ensure_writable_folder, read_csv, remove_orphan_temps, write_atomic, write_csv
 from crackseg.core.locks import FolderLock
 from crackseg.cracks.measure import CrackMeasure, find_cracks
-from crackseg.cracks.vectors import FORMATS, centrelines, skeleton_links, write_vectors
+from crackseg.cracks.vectors import FORMATS, centrelines, layer_files, skeleton_links, write_vectors
 from crackseg.cracks.widths import WidthClasses, in_mm
 from crackseg.data.images import crack_mask
 
@@ -91,7 +91,7 @@ class PredictionsFolder:
         if spec.overlay and not raster:
             paths.append(self.overlay(name))
         if spec.vectors:
-            paths.append(self.vectors(name, spec.vectors))
+            paths += layer_files(self.vectors(name, spec.vectors))
         return paths
 
     def name_of(self, mask: Path) -> str:
@@ -230,7 +230,7 @@ def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image:
     row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, "ok")
     if spec.vectors:
         lines = centrelines(skeleton_links(skeletonize(labels > 0), labels))
-        write_vectors(folder.vectors(name, spec.vectors), crack_rows, lines, None)
+        write_vectors(folder.vectors(name, spec.vectors), crack_rows, lines, None, spec.width_classes)
     return row, crack_rows
 
 
@@ -287,14 +287,20 @@ def table_rows(path: Path, mask_path: Path, counts: dict, cracks: list[CrackMeas
             item |= in_mm(item, spec.px_size)
     if spec.width_classes is not None and spec.px_size is not None:
         classes = spec.width_classes
-        lengths = dict.fromkeys(classes.labels, 0.0)
         for item in crack_rows:
             item["max_width_class"] = classes.classify(item["max_width_mm"])
             item["mean_width_class"] = classes.classify(item["mean_width_mm"])
-            lengths[item["max_width_class"]] += item["length_mm"]
-        row |= {f"length_mm[{label}]": round(value, 4) for label, value in lengths.items()}
+        row |= {f"length_mm[{label}]": length for label, length in _length_by_class(classes, crack_rows).items()}
     row["status"] = status
     return row, crack_rows
+
+
+def _length_by_class(classes: WidthClasses, crack_rows: list[dict]) -> dict[str, float]:
+    """Length in mm per class of the width the standard grades (its ``graded_column`` of cracks.csv)."""
+    lengths = dict.fromkeys(classes.labels, 0.0)
+    for item in crack_rows:
+        lengths[item[classes.graded_column]] += item["length_mm"]
+    return {label: round(length, 4) for label, length in lengths.items()}
 
 
 def write_summary(folder: PredictionsFolder, rows: list[dict], crack_rows: list[dict], spec: OutputSpec, warnings: list[str],
@@ -321,13 +327,9 @@ def write_summary(folder: PredictionsFolder, rows: list[dict], crack_rows: list[
             summary["length_mm"] = round(sum(r["length_mm"] for r in crack_rows), 4)
         if spec.width_classes is not None and in_mm:
             classes = spec.width_classes
-            by_class = dict.fromkeys(classes.labels, 0.0)
-            for item in crack_rows:
-                by_class[item["max_width_class"]] += item["length_mm"]
-            summary["width_classes"] = {
-                "name": classes.name, "edges_mm": list(classes.edges_mm), "labels": list(classes.labels), "by": "max width",
-                "length_mm": {label: round(value, 4) for label, value in by_class.items()},
-                "cracks": {label: sum(r["max_width_class"] == label for r in crack_rows) for label in classes.labels},
+            summary["width_classes"] = classes.as_dict() | {
+                "length_mm": _length_by_class(classes, crack_rows),
+                "cracks": {label: sum(r[classes.graded_column] == label for r in crack_rows) for label in classes.labels},
             }
     write_atomic(folder.summary_json, json.dumps(summary, indent=1) + "\n")
     return summary

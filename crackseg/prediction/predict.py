@@ -37,7 +37,7 @@ from crackseg.core.config import (
 from crackseg.core.errors import InputError
 from crackseg.cracks.vectors import FORMATS as VECTOR_FORMATS
 from crackseg.cracks.vectors import require_geo
-from crackseg.cracks.widths import WidthClasses
+from crackseg.cracks.widths import PX_PER_BAND, WidthClasses
 from crackseg.data.images import IMAGE_SUFFIXES, describe_error, load_image
 from crackseg.data.rasters import gdal_settings
 from crackseg.model import distributed
@@ -73,7 +73,7 @@ class PredictOptions:
     recursive: bool = False
     join_gap: str = JOIN_GAP  # "12px" or "3mm": gaps within one crack that are bridged
     min_length: str = MIN_LENGTH  # cracks shorter than this are left out of tables and overlays
-    width_classes: str | None = None  # bre251, aci224 or edges in mm; needs px_size
+    width_classes: str | None = None  # a preset of WIDTH_CLASS_PRESETS or edges in mm; needs px_size
     report: bool = False  # also write OUT/report.html
     vectors: str | None = None  # geojson or gpkg: OUT/vectors/<name>.<ext>, one centreline per crack
     max_pixels: int = MAX_PIXELS  # larger rasters are refused
@@ -348,12 +348,15 @@ def _output_specs(listed: list[tuple[Path, str]], scales: dict[int, float | None
 
 
 def _resolution_warnings(spec: OutputSpec) -> list[str]:
-    """Width classes finer than a pixel cannot be told apart: a width is known to about +-1 px."""
+    """Width classes whose narrowest band spans under :data:`~crackseg.cracks.widths.PX_PER_BAND` pixels cannot be
+    trusted (a width is known to about +-1 px): the warning names the pixel size they need."""
     classes = spec.width_classes
-    if classes is None or spec.px_size is None or classes.narrowest_band_mm() >= spec.px_size:
+    if classes is None or spec.px_size is None or spec.px_size <= classes.coarsest_px_size_mm():
         return []
-    return [f"width classes {classes.name}: the narrowest band is {classes.narrowest_band_mm():g} mm, less than one pixel "
-            f"({spec.px_size:g} mm); widths are known to about +-1 px, so cracks near a band edge may be classed one band off"]
+    band = classes.narrowest_band_mm()
+    return [f"width classes {classes.described}: the narrowest band is {band:g} mm, {band / spec.px_size:.2g} px at {spec.px_size:g} mm "
+            f"per pixel; widths are known to about +-1 px, so cracks near a band edge may be classed one band off; the classes need "
+            f"a pixel size of {classes.coarsest_px_size_mm():.3g} mm or finer ({PX_PER_BAND} px per band)"]
 
 
 def crack_fraction_warning(rows: list[dict], threshold: float) -> str | None:
@@ -382,7 +385,9 @@ def _summary_line(summary: dict) -> str:
             line += f" (pixel size {summary['px_size_mm']:g} mm)"
     classes = summary.get("width_classes")
     if classes:
-        line += "; length by max-width class (mm): " + ", ".join(f"{k}: {v:g}" for k, v in classes["length_mm"].items())
+        standard = f" ({classes['title']})" if classes["title"] else ""
+        line += (f"; length by {classes['graded']}-width class{standard}, mm: "
+                 + ", ".join(f"{k}: {v:g}" for k, v in classes["length_mm"].items()))
     return line
 
 

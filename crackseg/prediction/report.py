@@ -157,10 +157,14 @@ function summary() {
     : "no pixel size: lengths and widths in pixels"));
   for (const w of S.warnings || []) box.append(el("p", {class: "warn"}, "warning: " + w));
   const wc = S.width_classes;
-  if (wc) {
-    const table = el("table", {id: "classes"}, el("tr", {}, el("th", {}, `width class (${wc.name}, by ${wc.by})`), el("th", {}, "cracks"), el("th", {}, "length")));
-    for (const label of wc.labels) table.append(el("tr", {}, el("td", {}, label), el("td", {}, String(wc.cracks[label])), el("td", {}, num(wc.length_mm[label] / 1000, 3) + " m")));
-    box.append(el("h2", {}, "Length by width class"), table);
+  if (wc) {  // a summary written before the standards' presets has no ranges_mm or title
+    const range = label => wc.ranges_mm ? [el("td", {}, wc.ranges_mm[label] + " mm")] : [];
+    const table = el("table", {id: "classes"}, el("tr", {}, el("th", {}, "class"), ...(wc.ranges_mm ? [el("th", {}, `${wc.by} w`)] : []),
+      el("th", {}, "cracks"), el("th", {}, "length")));
+    for (const label of wc.labels) table.append(el("tr", {}, el("td", {}, label), ...range(label), el("td", {}, String(wc.cracks[label])),
+      el("td", {}, num(wc.length_mm[label] / 1000, 3) + " m")));
+    const standard = wc.title ? `${wc.title} (--width-classes ${wc.name})` : `classes at ${wc.edges_mm.join(", ")} mm`;
+    box.append(el("h2", {}, "Length by width class"), el("p", {id: "classes-standard"}, `${standard}: each crack is classed by its ${wc.by}`), table);
   }
 }
 function evaluation() {

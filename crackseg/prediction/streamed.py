@@ -172,7 +172,7 @@ def _raster_rows(raster: Raster, folder: PredictionsFolder, status: str,
             item |= {"x_min": min(xs), "y_min": min(ys), "x_max": max(xs), "y_max": max(ys)}
     if spec.vectors:
         write_vectors(folder.vectors(raster.name, spec.vectors), crack_rows, centrelines(links, transform),
-                      counts["crs"] or None)
+                      counts["crs"] or None, spec.width_classes)
     return row, crack_rows
 
 

@@ -58,6 +58,26 @@ def test_a_mistake_caught_while_parsing_is_one_line_not_the_usage(args, named):
     assert result.stderr.startswith("crackseg: error: ") and named in result.stderr and "--help" in result.stderr
 
 
+@pytest.mark.parametrize("command", [["predict", "in", "--checkpoint", "m.pt", "--out", "o"], ["compare", "a", "b", "--out", "o"]])
+def test_width_classes_help_lists_every_preset_and_a_bad_name_is_one_line(command):
+    import contextlib
+    import io
+
+    from crackseg.cracks.widths import WIDTH_CLASS_PRESETS
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args([command[0], "--help"])
+    text = " ".join(out.getvalue().split())  # as argparse wraps it
+    for name, preset in WIDTH_CLASS_PRESETS.items():
+        assert f"{name} ({preset.title}: {', '.join(f'{edge:g}' for edge in preset.edges_mm)} mm, {preset.graded} width)" in text
+    for name in WIDTH_CLASS_PRESETS:
+        assert build_parser().parse_args([*command, "--width-classes", name]).width_classes == name
+    code, err = _main(*command, "--width-classes", "mbei")
+    assert code == 2 and err.count("\n") == 1 and err.startswith("crackseg: error: argument --width-classes: must be bre251, aci224")
+    assert "d6433-pcc or increasing widths in mm" in err and "'mbei'" in err
+
+
 def test_input_error_is_one_line_naming_the_path(tmp_path):
     assert _run("synth", str(tmp_path), "--count", "1", "--size", "32").returncode == 0
     result = _run("synth", str(tmp_path), "--count", "1", "--size", "32")

@@ -12,6 +12,8 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -268,6 +270,7 @@ def test_geotiff_pairs_align_by_map_coordinates_with_other_origins_and_pixel_siz
     assert 500_000 < float(longer["x_min"]) < float(longer["x_max"]) < 500_003 and float(longer["y_max"]) < 6_000_000
     layer = json.loads((out / "vectors" / "ortho.geojson").read_text())
     assert {feature["properties"]["status"] for feature in layer["features"]} == {"longer", "unchanged"}
+    assert 'type="categorizedSymbol" attr="status"' in (out / "vectors" / "ortho.qml").read_text()  # QGIS's style beside it
     assert "32633" in json.dumps(layer.get("crs", {}))
 
 
@@ -498,6 +501,54 @@ def test_the_register_of_photos_has_mm_and_width_classes_with_a_pixel_size(tmp_p
         row = next(row for key, row in changed.items() if key[survey - 1] == str(crack))
         assert mm == pytest.approx(float(row[f"max_width_mm_{side}"]), abs=1e-3)
         assert width_class == row[f"max_width_class_{side}"]
+
+
+def test_a_standard_grading_mean_width_classes_changes_and_the_register_by_mean_width(tmp_path):
+    """ASTM D6433 grades a pavement crack by its mean width. A 3 px crack with a 15 px knot widens to 11 px: at 1 mm per
+    pixel its max width stays M (the knot), its mean goes from L to M. changes.csv and the register name their class
+    columns after the graded width, the class changed, and the summary and the report read those columns."""
+    texture, knot = _texture(), (100, 200, 100, 215, 15)
+    visits = []
+    for number, width in enumerate([3, 11]):
+        mask = _draw([(100, 60, 100, 400, width), knot])
+        visits.append(_write_visit(tmp_path / f"v{number}", _photo(texture, mask), mask))
+    register, out = tmp_path / "site.gpkg", tmp_path / "out"
+    assert main(["compare", *map(str, visits), "--out", str(out), "--register", str(register), "--px-size", "1", "--report",
+                 "--width-classes", "d6433-ac", "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    (row,) = _rows(out / "changes.csv")
+    assert float(row["mean_width_mm_before"]) < 10 <= float(row["mean_width_mm_after"]) and float(row["max_width_mm_before"]) >= 10
+    assert (row["mean_width_class_before"], row["mean_width_class_after"], row["class_changed"]) == ("L", "M", "True")
+    assert not any(key.startswith("max_width_class") for key in row)
+    classes = json.loads((out / "summary.json").read_text())["width_classes"]
+    assert (classes["name"], classes["graded"], classes["class_changed"]) == ("d6433-ac", "mean", 1)
+    with sqlite3.connect(register) as db:
+        assert db.execute("SELECT mean_width_class, max_width_class FROM cracks ORDER BY survey").fetchall() == [("L", None), ("M", None)]
+    page = (out / "report.html").read_text(encoding="utf-8")
+    data = json.loads(page.split("const DATA = ", 1)[1].split(";\nconst PAGE_ROWS", 1)[0])
+    (change,) = data["pairs"][0]["changes"]
+    assert (change["class_before"], change["class_after"], change["class_changed"]) == ("L", "M", True)
+    assert data["summary"]["classes"] == "ASTM D6433, asphalt, by mean width"
+
+
+def test_a_register_older_than_the_mean_width_class_gets_the_column(tmp_path):
+    """Registers written before the standards that grade mean width have max_width_class alone: an append adds the other."""
+    from crackseg.monitoring import history
+
+    texture = _texture()
+    visits = [_write_visit(tmp_path / f"v{number}", _photo(texture, _draw([A, B])), _draw([A, B])) for number in range(3)]
+    register = tmp_path / "site.gpkg"
+    dates = ["2023-01-01", "2024-01-01", "2025-01-01"]
+    assert main(["compare", str(visits[0]), str(visits[1]), "--out", str(tmp_path / "o1"), "--register", str(register),
+                 "--px-size", "1", "--width-classes", "bre251", "--before-date", dates[0], "--after-date", dates[1]]) == 0
+    with sqlite3.connect(register) as db:
+        db.execute('ALTER TABLE cracks DROP COLUMN "mean_width_class"')
+    assert main(["compare", str(visits[1]), str(visits[2]), "--out", str(tmp_path / "o2"), "--register", str(register),
+                 "--px-size", "1", "--width-classes", "d6433-ac", "--before-date", dates[1], "--after-date", dates[2]]) == 0
+    with sqlite3.connect(register) as db:
+        rows = db.execute("SELECT survey, max_width_class, mean_width_class FROM cracks ORDER BY survey, crack").fetchall()
+    assert [(survey, bool(max_class), mean_class) for survey, max_class, mean_class in rows] == \
+        [(1, True, None), (1, True, None), (2, True, None), (2, True, None), (3, False, "L"), (3, False, "L")]
+    assert len(history.width_history(register, dates[0], "wall", 1)) == 3
 
 
 def _register_lock(register: Path, pid: int) -> Path:
@@ -804,3 +855,40 @@ def test_a_register_that_cannot_take_the_comparison_is_refused_before_any_work(t
         assert stat.S_IMODE(register.stat().st_mode) == 0o444
     if case == "another compare appending":
         assert lock.exists()
+
+
+def test_the_change_layer_and_the_register_open_in_qgis_styled(tmp_path):
+    """The change layer's default style colours its status as the report does, the register's its cracks by the graded
+    width class; GDAL reads both back as written. compare --overwrite without --vectors then removes that change layer
+    (an earlier compare's, its style table beside it), never the register."""
+    pyogrio = pytest.importorskip("pyogrio")
+    from crackseg.monitoring.report import STATUS_COLOURS
+
+    texture, visits = _texture(), []
+    for number, width in enumerate([3, 7]):
+        mask = _draw([A, B[:4] + (width,)])
+        visits.append(_write_visit(tmp_path / f"v{number}", _photo(texture, mask), mask))
+    register, out = tmp_path / "site.gpkg", tmp_path / "out"
+    assert main(["compare", *map(str, visits), "--out", str(out), "--vectors", "gpkg", "--register", str(register), "--px-size",
+                 "0.5", "--width-classes", "bre251", "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    layer = out / "vectors" / "wall.gpkg"
+    renderers = {}
+    for path, name in ((layer, "changes"), (register, "cracks")):
+        geometry = pyogrio.read_info(path, layer=name)["geometry_name"]
+        where = f"f_table_schema = '' AND f_table_name = '{name}' AND f_geometry_column = '{geometry}' AND useAsDefault"
+        info, _, _, fields = pyogrio.raw.read(path, layer="layer_styles", where=where, read_geometry=False)
+        (qml,) = dict(zip(info["fields"], fields))["styleQML"]
+        renderers[name] = ET.fromstring(qml).find("renderer-v2")
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    changes = renderers["changes"]
+    assert (changes.get("type"), changes.get("attr")) == ("categorizedSymbol", "status")
+    assert [category.get("value") for category in changes.iter("category")] == list(STATUS_COLOURS)
+    colours = [option.get("value") for option in changes.iter("Option") if option.get("name") == "line_color"]
+    assert colours == [",".join(map(str, (*colour, 255))) for colour in STATUS_COLOURS.values()]
+    cracks = renderers["cracks"]
+    assert cracks.get("attr") == "max_width_class"
+    assert [category.get("value") for category in cracks.iter("category")] == ["0", "1", "2", "3", "4", "5", ""]
+
+    assert main(["compare", *map(str, visits), "--out", str(out), "--overwrite"]) == 0
+    assert not layer.exists() and register.exists()

@@ -9,6 +9,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from contextlib import closing
 from pathlib import Path
 
@@ -18,6 +19,7 @@ pyogrio = pytest.importorskip("pyogrio")
 shapely = pytest.importorskip("shapely")
 
 from crackseg.core.errors import InputError  # noqa: E402
+from crackseg.cracks.widths import WIDTH_CLASS_PRESETS  # noqa: E402
 from crackseg.monitoring import history  # noqa: E402
 from crackseg.monitoring.history import WIDTH_HISTORY, Survey, append_comparison, check_append, width_history  # noqa: E402
 from conftest import read_only_mount  # noqa: E402
@@ -76,10 +78,15 @@ def test_three_visits_make_one_register_that_follows_a_crack_through_them(tmp_pa
                                ORDER BY b.survey, b.crack""") == [
         (1, 1, 2, 1, "longer"), (1, 2, 2, 2, "wider"), (2, 1, 3, 1, "wider"), (2, 3, 3, 2, "unchanged")]
 
-    # GIS tools list the three tables: one layer of lines, two attribute tables
-    assert sorted(map(tuple, pyogrio.list_layers(register))) == [("cracks", "MultiLineString"), ("links", None), ("surveys", None)]
+    # GIS tools list the three tables: one layer of lines, two attribute tables; and QGIS's layer_styles
+    assert sorted(map(tuple, pyogrio.list_layers(register))) == [
+        ("cracks", "MultiLineString"), ("layer_styles", None), ("links", None), ("surveys", None)]
     assert sorted(_table(register, "SELECT table_name, data_type FROM gpkg_contents")) == [
-        ("cracks", "features"), ("links", "attributes"), ("surveys", "attributes")]
+        ("cracks", "features"), ("layer_styles", "attributes"), ("links", "attributes"), ("surveys", "attributes")]
+    # the cracks' default style, as QGIS selects it; made without width classes: red lines
+    assert [(name, 'type="singleSymbol"' in qml) for name, qml in _table(
+        register, "SELECT f_table_name, styleQML FROM layer_styles WHERE f_table_schema = '' AND f_geometry_column = 'geom' "
+                  "AND useAsDefault")] == [("cracks", True)]
     info, _, geometries, fields = pyogrio.raw.read(register, layer="cracks")
     columns = dict(zip(info["fields"], fields))
     assert info["crs"] is None and [int(v) for v in columns["crack"]] == [1, 2, 1, 2, 3, 1, 2]
@@ -111,6 +118,18 @@ def test_a_georeferenced_register_keeps_its_crs_and_map_coordinates(tmp_path):
     info, _, geometries, _ = pyogrio.raw.read(register, layer="cracks")
     assert info["crs"] == "EPSG:32633"
     assert [line.bounds for line in shapely.from_wkb(geometries)] == [(east, north - 1, east + 2, north), (east, north - 1, east + 2.5, north)]
+
+
+def test_a_register_made_with_width_classes_opens_in_qgis_coloured_by_the_graded_class(tmp_path):
+    """The style is the first comparison's: a later append leaves it (and any style saved in QGIS) alone."""
+    register, classes = tmp_path / "site.gpkg", WIDTH_CLASS_PRESETS["d6433-pcc"]
+    append_comparison(register, VISITS[0], VISITS[1], (CRACKS[0], CRACKS[1]), LINKS[0], None, classes)
+    _compare(register, 1)
+    ((name, qml),) = _table(register, "SELECT f_table_name, styleQML FROM layer_styles WHERE useAsDefault")
+    renderer = ET.fromstring(qml).find("renderer-v2")
+    assert name == "cracks" and (renderer.get("type"), renderer.get("attr")) == ("categorizedSymbol", "mean_width_class")
+    assert [category.get("value") for category in renderer.iter("category")] == ["L", "M", "H", ""]  # NULL: "no class"
+    _assert_valid_geopackage(register, 7)
 
 
 def test_an_error_in_the_middle_of_an_append_leaves_the_register_as_it_was(tmp_path, monkeypatch):
@@ -256,7 +275,8 @@ def _assert_valid_geopackage(register: Path, features: int) -> None:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert db.execute("SELECT rtreecheck('rtree_cracks_geom')").fetchone()[0] == "ok"
         counts = dict(db.execute("SELECT table_name, feature_count FROM gpkg_ogr_contents"))
-        assert counts == {table: db.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in ("surveys", "cracks", "links")}
+        tables = ("surveys", "cracks", "links", "layer_styles")
+        assert counts == {table: db.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in tables}
         indexed = db.execute("SELECT id, minx, maxx, miny, maxy FROM rtree_cracks_geom ORDER BY id").fetchall()
         extent = db.execute("SELECT min_x, min_y, max_x, max_y FROM gpkg_contents WHERE table_name = 'cracks'").fetchone()
     info = pyogrio.read_info(register, layer="cracks", force_feature_count=True, force_total_bounds=True)

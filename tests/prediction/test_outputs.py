@@ -61,7 +61,7 @@ def test_overlay_writes_each_id_beside_its_crack():
         assert (patch.min(axis=2) > 230).any() and np.abs(patch - without[row + 3 : row + 15, col + 3 : col + 12]).max() > 100
 
 
-def test_summary_totals_the_run_and_warns_about_sub_pixel_classes(tmp_path):
+def test_summary_totals_the_run_by_the_graded_width(tmp_path):
     spec = OutputSpec(px_size=0.5, join_gap_px=8, min_length_px=10, width_classes=WidthClasses.parse("aci224"))
     image = torch.zeros((3, 120, 200), dtype=torch.uint8)
     rows, crack_rows = [], []
@@ -69,17 +69,60 @@ def test_summary_totals_the_run_and_warns_about_sub_pixel_classes(tmp_path):
         row, cracks = write_image_outputs(PredictionsFolder(tmp_path), tmp_path / f"{name}.jpg", name, image, _crack_probability(), 0.5, spec)
         rows.append(row)
         crack_rows += cracks
-    options = PredictOptions(out=tmp_path, px_size=0.5, width_classes="aci224")
-    from crackseg.prediction.predict import _resolution_warnings
-
-    warnings = _resolution_warnings(options.output_spec())
-    assert len(warnings) == 1 and "less than one pixel (0.5 mm)" in warnings[0]
-    summary = write_summary(PredictionsFolder(tmp_path), rows, crack_rows, spec, warnings)
-    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    summary = write_summary(PredictionsFolder(tmp_path), rows, crack_rows, spec, ["a warning"])
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary and summary["warnings"] == ["a warning"]
     assert summary["images"] == 2 and summary["cracks"] == 4
     assert summary["length_mm"] == pytest.approx(sum(r["length_mm"] for r in crack_rows))
     assert sum(summary["width_classes"]["length_mm"].values()) == pytest.approx(summary["length_mm"])
     assert summary["widest"]["max_width_px"] == max(r["max_width_px"] for r in crack_rows)
+    classes = summary["width_classes"]
+    assert (classes["title"], classes["graded"], classes["by"]) == ("ACI 224R", "max", "max width")
+    assert classes["cracks"] == {label: sum(r["max_width_class"] == label for r in crack_rows) for label in classes["labels"]}
+
+
+def _pavement_crack_probability() -> torch.Tensor:
+    """A 4 px crack 220 px long with a 14 px wide knot: at 1 mm per pixel its mean width is under ASTM D6433's 10 mm
+    (L), its max width over it (M)."""
+    prob = torch.zeros(60, 240)
+    prob[28:32, 10:230] = 0.9
+    prob[23:37, 100:116] = 0.9
+    return prob
+
+
+def test_a_standard_grading_mean_width_totals_lengths_by_the_mean_width_class(tmp_path):
+    spec = OutputSpec(px_size=1.0, join_gap_px=8, min_length_px=10, width_classes=WidthClasses.parse("d6433-ac"))
+    image = torch.zeros((3, 60, 240), dtype=torch.uint8)
+    row, cracks = write_image_outputs(PredictionsFolder(tmp_path), tmp_path / "a.jpg", "a", image, _pavement_crack_probability(), 0.5, spec)
+    (crack,) = cracks
+    assert crack["mean_width_mm"] < 10 <= crack["max_width_mm"] < 75
+    assert (crack["mean_width_class"], crack["max_width_class"]) == ("L", "M")  # cracks.csv keeps both
+    assert (row["length_mm[L]"], row["length_mm[M]"], row["length_mm[H]"]) == (crack["length_mm"], 0.0, 0.0)
+    classes = write_summary(PredictionsFolder(tmp_path), [row], cracks, spec, [])["width_classes"]
+    assert (classes["graded"], classes["by"], classes["title"]) == ("mean", "mean width", "ASTM D6433, asphalt")
+    assert classes["cracks"] == {"L": 1, "M": 0, "H": 0} and classes["length_mm"]["L"] == crack["length_mm"]
+    assert classes["ranges_mm"] == {"L": "w < 10", "M": "10 <= w < 75", "H": "w >= 75"}
+
+
+@pytest.mark.parametrize("preset, px_size, needed", [
+    ("mbei-psc", 0.05, "0.0339 mm"),  # narrowest band 0.1016 mm: 2 px
+    ("mbei-psc", 0.0338, None),
+    ("ec2", 0.1, "0.0333 mm"),  # 0.3-0.4 mm: 1 px
+    ("d6433-ac", 3.3, None),  # 10 mm: 3 px
+    ("d6433-ac", 5.0, "3.33 mm"),
+    ("0.5,1", 0.2, "0.167 mm"),  # custom edges: named without a standard
+])
+def test_a_pixel_size_too_coarse_for_three_pixels_per_band_names_the_pixel_size_needed(tmp_path, preset, px_size, needed):
+    from crackseg.prediction.predict import _resolution_warnings
+
+    warnings = _resolution_warnings(PredictOptions(out=tmp_path, px_size=px_size, width_classes=preset).output_spec())
+    if needed is None:
+        assert warnings == []
+        return
+    classes = WidthClasses.parse(preset)
+    (warning,) = warnings
+    assert warning.startswith(f"width classes {classes.described}: the narrowest band is {classes.narrowest_band_mm():g} mm")
+    assert f"at {px_size:g} mm per pixel" in warning and f"the classes need a pixel size of {needed} or finer (3 px per band)" in warning
+    assert "\n" not in warning
 
 
 @pytest.mark.parametrize("options, message", [

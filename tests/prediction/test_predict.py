@@ -354,3 +354,36 @@ def test_a_tenth_of_the_photos_mostly_crack_is_warned_about(tmp_path, dark_check
     (tmp_path / "img10.png").rename(tmp_path / "in" / "img10.png")
     assert predict_cli("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "eleven") == 0
     assert _warnings(tmp_path / "eleven", capsys) == ([], [])
+
+
+def test_a_pavement_standard_grades_each_crack_by_its_mean_width_and_a_bridge_one_by_its_max(tmp_path, dark_checkpoint, capsys):
+    """A dark 4 px crack with a 14 px knot, at 1 mm per pixel: mean width under 10 mm, max width over it. ASTM D6433
+    grades the mean (L), AASHTO MBEI the max (CS3): the length per class, the summary and its line follow the graded
+    width, cracks.csv keeps both classes, and --skip-existing gives the same figures."""
+    photo = np.full((60, 240, 3), 200, np.uint8)
+    photo[28:32, 10:230] = photo[23:37, 100:116] = 20
+    (tmp_path / "in").mkdir()
+    Image.fromarray(photo).save(tmp_path / "in" / "road.png")
+    flags = ["--checkpoint", dark_checkpoint, tmp_path / "in", "--px-size", "1"]
+    assert predict_cli(*flags, "--out", tmp_path / "road", "--width-classes", "d6433-ac") == 0
+    printed = capsys.readouterr()
+    (crack,) = csv_rows(tmp_path / "road" / "cracks.csv")
+    assert float(crack["mean_width_mm"]) < 10 <= float(crack["max_width_mm"])
+    assert (crack["mean_width_class"], crack["max_width_class"]) == ("L", "M")
+    (row,) = csv_rows(tmp_path / "road" / "predictions.csv")
+    assert float(row["length_mm[L]"]) == pytest.approx(float(crack["length_mm"])) and float(row["length_mm[M]"]) == 0
+    summary = json.loads((tmp_path / "road" / "summary.json").read_text())
+    assert summary["width_classes"]["cracks"] == {"L": 1, "M": 0, "H": 0} and summary["warnings"] == []
+    assert f"length by mean-width class (ASTM D6433, asphalt), mm: L: {float(crack['length_mm']):g}, M: 0, H: 0" in printed.out
+    assert "warning" not in printed.err  # 1 mm per pixel: 10 px across D6433's narrowest band
+
+    assert predict_cli(*flags, "--out", tmp_path / "road", "--width-classes", "d6433-ac", "--skip-existing") == 0
+    assert csv_rows(tmp_path / "road" / "predictions.csv")[0] | {"status": "ok"} == row
+    assert json.loads((tmp_path / "road" / "summary.json").read_text())["width_classes"] == summary["width_classes"]
+
+    assert predict_cli(*flags, "--out", tmp_path / "bridge", "--width-classes", "mbei-rc") == 0
+    (row,) = csv_rows(tmp_path / "bridge" / "predictions.csv")
+    assert float(row["length_mm[CS3]"]) == pytest.approx(float(crack["length_mm"])) and float(row["length_mm[CS1]"]) == 0
+    err = capsys.readouterr().err
+    assert "width classes mbei-rc (AASHTO MBEI, reinforced concrete): the narrowest band is 0.3048 mm" in err
+    assert "the classes need a pixel size of 0.102 mm or finer" in err

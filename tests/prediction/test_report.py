@@ -189,6 +189,28 @@ def test_the_report_of_rasters_in_two_scales_gives_metres_and_says_whose_scale(t
         driver.quit()
 
 
+@needs_browser
+def test_the_legend_of_width_classes_names_the_standard_its_classes_and_the_width_it_grades(tmp_path, dark_checkpoint):
+    from selenium.webdriver.common.by import By
+
+    photo = np.full((60, 240, 3), 200, np.uint8)
+    photo[28:32, 10:230] = photo[23:37, 100:116] = 20  # mean width about 5 mm (L), max 14 mm (M)
+    (tmp_path / "in").mkdir()
+    Image.fromarray(photo).save(tmp_path / "in" / "road.png")
+    assert predict_cli("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--px-size", "1",
+                       "--width-classes", "d6433-ac", "--report") == 0
+    driver = browser()
+    try:
+        driver.get((tmp_path / "out" / "report.html").as_uri())
+        text = lambda css: driver.find_element(By.CSS_SELECTOR, css).text  # noqa: E731
+        assert_soon(driver, lambda: text("#classes-standard"), "ASTM D6433, asphalt (--width-classes d6433-ac): each crack is classed by its mean width")
+        rows = [[cell.text for cell in row.find_elements(By.CSS_SELECTOR, "th, td")] for row in driver.find_elements(By.CSS_SELECTOR, "#classes tr")]
+        assert rows[0] == ["class", "mean width w", "cracks", "length"]
+        assert [row[:3] for row in rows[1:]] == [["L", "w < 10 mm", "1"], ["M", "10 <= w < 75 mm", "0"], ["H", "w >= 75 mm", "0"]]
+    finally:
+        driver.quit()
+
+
 def test_an_evaluation_under_another_protocol_is_refused_in_one_line(tmp_path):
     from crackseg.core.errors import InputError
     from crackseg.prediction.report import write_report
