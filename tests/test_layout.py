@@ -28,9 +28,10 @@ ALLOWED = {
     "prediction": {"model", "cracks", "data", "core"},
     "labels": {"prediction", "data", "core"},
     "monitoring": {"prediction", "cracks", "data", "core"},
-    "cli": {"core", "data", "cracks", "model", "evaluation", "training", "prediction", "labels", "monitoring"},
+    "integrations": {"labels", "prediction", "data", "core"},
+    "cli": {"core", "data", "cracks", "model", "evaluation", "training", "prediction", "labels", "monitoring", "integrations"},
 }
-TORCH_FREE = ("core", "data", "cracks", "labels", "monitoring", "cli")
+TORCH_FREE = ("core", "data", "cracks", "labels", "monitoring", "integrations", "cli")
 MAX_LINES = 450
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from crackseg.cli import compare, data, evaluate, labels, predict, train
+from crackseg.cli import compare, data, evaluate, labels, predict, serve, train
 from crackseg.cli.options import HelpFormatter, Parser
 from crackseg.core.errors import InputError, RunError
 from crackseg.core.version import __version__
 
-COMMAND_GROUPS = (data, train, predict, labels, compare, evaluate)  # in the order --help lists their commands
+COMMAND_GROUPS = (data, train, predict, labels, serve, compare, evaluate)  # in the order --help lists their commands
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -101,10 +101,15 @@ def _refuse_colours(image: Image.Image) -> None:
 def image_pixels(path: Path) -> np.ndarray:
     """(H, W, 3) uint8 RGB as displayed; grey, palette, RGBA, CMYK and 16-bit files are converted."""
     with Image.open(path) as image:
-        image = _upright(image)
-        if image.mode.startswith("I"):
-            return np.repeat(_grey_levels(image)[..., None], 3, axis=2)
-        return np.asarray(image.convert("RGB")).copy()
+        return picture_pixels(image)
+
+
+def picture_pixels(image: Image.Image) -> np.ndarray:
+    """:func:`image_pixels` of an image already opened (one an annotation tool hands over)."""
+    image = _upright(image)
+    if image.mode.startswith("I"):
+        return np.repeat(_grey_levels(image)[..., None], 3, axis=2)
+    return np.asarray(image.convert("RGB")).copy()
 
 
 def load_image(path: Path) -> torch.Tensor:

@@ -251,17 +251,20 @@ def brush_encode(mask: np.ndarray) -> list[int]:
 
 def labelstudio_document(items: Iterable[tuple[str, np.ndarray]], rle: bool) -> list[dict]:
     """Label Studio tasks with the masks as predictions (pre-annotations): a polygon per crack, or one brush per image."""
-    tasks = []
-    for name, mask in items:
-        height, width = mask.shape
-        common = {"from_name": LS_FROM, "to_name": LS_TO, "original_width": width, "original_height": height, "image_rotation": 0}
-        if rle:
-            values = [{"format": "rle", "rle": brush_encode(mask), "brushlabels": [CRACK]}] if mask.any() else []
-        else:
-            values = [{"points": (edge_polygon(component, origin) * [100.0 / width, 100.0 / height]).tolist(),
-                       "polygonlabels": [CRACK], "closed": True} for component, origin in crack_components(mask)]
-        kind = "brushlabels" if rle else "polygonlabels"
-        results = [common | {"id": f"crack{number}", "type": kind, "value": value} for number, value in enumerate(values, 1)]
-        prediction = {"model_version": f"crackseg {__version__}", "result": results}
-        tasks.append({"data": {LS_TO: _local_files_url(name)}, "predictions": [prediction]})
-    return tasks
+    return [{"data": {LS_TO: _local_files_url(name)},
+             "predictions": [{"model_version": f"crackseg {__version__}", "result": labelstudio_results(mask, rle)}]}
+            for name, mask in items]
+
+
+def labelstudio_results(mask: np.ndarray, rle: bool, names: tuple[str, str] = (LS_FROM, LS_TO), label: str = CRACK) -> list[dict]:
+    """One image's results: a ``brushlabels`` brush of the whole mask, or a ``polygonlabels`` polygon per crack;
+    ``names`` are the (from_name, to_name) of the labelling config's tags, ``label`` the crack's label value."""
+    height, width = mask.shape
+    common = {"from_name": names[0], "to_name": names[1], "original_width": width, "original_height": height, "image_rotation": 0}
+    if rle:
+        values = [{"format": "rle", "rle": brush_encode(mask), "brushlabels": [label]}] if mask.any() else []
+    else:
+        values = [{"points": (edge_polygon(component, origin) * [100.0 / width, 100.0 / height]).tolist(),
+                   "polygonlabels": [label], "closed": True} for component, origin in crack_components(mask)]
+    kind = "brushlabels" if rle else "polygonlabels"
+    return [common | {"id": f"crack{number}", "type": kind, "value": value} for number, value in enumerate(values, 1)]

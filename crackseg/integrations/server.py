@@ -1,0 +1,352 @@
+"""Crackseg as a Label Studio ML backend: the routes Label Studio calls, served by Starlette under uvicorn.
+
+    crackseg serve label-studio --checkpoint best.pt        then, in Label Studio: Project > Settings > Model >
+                                                            Connect Model, Backend URL http://127.0.0.1:9090
+
+Routes (label-studio-ml-backend's api.py): ``GET /`` and ``/health``, ``POST /setup`` (the project's labelling config,
+checked), ``POST /predict`` (a result per task, in order), ``POST /webhook`` (acknowledged; crackseg does not train
+from it), ``GET /metrics``. With basic auth set every route needs it. Every error is ``{"error": "<one line>"}``
+with its status; the server keeps serving after it.
+
+A task's image is fetched as Label Studio serves it: its own URLs (``/data/upload/...``, ``/data/local-files/?d=...``,
+or any URL on ``LABEL_STUDIO_URL``'s host) with ``LABEL_STUDIO_API_KEY`` (a legacy token as ``Token KEY``; a
+personal access token, a JWT, exchanged at ``/api/token/refresh/`` for an access token sent as ``Bearer``), others
+without it. Tasks of one request run one after another; up to ``concurrency`` tasks (fetch, decoding, model) run at
+once across requests. When some tasks of a request fail, those get an empty result and an ``error``; when all fail,
+the request fails with the first task's error.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import hmac
+import io
+import json
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+import anyio
+import httpx
+import uvicorn
+from PIL import Image
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from crackseg.core.errors import InputError
+from crackseg.core.version import __version__
+from crackseg.data.images import DECODE_ERRORS, describe_error, picture_pixels
+from crackseg.integrations.label_studio import ProtocolError, Target, image_url, read_config
+from crackseg.prediction.outputs import uncertainty
+
+if TYPE_CHECKING:
+    from crackseg.prediction.session import PredictionSession  # torch: the caller loads it
+
+MIB = 2**20
+MAX_CONNECTIONS = 64  # open connections uvicorn takes before answering 503: bounds the requests waiting for a slot
+_REFRESH_PATH = "/api/token/refresh/"  # where Label Studio exchanges a personal access token for an access token
+_SHOWN_URL = 200  # characters of a URL quoted in an error
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How the backend reaches Label Studio and what it accepts; secrets stay out of its repr."""
+
+    label_studio_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    basic_auth: tuple[str, str] | None = field(default=None, repr=False)  # (user, password) every request must give
+    max_request_bytes: int = 16 * MIB
+    max_image_bytes: int = 64 * MIB
+    concurrency: int = 2  # tasks fetched, decoded and predicted at once
+    fetch_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        url = urlparse(self.label_studio_url or "http://host")
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise InputError(f"LABEL_STUDIO_URL must be Label Studio's http(s) address, e.g. http://localhost:8080, "
+                             f"got {self.label_studio_url!r}")
+
+
+class HttpError(HTTPException):
+    """A request or task that gets an HTTP error status and a one-line reason (``detail``)."""
+
+
+def model_version(checkpoint: Path) -> str:
+    """``crackseg VERSION NAME@DIGEST``: the first 8 hex digits of the model file's SHA-256 (a folder's files in
+    name order), so Label Studio tells two models apart even when both are called best.pt."""
+    path = Path(checkpoint)
+    files = sorted(item for item in path.iterdir() if item.is_file()) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for item in files:
+        with open(item, "rb") as file:
+            while chunk := file.read(MIB):
+                digest.update(chunk)
+    return f"crackseg {__version__} {path.name}@{digest.hexdigest()[:8]}"
+
+
+def build_app(session: PredictionSession, settings: ServerSettings, version: str) -> Starlette:
+    """The backend's app around a loaded model; ``version`` is the model_version Label Studio records."""
+    backend = _Backend(session, settings, version)
+    routes = [Route("/", backend.health), Route("/health", backend.health), Route("/metrics", backend.metrics),
+              Route("/setup", backend.setup, methods=["POST"]), Route("/predict", backend.predict, methods=["POST"]),
+              Route("/webhook", backend.webhook, methods=["POST"])]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _error_response, Exception: _bug_response},
+                    lifespan=backend.lifespan)
+    if settings.basic_auth is not None:
+        app.add_middleware(_BasicAuth, credentials=settings.basic_auth)
+    return app
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` (0: any free port), so the URL to give Label Studio is known before serving."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
+
+
+def serve(app: Starlette, listener: socket.socket) -> None:
+    """Serve ``app`` on ``listener`` until Ctrl-C or SIGTERM."""
+    config = uvicorn.Config(app, limit_concurrency=MAX_CONNECTIONS, server_header=False, log_level="info")
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+async def _error_response(request: Request, error: HTTPException) -> JSONResponse:
+    return JSONResponse({"error": error.detail}, error.status_code, headers=error.headers)
+
+
+async def _bug_response(request: Request, error: Exception) -> JSONResponse:
+    """A bug's one line for Label Studio; uvicorn logs its traceback."""
+    return JSONResponse({"error": f"crackseg failed: {type(error).__name__}: {error}".splitlines()[0]}, 500)
+
+
+class _Backend:
+    """The route handlers; the model runs in worker threads, at most ``concurrency`` tasks at once."""
+
+    def __init__(self, session: PredictionSession, settings: ServerSettings, version: str):
+        self._session, self._settings, self._version = session, settings, version
+        self._limiter = anyio.CapacityLimiter(settings.concurrency)
+        self._fetcher = _ImageFetcher(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette):
+        yield
+        self._fetcher.close()
+
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "UP", "model_class": "crackseg", "model_version": self._version})
+
+    async def metrics(self, request: Request) -> JSONResponse:
+        return JSONResponse({})
+
+    async def setup(self, request: Request) -> JSONResponse:
+        """Label Studio connecting a project: its labelling config must have a brush or polygon crack label."""
+        body = await _json_body(request, self._settings.max_request_bytes)
+        _target(body.get("schema"))
+        return JSONResponse({"model_version": self._version})
+
+    async def webhook(self, request: Request) -> JSONResponse:
+        body = await _json_body(request, self._settings.max_request_bytes)
+        return JSONResponse({"status": "ignored", "action": body.get("action"),
+                             "detail": "crackseg does not train from Label Studio: export the annotations, then "
+                                       "crackseg labels import and crackseg train"})
+
+    async def predict(self, request: Request) -> JSONResponse:
+        body = await _json_body(request, self._settings.max_request_bytes)
+        tasks = body.get("tasks")
+        if not isinstance(tasks, list) or not tasks:
+            raise HttpError(400, "no tasks: /predict takes {\"tasks\": [{\"id\": ..., \"data\": {...}}, ...], \"label_config\": ...}")
+        target = _target(body.get("label_config"))
+        entries, failures = [], []
+        for task in tasks:
+            try:
+                entries.append(await anyio.to_thread.run_sync(self._task_result, task, target, limiter=self._limiter))
+            except HttpError as error:
+                failures.append(error)
+                entries.append({"result": [], "score": 0.0, "model_version": self._version, "error": error.detail})
+        if len(failures) == len(tasks):
+            raise failures[0]
+        return JSONResponse({"results": entries})
+
+    def _task_result(self, task, target: Target) -> dict:
+        """One task's prediction: its image fetched and decoded, predict's mask as ``target``'s results, and as score
+        the share of pixels the model is sure of (Label Studio sorts tasks by it: least sure first to label)."""
+        try:
+            url, own = image_url(task, target, self._settings.label_studio_url)
+        except ProtocolError as error:
+            raise HttpError(422, str(error)) from None
+        where = f"task {task.get('id')}: {_shown(url)}"
+        pixels = _decoded(self._fetcher.fetch(url, own, where), where)
+        probabilities = self._session.probabilities(pixels)
+        score = 1.0 - uncertainty(probabilities, self._session.threshold)["uncertainty"]
+        return {"result": target.results(probabilities >= self._session.threshold), "score": score,
+                "model_version": self._version}
+
+
+def _target(config) -> Target:
+    try:
+        return read_config(config)
+    except ProtocolError as error:
+        raise HttpError(422, str(error)) from None
+
+
+async def _json_body(request: Request, limit: int) -> dict:
+    """The request's JSON object, read no further than ``limit`` bytes whatever Content-Length says."""
+    too_large = HttpError(413, f"request body over {limit} bytes (crackseg serve label-studio --max-request-mb)")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    try:
+        document = json.loads(body)
+    except ValueError as error:
+        raise HttpError(400, f"the request body is not JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise HttpError(400, f"the request body must be a JSON object, got {type(document).__name__}")
+    return document
+
+
+def _decoded(content: bytes, where: str):
+    """(H, W, 3) uint8 pixels of an image file's bytes, refused past Pillow's pixel limit before decoding."""
+    try:
+        with Image.open(io.BytesIO(content)) as image:
+            if image.width * image.height > (Image.MAX_IMAGE_PIXELS or float("inf")):
+                raise Image.DecompressionBombError("too many pixels")
+            return picture_pixels(image)
+    except DECODE_ERRORS as error:
+        raise HttpError(422, f"{where}: {describe_error(error)}") from None
+
+
+def _shown(url: str) -> str:
+    return url if len(url) <= _SHOWN_URL else url[:_SHOWN_URL] + "..."
+
+
+class _ImageFetcher:
+    """Image bytes over HTTP, with Label Studio's credentials for its own URLs only; thread-safe."""
+
+    def __init__(self, settings: ServerSettings):
+        self._settings = settings
+        self._client = httpx.Client(timeout=settings.fetch_timeout_s, follow_redirects=True)  # drops credentials off-host
+        self._refreshable = _jwt_claims(settings.api_key or "").get("token_type") == "refresh"  # a personal access token
+        self._access: str | None = None  # the access token it was exchanged for
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def fetch(self, url: str, own: bool, where: str) -> bytes:
+        headers = self._authorization(where) if own else {}
+        status, content = self._get(url, headers, where)
+        if status == 401 and own and self._refreshable:  # the access token expired
+            status, content = self._get(url, self._authorization(where, renew=True), where)
+        if status in (401, 403):
+            advice = ("check LABEL_STUDIO_API_KEY" if own else
+                      "crackseg sends LABEL_STUDIO_API_KEY only to LABEL_STUDIO_URL's host")
+            raise HttpError(403, f"{where}: refused ({status}); {advice}")
+        if status == 404:
+            raise HttpError(404, f"{where}: not found (404)")
+        if status != 200:
+            raise HttpError(502, f"{where}: answered {status}")
+        return content
+
+    def _get(self, url: str, headers: dict, where: str) -> tuple[int, bytes]:
+        """(status, body), the body read no further than the image size limit."""
+        limit = self._settings.max_image_bytes
+        too_large = HttpError(422, f"{where}: image over {limit} bytes (crackseg serve label-studio --max-image-mb)")
+        try:
+            with self._client.stream("GET", url, headers=headers) as response:
+                if response.status_code != 200:
+                    return response.status_code, b""
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > limit:
+                    raise too_large
+                content = bytearray()
+                for chunk in response.iter_bytes():
+                    content += chunk
+                    if len(content) > limit:
+                        raise too_large
+                return 200, bytes(content)
+        except httpx.HTTPError as error:
+            raise HttpError(502, f"{where}: cannot fetch: {type(error).__name__} {error}".rstrip()) from None
+
+    def _authorization(self, where: str, renew: bool = False) -> dict:
+        key = self._settings.api_key
+        if not key:
+            raise HttpError(403, f"{where} is served by Label Studio; set LABEL_STUDIO_API_KEY (Account & Settings > Access Token)")
+        if not self._refreshable:  # a legacy token, or a JWT access token used as it is
+            return {"Authorization": f"{'Bearer' if _jwt_claims(key) else 'Token'} {key}"}
+        with self._lock:
+            if self._access is None or renew:
+                self._access = self._exchanged(key)
+            return {"Authorization": f"Bearer {self._access}"}
+
+    def _exchanged(self, refresh: str) -> str:
+        """The access token Label Studio gives for a personal access token."""
+        url = self._settings.label_studio_url.rstrip("/") + _REFRESH_PATH
+        try:
+            response = self._client.post(url, json={"refresh": refresh})
+        except httpx.HTTPError as error:
+            raise HttpError(502, f"cannot reach {url} to exchange LABEL_STUDIO_API_KEY: {type(error).__name__}") from None
+        access = response.json().get("access") if response.status_code == 200 and _is_json(response) else None
+        if not isinstance(access, str) or not access:
+            raise HttpError(403, f"Label Studio refused LABEL_STUDIO_API_KEY at {url} ({response.status_code}); "
+                                 "create a new personal access token")
+        return access
+
+
+def _is_json(response: httpx.Response) -> bool:
+    try:
+        return isinstance(response.json(), dict)
+    except ValueError:
+        return False
+
+
+def _jwt_claims(token: str) -> dict:
+    """A JWT's claims, unverified (only to tell a personal access token from a legacy one); {} if not a JWT."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return {}
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, binascii.Error):
+        return {}
+    return claims if isinstance(claims, dict) else {}
+
+
+class _BasicAuth:
+    """ASGI middleware: every HTTP request must carry the basic-auth user and password Label Studio was given."""
+
+    def __init__(self, app, credentials: tuple[str, str]):
+        self._app = app
+        self._expected = [part.encode() for part in credentials]
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and not self._allowed(Headers(scope=scope).get("authorization", "")):
+            response = JSONResponse({"error": "unauthorized: give the basic auth user and password crackseg serve was started with"},
+                                    401, headers={"WWW-Authenticate": 'Basic realm="crackseg"'})
+            await response(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
+
+    def _allowed(self, header: str) -> bool:
+        scheme, _, encoded = header.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, _, password = base64.b64decode(encoded.strip(), validate=True).partition(b":")
+        except (ValueError, binascii.Error):
+            return False
+        user_ok = hmac.compare_digest(user, self._expected[0])
+        return hmac.compare_digest(password, self._expected[1]) & user_ok  # both compared, whichever is wrong

@@ -1,0 +1,92 @@
+"""The CVAT function: what cvat-sdk's own validation accepts, and the mask CVAT would store is predict's mask."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from xml.etree import ElementTree
+
+import numpy as np
+import pytest
+from conftest import pavement, predict_cli
+from PIL import Image
+
+from crackseg.core.errors import InputError
+from crackseg.labels.formats.cvat import cvat_document
+from crackseg.model.checkpoint import save_model
+from crackseg.prediction.session import PredictionSession
+
+pytest.importorskip("cvat_sdk")
+from cvat_sdk import models  # noqa: E402
+from cvat_sdk.auto_annotation.driver import _AnnotationMapper, _DetectionFunctionContextImpl  # noqa: E402
+from cvat_sdk.masks import decode_mask  # noqa: E402
+
+from crackseg.integrations import cvat  # noqa: E402
+
+TASK_LABEL_ID = 41  # the task's own id for "crack", which the driver maps the function's label to
+
+
+@pytest.fixture(scope="module")
+def photo(model, tmp_path_factory) -> tuple[Path, Path, float]:
+    """(checkpoint, photo, a threshold that marks about half the photo)."""
+    folder = tmp_path_factory.mktemp("cvat")
+    checkpoint = folder / "model.pt"
+    model.threshold = 0.5
+    save_model(model, checkpoint)
+    path = folder / "wall.png"
+    Image.fromarray(pavement(80, 128, seed=5).transpose(1, 2, 0)).save(path)
+    threshold = float(np.quantile(PredictionSession(checkpoint).probabilities(Image.open(path)), 0.7))
+    return checkpoint, path, threshold
+
+
+def _detected(function, image: Image.Image, polygons: bool, conf_threshold: float | None = None) -> list:
+    """The shapes as cvat-sdk's driver checks and remaps them before uploading them to a task."""
+    task_labels = [models.Label(id=TASK_LABEL_ID, name="crack", type="any", attributes=[], sublabels=[], _check_type=False)]
+    mapper = _AnnotationMapper(logging.getLogger("test"), function.spec.labels, task_labels, allow_unmatched_labels=False,
+                               conv_mask_to_poly=polygons)
+    context = _DetectionFunctionContextImpl(frame_name="wall.png", conf_threshold=conf_threshold, conv_mask_to_poly=polygons)
+    tags, shapes = mapper.validate_and_remap(function.detect(context, image), ds_frame=3)
+    assert tags == [] and all(shape.label_id == TASK_LABEL_ID and shape.frame == 3 for shape in shapes)
+    return shapes
+
+
+def test_the_stored_mask_is_predicts_mask(tmp_path, photo):
+    checkpoint, path, threshold = photo
+    assert predict_cli("--checkpoint", checkpoint, path, "--out", tmp_path / "out", "--threshold", threshold) == 0
+    expected = np.asarray(Image.open(tmp_path / "out" / "masks" / "wall.png")) > 0
+    function = cvat.create(checkpoint=str(checkpoint), threshold=threshold)
+    shapes = _detected(function, Image.open(path), polygons=False)
+    assert len(shapes) > 1 and {shape.type.value for shape in shapes} == {"mask"}
+    stored = [decode_mask(shape.points, image_width=128, image_height=80) for shape in shapes]
+    assert np.array_equal(np.logical_or.reduce(stored), expected)
+    assert sum(part.sum() for part in stored) == expected.sum()  # one mask per crack, none overlapping
+
+
+def test_polygons_when_cvat_asks_are_labels_exports_polygons(photo):
+    checkpoint, path, threshold = photo
+    function = cvat.create(checkpoint=str(checkpoint), threshold=threshold)
+    shapes = _detected(function, Image.open(path), polygons=True)
+    mask = PredictionSession(checkpoint, threshold=threshold).mask(Image.open(path))
+    exported = ElementTree.fromstring(cvat_document([("wall.png", mask)], rle=False)).findall("image/polygon")
+    assert {shape.type.value for shape in shapes} == {"polygon"} and len(shapes) == len(exported)
+    for shape, polygon in zip(shapes, exported):
+        points = np.array([[float(v) for v in pair.split(",")] for pair in polygon.get("points").split(";")])
+        assert np.allclose(np.reshape(shape.points, (-1, 2)), points, atol=0.005)
+
+
+def test_cvats_confidence_threshold_is_the_pixel_threshold(photo):
+    checkpoint, path, threshold = photo
+    function = cvat.create(checkpoint=str(checkpoint), tile=256, tta="flip")
+    strict = _detected(function, Image.open(path), polygons=False, conf_threshold=1.0)
+    loose = _detected(function, Image.open(path), polygons=False, conf_threshold=0.0)
+    assert strict == [] and len(loose) == 1 and decode_mask(loose[0].points, image_width=128, image_height=80).all()
+
+
+def test_parameters_are_checked_before_the_model_loads(photo):
+    checkpoint = str(photo[0])
+    with pytest.raises(InputError, match="unknown parameter treshold"):
+        cvat.create(checkpoint=checkpoint, treshold=0.3)
+    with pytest.raises(InputError, match="tile=int:VALUE"):
+        cvat.create(checkpoint=checkpoint, tile="512")
+    with pytest.raises(InputError, match="no such file|not found|missing"):
+        cvat.create(checkpoint=checkpoint + ".missing")

@@ -1,0 +1,258 @@
+"""The Label Studio ML backend over real HTTP on loopback: ``crackseg serve label-studio`` in its own process, a fake
+Label Studio serving uploads behind its token, and requests shaped as Label Studio sends them. The brush comes back
+through Label Studio's own decoder as predict's mask."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import cli_result, pavement
+from PIL import Image
+
+from crackseg.integrations.label_studio import read_config
+from crackseg.model.checkpoint import save_model
+from crackseg.prediction.session import PredictionSession
+
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+from label_studio_sdk.converter.brush import decode_rle  # noqa: E402
+from starlette.applications import Starlette  # noqa: E402
+from starlette.responses import JSONResponse, Response  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+KEY = "legacy-token-0123456789"
+JWT = ".".join(base64.urlsafe_b64encode(json.dumps(part).encode()).decode().rstrip("=")
+               for part in ({"alg": "HS256", "typ": "JWT"}, {"token_type": "refresh", "user_id": 1}, "signature"))
+AUTH = ("annotator", "s3cret")
+BRUSH = """<View><Image name="image" value="$image" zoom="true"/>
+  <BrushLabels name="tag" toName="image"><Label value="crack" background="#FF0000"/></BrushLabels></View>"""
+POLYGON = """<View><Image name="img" value="$photo"/>
+  <PolygonLabels name="outline" toName="img"><Label value="Crack"/><Label value="joint"/></PolygonLabels></View>"""
+START_S = 60  # for the server's imports and model load on a busy machine
+
+
+class FakeLabelStudio:
+    """Serves /data/upload/1/<name> to ``Token KEY`` or the latest access token ``/api/token/refresh/`` issued for JWT."""
+
+    def __init__(self, files: dict[str, bytes]):
+        self.files, self.seen, self.issued, self.valid = files, [], 0, None
+        app = Starlette(routes=[Route("/data/upload/1/{name}", self.upload), Route("/api/token/refresh/", self.refresh, methods=["POST"])])
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.listener]}, daemon=True)
+
+    async def upload(self, request):
+        header = request.headers.get("authorization")
+        self.seen.append(header)
+        if header not in (f"Token {KEY}", f"Bearer {self.valid}"):
+            return JSONResponse({"detail": "Authentication credentials were not provided."}, 401)
+        name = request.path_params["name"]
+        return Response(self.files[name], media_type="image/png") if name in self.files else JSONResponse({"detail": "Not found."}, 404)
+
+    async def refresh(self, request):
+        if (await request.json()).get("refresh") != JWT:
+            return JSONResponse({"detail": "Token is invalid"}, 401)
+        self.issued += 1
+        self.valid = f"access-{self.issued}"
+        return JSONResponse({"access": self.valid})
+
+
+@pytest.fixture(scope="module")
+def photo(model, tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("ls")
+    checkpoint = folder / "best.pt"
+    model.threshold = 0.5
+    save_model(model, checkpoint)
+    path = folder / "wall.png"
+    Image.fromarray(pavement(80, 128, seed=4).transpose(1, 2, 0)).save(path)
+    threshold = float(np.median(PredictionSession(checkpoint).probabilities(Image.open(path))))  # about half is crack
+    mask = PredictionSession(checkpoint, threshold=threshold).mask(Image.open(path))
+    return {"checkpoint": checkpoint, "path": path, "threshold": threshold, "mask": mask, "folder": folder}
+
+
+@pytest.fixture(scope="module")
+def studio(photo):
+    fake = FakeLabelStudio({"wall.png": photo["path"].read_bytes(), "broken.png": b"\x89PNG\r\n\x1a\n not really"})
+    fake.thread.start()
+    while not fake.server.started:
+        time.sleep(0.02)
+    yield fake
+    fake.server.should_exit = True
+    fake.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def backends(photo, studio):
+    """Two servers, started together: one with the legacy token, basic auth and a 20 KiB request limit; one with a
+    personal access token (JWT) and no auth."""
+    base = {name: value for name, value in os.environ.items() if not name.startswith(("BASIC_AUTH_", "LABEL_STUDIO_"))}
+    base["LABEL_STUDIO_URL"] = studio.url
+    flags = ["--checkpoint", photo["checkpoint"], "--threshold", repr(photo["threshold"]), "--port", "0", "--device", "cpu"]
+    started = [_start(photo["folder"] / "token.log", base | {"LABEL_STUDIO_API_KEY": KEY, "BASIC_AUTH_USER": AUTH[0],
+                                                             "BASIC_AUTH_PASS": AUTH[1]}, flags + ["--max-request-mb", "0.02"]),
+               _start(photo["folder"] / "jwt.log", base | {"LABEL_STUDIO_API_KEY": JWT}, flags)]
+    urls = [_url_when_up(process, log) for process, log in started]
+    yield {"token": httpx.Client(base_url=urls[0], auth=AUTH, timeout=30), "jwt": httpx.Client(base_url=urls[1], timeout=30)}
+    for process, _ in started:
+        process.terminate()
+        process.wait(10)
+
+
+def _start(log: Path, env: dict, flags: list) -> tuple[subprocess.Popen, Path]:
+    command = [sys.executable, "-m", "crackseg", "serve", "label-studio", *map(str, flags)]
+    with open(log, "w") as out:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT), log
+
+
+def _url_when_up(process: subprocess.Popen, log: Path) -> str:
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline and process.poll() is None:
+        for line in log.read_text().splitlines():
+            if "Backend URL " in line:
+                return line.split("Backend URL ")[1].split()[0]
+        time.sleep(0.1)
+    raise AssertionError(f"the server did not start: {log.read_text()}")
+
+
+def _predict(client, tasks: list, config: str = BRUSH) -> httpx.Response:
+    """A /predict request as Label Studio sends it (ml/api_connector.py: tasks, project, label_config, params)."""
+    return client.post("/predict", json={"tasks": tasks, "model_version": None, "project": "1.1700000000",
+                                         "label_config": config, "params": {"login": None, "password": None, "context": None}})
+
+
+def _task(task_id: int, url: str, key: str = "image") -> dict:
+    return {"id": task_id, "data": {key: url}, "meta": {}, "created_at": "2024-05-01T10:00:00.000000Z", "annotations": [],
+            "predictions": [], "is_labeled": False, "overlap": 1, "inner_id": task_id, "total_annotations": 0,
+            "cancelled_annotations": 0, "total_predictions": 0, "project": 1, "updated_by": None, "file_upload": 1}
+
+
+def test_health_setup_metrics_and_webhook(backends):
+    client = backends["token"]
+    health = client.get("/health").json()
+    assert health["status"] == "UP" and health["model_class"] == "crackseg" and "best.pt@" in health["model_version"]
+    assert client.get("/").json() == health and client.get("/metrics").json() == {}
+    setup = client.post("/setup", json={"project": "1.1700000000", "schema": BRUSH, "hostname": "http://localhost:8080",
+                                        "access_token": "x", "model_version": None, "extra_params": None})
+    assert setup.status_code == 200 and setup.json() == {"model_version": health["model_version"]}
+    refused = client.post("/setup", json={"project": "1.1", "schema": "<View><Image name='i' value='$i'/></View>"})
+    assert refused.status_code == 422 and "no <BrushLabels> or <PolygonLabels>" in refused.json()["error"]
+    hook = client.post("/webhook", json={"action": "START_TRAINING", "project": {"id": 1, "label_config": BRUSH}})
+    assert hook.status_code == 200 and "crackseg train" in hook.json()["detail"]
+
+
+def test_the_brush_decoded_by_label_studio_is_predicts_mask(backends, photo, studio):
+    answer = _predict(backends["token"], [_task(7, "/data/upload/1/wall.png")])
+    assert answer.status_code == 200, answer.text
+    (entry,) = answer.json()["results"]
+    (result,) = entry["result"]
+    names = (result["type"], result["from_name"], result["to_name"], result["value"]["brushlabels"])
+    assert names == ("brushlabels", "tag", "image", ["crack"])
+    height, width = photo["mask"].shape
+    assert (result["original_height"], result["original_width"]) == (height, width)
+    brush = decode_rle(result["value"]["rle"]).reshape(height, width, 4)[..., 3] > 0
+    assert 0.2 < photo["mask"].mean() < 0.8 and np.array_equal(brush, photo["mask"])
+    assert 0.0 <= entry["score"] <= 1.0 and entry["model_version"].startswith("crackseg ")
+    assert f"Token {KEY}" in studio.seen
+
+
+def test_polygons_with_a_personal_access_token_exchanged_and_renewed(backends, photo, studio):
+    expected = json.loads(json.dumps(read_config(POLYGON).results(photo["mask"])))
+    first = _predict(backends["jwt"], [_task(3, f"{studio.url}/data/upload/1/wall.png", "photo")], POLYGON)
+    assert first.status_code == 200, first.text
+    results = first.json()["results"][0]["result"]
+    assert results == expected and len(results) > 1
+    names = {(r["type"], r["from_name"], r["to_name"], *r["value"]["polygonlabels"]) for r in results}
+    assert names == {("polygonlabels", "outline", "img", "Crack")}
+    assert all(0 <= x <= 100 and 0 <= y <= 100 for r in results for x, y in r["value"]["points"])
+    assert studio.issued == 1 and studio.seen[-1] == "Bearer access-1"
+    studio.valid = "expired"  # the access token expires: one 401, one exchange, then the image
+    again = _predict(backends["jwt"], [_task(3, "/data/upload/1/wall.png", "photo")], POLYGON)
+    assert again.status_code == 200 and again.json()["results"][0]["result"] == expected
+    assert studio.issued == 2 and studio.seen[-2:] == ["Bearer access-1", "Bearer access-2"]
+
+
+def _closed_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        return listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("send, status, reason", [
+    (lambda c: c.post("/predict", content=b"{not json", headers={"content-type": "application/json"}), 400, "not JSON"),
+    (lambda c: c.post("/predict", json=[1, 2]), 400, "must be a JSON object"),
+    (lambda c: c.post("/predict", json={"tasks": [], "label_config": BRUSH}), 400, "no tasks"),
+    (lambda c: c.post("/predict", json={"label_config": BRUSH}), 400, "no tasks"),
+    (lambda c: _predict(c, [_task(1, "/data/upload/1/wall.png")], "<View/>"), 422, "no <BrushLabels>"),
+    (lambda c: c.post("/predict", content=b" " * 30_000), 413, "over 20971 bytes"),
+    (lambda c: c.post("/predict", content=iter([b" " * 8000] * 4)), 413, "over 20971 bytes"),  # chunked, no length
+    (lambda c: _predict(c, [_task(9, f"http://127.0.0.1:{_closed_port()}/p.png")]), 502, "task 9: http://127.0.0.1:"),
+    (lambda c: _predict(c, [_task(4, "/data/upload/1/gone.png")]), 404, "task 4: http://127.0.0.1:"),
+    (lambda c: _predict(c, [_task(5, "/data/upload/1/broken.png")]), 422, "broken.png: not a readable image"),
+    (lambda c: _predict(c, [_task(6, "ftp://x/p.png")]), 422, "task 6: cannot fetch 'ftp://x/p.png'"),
+    (lambda c: c.get("/predict"), 405, "Method Not Allowed"),
+    (lambda c: c.get("/nowhere"), 404, "Not Found"),
+    (lambda c: httpx.get(c.base_url.join("/health")), 401, "unauthorized"),
+    (lambda c: httpx.get(c.base_url.join("/health"), auth=(AUTH[0], "wrong")), 401, "unauthorized"),
+])
+def test_bad_requests_get_one_line_and_the_server_keeps_serving(backends, send, status, reason):
+    client = backends["token"]
+    answer = send(client)
+    error = answer.json()["error"]
+    assert answer.status_code == status and reason in error and "\n" not in error and KEY not in error, (answer.status_code, error)
+    if status == 401:
+        assert answer.headers["www-authenticate"].startswith("Basic")
+    assert client.get("/health").json()["status"] == "UP"
+
+
+def test_a_failed_task_beside_good_ones_gets_an_error_entry(backends, photo):
+    answer = _predict(backends["token"], [_task(1, "/data/upload/1/wall.png"), _task(2, "/data/upload/1/broken.png")])
+    assert answer.status_code == 200
+    good, bad = answer.json()["results"]
+    assert good["result"] and "error" not in good
+    assert bad["result"] == [] and bad["error"].startswith("task 2: ")
+
+
+def test_a_bad_checkpoint_or_half_an_auth_stops_before_serving(tmp_path, monkeypatch):
+    code, err = cli_result(["serve", "label-studio", "--checkpoint", tmp_path / "missing.pt", "--port", "0"])
+    assert code == 2 and err.count("\n") == 1 and "missing.pt" in err, err
+    monkeypatch.delenv("BASIC_AUTH_PASS", raising=False)
+    code, err = cli_result(["serve", "label-studio", "--checkpoint", tmp_path / "missing.pt", "--basic-auth-user", "me"])
+    assert code == 2 and "BASIC_AUTH_PASS" in err and err.count("\n") == 1, err
+    monkeypatch.setenv("LABEL_STUDIO_URL", "localhost:8080")
+    code, err = cli_result(["serve", "label-studio", "--checkpoint", tmp_path / "missing.pt"])
+    assert code == 2 and "LABEL_STUDIO_URL must be" in err, err
+
+
+def test_no_secret_reaches_the_logs(backends, photo):
+    _predict(backends["token"], [_task(8, "/data/upload/1/wall.png")])
+    logs = (photo["folder"] / "token.log").read_text() + (photo["folder"] / "jwt.log").read_text()
+    assert "POST /predict" in logs and not any(secret in logs for secret in (KEY, JWT, AUTH[1], "access-1"))
+
+
+def test_a_bug_is_a_500_with_one_line_and_the_server_goes_on(studio):
+    from starlette.testclient import TestClient
+
+    from crackseg.integrations.server import ServerSettings, build_app
+
+    class OutOfMemory:
+        threshold = 0.5
+
+        def probabilities(self, pixels):
+            raise RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB")
+
+    app = build_app(OutOfMemory(), ServerSettings(label_studio_url=studio.url, api_key=KEY), "crackseg test")
+    with TestClient(app, raise_server_exceptions=False) as client:
+        answer = _predict(client, [_task(1, "/data/upload/1/wall.png")])
+        assert answer.status_code == 500 and answer.json() == {"error": "crackseg failed: RuntimeError: CUDA out of memory."}
+        assert client.get("/health").json()["status"] == "UP"
