@@ -1,8 +1,9 @@
 """Shared fixtures and helpers: tiny synthetic datasets, models and GeoTIFFs built in tmp_path, predict run
-in this process, the real CFD data when present."""
+in this process, an S3 server and an HTTP server on loopback, the real CFD data when present."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import importlib
@@ -238,3 +239,142 @@ def read_only_mount(monkeypatch, folder: Path) -> None:
         return temporary_file(*args, dir=dir, **kwargs)
 
     monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+
+
+# Object storage: an S3 server (moto's) on loopback, in a subprocess (in this process it stalls GDAL writes).
+
+S3_KEY_ID = "AKIACRACKSEGTEST0001"
+S3_SECRET = "crackseg-test-secret-7f3a9c"
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """The endpoint URL of ``python -m moto.server`` on a free port of 127.0.0.1, stopped at the end of the session."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                pytest.fail(f"moto's S3 server did not start on {endpoint}")
+            time.sleep(0.1)
+    yield endpoint
+    server.terminate()
+    try:
+        server.wait(10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+class S3Bucket:
+    """A fresh bucket on the test S3 server, with the environment pointing at it (see the ``s3`` fixture)."""
+
+    def __init__(self, endpoint: str, name: str):
+        import boto3
+
+        self.endpoint, self.name = endpoint, name
+        self.client = boto3.client("s3")
+        self.client.create_bucket(Bucket=name)
+
+    def url(self, key: str = "") -> str:
+        return f"s3://{self.name}/{key}"
+
+    def put(self, key: str, data: bytes) -> str:
+        """Upload ``data`` as ``key``; returns its s3:// URL."""
+        self.client.put_object(Bucket=self.name, Key=key, Body=data)
+        return self.url(key)
+
+    def upload(self, folder: Path, prefix: str) -> str:
+        """Every file under ``folder`` as ``prefix/<its path below folder>``; returns the prefix's URL (ending in /)."""
+        for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+            self.put(f"{prefix}/{path.relative_to(folder).as_posix()}", path.read_bytes())
+        return self.url(f"{prefix}/")
+
+    def presigned(self, key: str) -> str:
+        """An http:// URL that reads ``key`` for an hour without credentials, its signature in the query (SigV4)."""
+        import boto3
+        from botocore.config import Config
+
+        signer = boto3.client("s3", config=Config(signature_version="s3v4"))
+        return signer.generate_presigned_url("get_object", Params={"Bucket": self.name, "Key": key}, ExpiresIn=3600)
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, tmp_path) -> S3Bucket:
+    """A fresh bucket on the test S3 server; the standard AWS variables point at the server, with test credentials and
+    nothing of the user's (~/.aws, AWS_PROFILE, instance roles) in reach."""
+    import uuid
+
+    import s3fs
+
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # fsspec keeps one filesystem per process and thread, made with the environment of its day: a test that changes
+    # the environment after reading from the store clears it too
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield S3Bucket(s3_server, f"crackseg-{uuid.uuid4().hex[:12]}")
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@contextlib.contextmanager
+def s3_authentication(endpoint: str):
+    """moto checks every request's credentials inside (it accepts any by default): test credentials are then unknown."""
+    import urllib.request
+
+    def auth_after(requests: str) -> None:
+        request = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=requests.encode(), method="POST",
+                                         headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(request, timeout=5).close()
+
+    auth_after("0")
+    try:
+        yield
+    finally:
+        auth_after("inf")
+
+
+@pytest.fixture
+def http_folder(tmp_path):
+    """(a folder, the http://127.0.0.1:PORT/ URL it is served at): a real HTTP server on loopback, in a thread."""
+    import http.server
+    import threading
+
+    folder = tmp_path / "served"
+    folder.mkdir()
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield folder, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()

@@ -40,15 +40,17 @@ def add_commands(commands) -> None:
             "smoothly blended tiles; nothing is resized unless --resize is given. Unreadable inputs\n"
             "are listed in OUT/errors.csv and the exit status is 1; the rest are still written.\n\n"
             "  crackseg predict --checkpoint checkpoints/demo/best.pt data/photos --out predictions\n"
+            "  crackseg predict --checkpoint best.pt s3://survey/photos/ --out predictions   (pip install 'crackseg[s3]')\n"
             "  ./launch.sh predict --checkpoint ... photos/ --out ...   (photos, and each raster's tiles, shared across GPUs)"
         ),
         formatter_class=HelpFormatter,
     )
-    predict.add_argument("inputs", nargs="+", help="image files, folders or glob patterns (quote them)")
+    predict.add_argument("inputs", nargs="+", help="image files, folders or glob patterns (quote them); photos in object storage: "
+                         "s3://bucket/prefix/, s3://bucket/key.jpg, s3://bucket/photos/*.jpg or http(s)://host/photo.jpg (docs/predict.md)")
     predict.add_argument("--checkpoint", "--model", dest="checkpoint", type=Path, required=True,
                          help="crackseg checkpoint or model file: best.pt, a converted classic file, a safetensors folder, "
                               "or an exported model.onnx / model.xml (see crackseg export)")
-    predict.add_argument("--out", type=Path, required=True, help="output folder")
+    predict.add_argument("--out", required=True, help="output folder (local)")
     predict.add_argument("--recursive", action="store_true", help="also read images in sub-folders (output names keep the sub-folders)")
     predict.add_argument("--threshold", type=checked(float, FRACTION), default=None, help="crack probability threshold (default: the checkpoint's best validation F1 threshold)")
     predict.add_argument("--save-prob", type=int, choices=[8, 16], default=None, help="also write the probability map as 8- or 16-bit OUT/probs/<name>.png (a GeoTIFF, .tif, for rasters read by windows)")

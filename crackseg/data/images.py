@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -98,8 +98,10 @@ def _refuse_colours(image: Image.Image) -> None:
                              f"{CRACK_THRESHOLD} = crack): save the crack colour as white on black")
 
 
-def image_pixels(path: Path) -> np.ndarray:
-    """(H, W, 3) uint8 RGB as displayed; grey, palette, RGBA, CMYK and 16-bit files are converted."""
+def image_pixels(path: Path | BinaryIO) -> np.ndarray:
+    """(H, W, 3) uint8 RGB as displayed; grey, palette, RGBA, CMYK and 16-bit files are converted.
+
+    ``path`` may be an open binary file: a photo downloaded from object storage is decoded as one on disk."""
     with Image.open(path) as image:
         return picture_pixels(image)
 
@@ -112,7 +114,7 @@ def picture_pixels(image: Image.Image) -> np.ndarray:
     return np.asarray(image.convert("RGB")).copy()
 
 
-def load_image(path: Path) -> torch.Tensor:
+def load_image(path: Path | BinaryIO) -> torch.Tensor:
     """:func:`image_pixels` as the (3, H, W) uint8 tensor a model takes."""
     import torch  # here, so that what reads images without a model (compare) starts without loading torch
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import importlib.util
+import io
 import sys
 from collections import OrderedDict
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -35,6 +36,7 @@ from crackseg.core.config import (
     parse_length,
 )
 from crackseg.core.errors import InputError
+from crackseg.core.storage import RemoteFile, StorageError, display_url, is_url, list_files
 from crackseg.cracks.vectors import FORMATS as VECTOR_FORMATS
 from crackseg.cracks.vectors import require_geo
 from crackseg.cracks.widths import PX_PER_BAND, WidthClasses
@@ -60,7 +62,7 @@ IMPLAUSIBLE_MOSTLY_CRACK_SHARE = 0.1  # of the images: at least this share mostl
 class PredictOptions:
     """What predict writes and how; ``inference`` is how the model runs (shared with evaluate)."""
 
-    out: Path
+    out: Path  # a local folder: writing to object storage comes later
     inference: InferenceOptions = field(default_factory=InferenceOptions)
     threshold: float | None = None
     save_prob: int | None = None  # 8 or 16 bits
@@ -81,6 +83,10 @@ class PredictOptions:
 
     def __post_init__(self) -> None:
         """The same ranges the command line checks, for callers from Python."""
+        if is_url(str(self.out)):
+            raise InputError(f"--out {display_url(str(self.out))}: writing predictions to object storage is not supported yet; "
+                             "give a local folder (and copy it up afterwards, e.g. with aws s3 sync)")
+        self.out = Path(self.out)
         ranges = {"threshold": FRACTION, "px_size": POSITIVE, "workers": NON_NEGATIVE, "max_pixels": AT_LEAST_ONE}
         for name, valid in ranges.items():
             value = getattr(self, name)
@@ -133,18 +139,20 @@ class PredictOptions:
         return None if px_size is None else value / px_size
 
 
-def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | None = None) -> list[tuple[Path, str]]:
-    """(image path, output name) for every input file, folder or glob, in a stable order.
+def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | None = None) -> list[tuple[Path | RemoteFile, str]]:
+    """(image path or remote file, output name) for every input file, folder, glob or URL, in a stable order.
 
-    Output names mirror the inputs: a folder's files keep their path below it (without suffix),
-    single files and glob matches keep their stem. Two inputs with one output name are an error.
+    Output names mirror the inputs: a folder's files (an s3:// prefix's) keep their path below it (without suffix),
+    single files, objects, http(s):// URLs and glob matches keep their stem. Two inputs with one output name are an error.
     Nothing inside ``out`` is ever an input: walks skip it, and naming a file there is an error.
     """
     inside_out = (lambda p: Path(p).resolve().is_relative_to(Path(out).resolve())) if out is not None else (lambda p: False)
-    found: list[tuple[Path, str]] = []
+    found: list[tuple[Path | RemoteFile, str]] = []
     for text in inputs:
         path = Path(text)
-        if path.is_dir():
+        if is_url(text):
+            found += _remote_photos(text, recursive)
+        elif path.is_dir():
             pattern = "**/*" if recursive else "*"
             files = sorted(
                 p for p in path.glob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not inside_out(p)
@@ -159,21 +167,32 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | None 
             if not matches:
                 raise InputError(f"{text}: no such file or folder, and no file matches it as a pattern")
             found += [(p, p.stem) for p in matches if p.suffix.lower() in IMAGE_SUFFIXES]
-    names: dict[str, Path] = {}
+    names: dict[str, Path | RemoteFile] = {}
     for image, name in found:
         if name in names and names[name] != image:
             raise InputError(f"{image} and {names[name]} would both be written as {name}.png; predict them into different --out folders")
         names[name] = image
     unique = list(OrderedDict((image, name) for image, name in found).items())
     if not unique:
-        raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(inputs)}")
+        raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(map(display_url, inputs))}")
     return unique
 
 
-class _Images(torch.utils.data.Dataset):
-    """Decoded inputs for loader workers; a file that fails to decode yields its error message."""
+def _remote_photos(url: str, recursive: bool) -> list[tuple[RemoteFile, str]]:
+    """The photos a URL names; a raster there is refused: rasters are read by windows, from a local file."""
+    listed = list_files(url, IMAGE_SUFFIXES, recursive)
+    rasters = [str(file) for file, _ in listed if file.suffix.lower() in (".tif", ".tiff")]
+    if rasters:
+        more = f" (and {len(rasters) - 1} more)" if len(rasters) > 1 else ""
+        raise InputError(f"{rasters[0]}{more}: TIFFs from object storage are not supported yet; download them, or leave "
+                         "them out with a pattern such as s3://bucket/photos/*.jpg")
+    return listed
 
-    def __init__(self, inputs: list[tuple[int, Path]]):
+
+class _Images(torch.utils.data.Dataset):
+    """Decoded inputs for loader workers; a file that fails to download or decode yields its error message."""
+
+    def __init__(self, inputs: list[tuple[int, Path | RemoteFile]]):
         self.inputs = inputs
 
     def __len__(self) -> int:
@@ -182,7 +201,9 @@ class _Images(torch.utils.data.Dataset):
     def __getitem__(self, index: int):
         key, path = self.inputs[index]
         try:
-            return key, load_image(path), None
+            return key, load_image(io.BytesIO(path.read_bytes()) if isinstance(path, RemoteFile) else path), None
+        except StorageError as error:
+            return key, None, error.reason
         except Exception as error:  # any undecodable input is reported, the others go on
             return key, None, describe_error(error)
 
@@ -207,7 +228,7 @@ class _Plan:
     """The run decided before any work: photos (key, path, output name), open rasters, the run's spec, every input's outputs."""
 
     folder: PredictionsFolder
-    photos: list[tuple[int, Path, str]]
+    photos: list[tuple[int, Path | RemoteFile, str]]
     rasters: list[Raster]
     spec: OutputSpec
     outputs: dict[int, list[Path]]
@@ -250,7 +271,7 @@ def _plan(inputs: list[str], options: PredictOptions, open_rasters: contextlib.E
         allow_open_rasters(tiffs)
     sources = {}
     for key, (path, _) in enumerate(listed):
-        source = open_if_streamed(path, options.max_pixels)
+        source = open_if_streamed(path, options.max_pixels) if isinstance(path, Path) else None
         if source is not None:
             open_rasters.callback(source.close)
             sources[key] = source
@@ -329,7 +350,7 @@ def default_workers(device: torch.device) -> int:
     return 0 if device.type == "cpu" else distributed.spare_cores()
 
 
-def _output_specs(listed: list[tuple[Path, str]], scales: dict[int, float | None],
+def _output_specs(listed: list[tuple[Path | RemoteFile, str]], scales: dict[int, float | None],
                   options: PredictOptions) -> tuple[OutputSpec, dict[int, OutputSpec]]:
     """The run's spec (photos and the summary) and each raster's, with the raster's own scale unless --px-size is given.
 

@@ -1,0 +1,252 @@
+"""Files in object storage: ``s3://bucket/key`` and ``http(s)://`` URLs, listed and read through fsspec.
+
+s3:// goes through s3fs (botocore): credentials come from the standard AWS chain (``AWS_ACCESS_KEY_ID`` and
+``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and ``~/.aws``, an instance role), an S3-compatible endpoint (MinIO, Ceph,
+R2) from ``AWS_ENDPOINT_URL`` or ``AWS_ENDPOINT_URL_S3``, which botocore reads itself. Transient failures are retried by
+botocore's standard retry mode: 3 attempts with jittered exponential backoff unless ``AWS_MAX_ATTEMPTS`` says otherwise.
+http(s):// is read-only, one file per URL (a presigned URL works as given); it is retried as often, with the same backoff.
+
+Every failure is a :class:`StorageError`: one line naming the URL as :func:`display_url` shows it (no user, password or
+query string, where presigned URLs carry their signature and access key id) and a reason, never a credential.
+fsspec, s3fs and aiohttp are imported on first use; ``pip install 'crackseg[s3]'`` installs them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Callable, Sequence, TypeVar
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from crackseg.core.errors import InputError, require
+
+EXTRA = "s3"
+SCHEMES = ("s3", "http", "https")
+HTTP_ATTEMPTS = 3  # as botocore's standard mode, for http(s):// reads
+HTTP_TIMEOUTS_S = {"connect": 10.0, "sock_read": 60.0}  # a dropped connection fails instead of hanging
+_BOTOCORE_CONFIG = {"retries": {"mode": "standard"}}  # max_attempts: AWS_MAX_ATTEMPTS or the profile's, else 3
+_URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]+)://[^\s'\"<>]+")
+_GLOB = re.compile(r"[*?\[]")
+_CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+_T = TypeVar("_T")
+
+
+class StorageError(InputError):
+    """A file in storage that cannot be listed or read: ``reason`` alone goes to errors.csv beside the URL."""
+
+    def __init__(self, url: str, reason: str):
+        self.url, self.reason = display_url(url), reason
+        super().__init__(f"{self.url}: {reason}")
+
+
+def is_url(text: str) -> bool:
+    """Whether ``text`` is a URL (``scheme://...``) rather than a local path; any scheme, so that gs:// is refused by name."""
+    return _URL.match(str(text)) is not None
+
+
+def display_url(url: str) -> str:
+    """``url`` as logs, tables and errors show it: without user and password, and for http(s) without the query and
+    fragment (a presigned URL's signature, access key id and session token). s3:// keys may hold ``?`` and ``#``."""
+    if not is_url(url):
+        return url
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    if parts.scheme in ("http", "https"):
+        return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    return f"{parts.scheme}://{host}{url.split('://', 1)[1][len(parts.netloc):]}"
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file in storage, named by its full URL (kept for reading, never shown: ``str()`` is :func:`display_url`).
+
+    Only text is held, so it pickles into loader workers, which open their own connections.
+    """
+
+    url: str
+
+    def __str__(self) -> str:
+        return display_url(self.url)
+
+    def __repr__(self) -> str:
+        return f"RemoteFile({str(self)!r})"
+
+    @property
+    def name(self) -> str:
+        """The last part of the key or path, decoded (``my%20photo.jpg`` -> ``my photo.jpg``)."""
+        path = self.url.split("://", 1)[1].partition("/")[2] if _scheme(self.url) == "s3" else unquote(urlsplit(self.url).path)
+        return PurePosixPath(path).name
+
+    @property
+    def suffix(self) -> str:
+        return PurePosixPath(self.name).suffix
+
+    @property
+    def stem(self) -> str:
+        return PurePosixPath(self.name).stem
+
+    def read_bytes(self) -> bytes:
+        """The whole file, in one GET (s3fs would first ask for the size, to fetch files over 50 MB in parallel parts)."""
+        single = {"max_concurrency": 1} if _scheme(self.url) == "s3" else {}
+        return _call(self.url, lambda fs: fs.cat_file(self.url, **single))
+
+
+def list_files(url: str, suffixes: Sequence[str], recursive: bool = False) -> list[tuple[RemoteFile, str]]:
+    """The files ``url`` names, each with its output name, in key order, as predict names local inputs.
+
+    A prefix (``s3://bucket/photos/``, or a key with objects below it) gives its files with one of ``suffixes``, named by
+    their key below the prefix without suffix (keys under sub-prefixes only when ``recursive``). A glob pattern
+    (``s3://bucket/photos/*.jpg``) gives its matches with ``suffixes``, an object or an http(s) URL itself, named by stem.
+    """
+    scheme = _scheme(url)
+    if scheme != "s3":
+        _call(url, lambda fs: fs.info(url))  # a missing file or a refused request is said now, before any work
+        return [(RemoteFile(url), RemoteFile(url).stem)]
+    root = url.split("://", 1)[1].rstrip("/")
+    if _GLOB.search(root):
+        matches = _call(url, lambda fs: fs.glob(url, detail=True))
+        return [(RemoteFile(f"s3://{key}"), PurePosixPath(key).stem) for key, info in sorted(matches.items())
+                if info["type"] == "file" and PurePosixPath(key).suffix.lower() in suffixes]
+    if "/" in root and not url.endswith("/") and _call(url, lambda fs: fs.info(url))["type"] == "file":
+        return [(RemoteFile(url), RemoteFile(url).stem)]
+    if recursive:
+        keys = _call(url, lambda fs: fs.find(root))
+    else:  # not find(maxdepth=1), which says nothing of a missing bucket
+        keys = [info["name"] for info in _call(url, lambda fs: fs.ls(root, detail=True)) if info["type"] == "file"]
+    return [(RemoteFile(f"s3://{key}"), _name_below(root, key)) for key in sorted(keys)
+            if PurePosixPath(key).suffix.lower() in suffixes]
+
+
+def _name_below(root: str, key: str) -> str:
+    """The output name of ``key`` listed under ``root``: its path below, without suffix; a key whose path would leave
+    the output folder, or name a file with no name, is refused."""
+    relative = key[len(root) + 1:]
+    if any(part in ("", ".", "..") for part in relative.split("/")):
+        raise StorageError(f"s3://{key}", "a key with an empty, '.' or '..' part cannot name an output file; copy it to a plain key")
+    return PurePosixPath(relative).with_suffix("").as_posix()
+
+
+def _scheme(url: str) -> str:
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in SCHEMES:
+        raise StorageError(url, f"{scheme}:// is not supported; crackseg reads local paths, s3:// and http(s):// URLs")
+    return scheme
+
+
+def _filesystem(scheme: str):
+    """fsspec's filesystem for ``scheme``: one per process and thread (fsspec's cache), so loader workers get their own."""
+    fsspec = require("fsspec", EXTRA, "reading s3:// and http(s):// URLs")
+    if scheme == "s3":
+        require("s3fs", EXTRA, "reading s3:// URLs")
+        return fsspec.filesystem("s3", config_kwargs=_BOTOCORE_CONFIG, use_listings_cache=False)
+    aiohttp = require("aiohttp", EXTRA, "reading http(s):// URLs")
+    return fsspec.filesystem("https", encoded=True, client_kwargs={"timeout": aiohttp.ClientTimeout(**HTTP_TIMEOUTS_S)})
+
+
+def _call(url: str, action: Callable[[object], _T]) -> _T:
+    """``action(filesystem)``, its failures as one :class:`StorageError` naming ``url``; http(s) retried when transient."""
+    scheme = _scheme(url)
+    attempts = 1 if scheme == "s3" else HTTP_ATTEMPTS  # botocore retries s3:// itself
+    attempt = 1
+    while True:
+        try:
+            return action(_filesystem(scheme))
+        except InputError:
+            raise
+        except Exception as error:
+            reason, transient = _reason(error, url)
+            if reason is None:
+                raise  # not a storage failure: a bug, shown with its traceback
+            if not transient or attempt == attempts:
+                raise StorageError(url, reason + (f" ({attempt} attempts)" if attempt > 1 else "")) from None
+        time.sleep(random.uniform(0, 2 ** (attempt - 1)))  # "full jitter", as botocore's standard mode
+        attempt += 1
+
+
+_DENIED = "access denied: the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID, ~/.aws, an instance role) may not read it"
+_S3_CODES = {  # botocore's error codes (Head requests have no body, so only the HTTP status) -> what to check
+    "NoSuchKey": "not found",
+    "404": "not found",
+    "NotFound": "not found",
+    "AccessDenied": _DENIED,
+    "403": _DENIED,
+    "InvalidAccessKeyId": "the endpoint does not know the access key id (check AWS_PROFILE, AWS_ACCESS_KEY_ID, ~/.aws, AWS_ENDPOINT_URL)",
+    "SignatureDoesNotMatch": "the secret access key does not match the access key id (check AWS_SECRET_ACCESS_KEY, ~/.aws)",
+    "ExpiredToken": "the session token has expired: renew the credentials",
+    "InvalidToken": "the session token is not valid: renew the credentials",
+}
+_TIMEOUTS = {"TimeoutError", "ConnectTimeoutError", "ReadTimeoutError", "FSTimeoutError", "ServerTimeoutError"}
+_CONNECTIONS = {"EndpointConnectionError", "ClientConnectionError", "ConnectionError", "ConnectionClosedError",
+                "ServerDisconnectedError", "ClientPayloadError", "IncompleteRead"}
+_CREDENTIALS = {
+    "NoCredentialsError": "no AWS credentials: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or use ~/.aws",
+    "PartialCredentialsError": "incomplete AWS credentials: set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+    "ProfileNotFound": "the AWS profile named by AWS_PROFILE is not in ~/.aws/config",
+}
+
+
+def _reason(error: BaseException, url: str) -> tuple[str | None, bool]:
+    """(why ``error`` happened, for a user, and whether trying again may help); (None, False) for what is no storage
+    failure. The chain is searched for the most telling cause: fsspec wraps what aiohttp and botocore raise."""
+    chain = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    for cause in chain:
+        names = {kind.__name__ for kind in type(cause).__mro__}
+        response = getattr(cause, "response", None)
+        code = str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
+        if "ClientResponseError" in names:  # aiohttp: an http(s):// answer
+            status = cause.status
+            why = {404: "not found (HTTP 404)", 401: "access denied (HTTP 401)",
+                   403: "access denied (HTTP 403; a presigned URL may have expired)"}.get(status, f"the server answered HTTP {status}")
+            return why, status >= 500 or status == 429
+        if code == "NoSuchBucket":
+            return f"no such bucket {urlsplit(url).netloc!r}", False
+        if code in _S3_CODES:
+            return _S3_CODES[code], False
+        if isinstance(response, dict) and "HTTPStatusCode" in response.get("ResponseMetadata", {}):  # botocore, retried
+            meta, named = response["ResponseMetadata"], f" ({code})" if code and not code.isdigit() else ""
+            return f"the endpoint answered HTTP {meta['HTTPStatusCode']}{named} ({meta.get('RetryAttempts', 0) + 1} attempts)", False
+        check = "check AWS_ENDPOINT_URL and the network" if url.startswith("s3://") else "check the host and the network"
+        if names & _TIMEOUTS:
+            return f"timed out: {check}", True
+        if names & _CONNECTIONS:
+            return f"cannot connect to {_endpoint(cause, url)}: {check}", True
+        credentials = names & set(_CREDENTIALS)
+        if credentials:
+            return _CREDENTIALS[credentials.pop()], False
+    outer = chain[0]
+    if isinstance(outer, FileNotFoundError):
+        return "not found", False
+    if isinstance(outer, PermissionError):
+        return _DENIED, False
+    if isinstance(outer, OSError) or {"BotoCoreError", "ClientError"} & {kind.__name__ for kind in type(outer).__mro__}:
+        return f"cannot read: {_scrubbed(str(outer))}", False
+    return None, False
+
+
+def _endpoint(error: BaseException, url: str) -> str:
+    """The endpoint a connection failed to reach, from botocore's error or aiohttp's, else the URL's host."""
+    details = getattr(error, "kwargs", None)  # botocore keeps what its message was made of
+    endpoint = details.get("endpoint_url") if isinstance(details, dict) else None
+    if endpoint:
+        parts = urlsplit(endpoint)
+        return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    host = getattr(error, "host", None)
+    return f"{host}:{error.port}" if host else urlsplit(url).netloc.rpartition("@")[2]
+
+
+def _scrubbed(text: str) -> str:
+    """A message from a library, safe to show: its URLs as :func:`display_url` shows them, no credential of the
+    environment's (servers do not echo secrets, but a message is not trusted to know that)."""
+    text = _URL.sub(lambda match: display_url(match.group()), text)
+    for variable in _CREDENTIAL_VARIABLES:
+        secret = os.environ.get(variable)
+        if secret:
+            text = text.replace(secret, "***")
+    return " ".join(text.split())

@@ -1,0 +1,181 @@
+"""Object storage against real servers on loopback: moto's S3 server (a subprocess) and small HTTP servers in threads."""
+
+from __future__ import annotations
+
+import http.server
+import multiprocessing
+import pickle
+import socket
+import sys
+import threading
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+from conftest import S3_KEY_ID, S3_SECRET, s3_authentication
+
+from crackseg.core.errors import InputError
+from crackseg.core.storage import HTTP_ATTEMPTS, RemoteFile, StorageError, display_url, is_url, list_files
+
+SUFFIXES = (".jpg", ".png")
+
+
+def _safe_one_line(error: Exception, url: str) -> str:
+    """The error's text, after checking that it is one line naming the URL as shown and holding no credential."""
+    text = str(error)
+    assert "\n" not in text and text.startswith(display_url(url) + ": ")
+    assert S3_KEY_ID not in text and S3_SECRET not in text and "X-Amz" not in text
+    return text
+
+
+def test_display_url_leaves_out_credentials_and_the_query():
+    presigned = ("https://user:pass@bucket.example.com/photos/a%20b.jpg?X-Amz-Credential=AKIAX%2F20260101%2Fus-east-1"
+                 "&X-Amz-Signature=abc123#frag")
+    assert display_url(presigned) == "https://bucket.example.com/photos/a%20b.jpg"
+    assert display_url("s3://survey/photos/what?.jpg") == "s3://survey/photos/what?.jpg"  # a key may hold ?
+    assert display_url("photos/a.jpg") == "photos/a.jpg"
+    assert [is_url(text) for text in ("s3://b/k", "https://h/p", "gs://b/k", "photos/a.jpg", "C:\\photos")] == [True, True, True, False, False]
+    file = RemoteFile(presigned)
+    assert str(file) == repr(file)[12:-2] == display_url(presigned) and file.name == "a b.jpg" and file.stem == "a b"
+
+
+def test_a_prefix_lists_images_as_a_folder_does(s3):
+    for key in ("photos/a.jpg", "photos/b.png", "photos/notes.txt", "photos/sub/c.jpg", "photosets/d.jpg"):
+        s3.put(key, key.encode())
+    flat = [(str(file), name) for file, name in list_files(s3.url("photos/"), SUFFIXES)]
+    assert flat == [(s3.url("photos/a.jpg"), "a"), (s3.url("photos/b.png"), "b")]
+    assert [(str(f), n) for f, n in list_files(s3.url("photos"), SUFFIXES)] == flat  # a prefix named without its /
+    deep = [name for _, name in list_files(s3.url("photos/"), SUFFIXES, recursive=True)]
+    assert deep == ["a", "b", "sub/c"]
+    assert [name for _, name in list_files(s3.url(), SUFFIXES, recursive=True)] == ["photos/a", "photos/b", "photos/sub/c", "photosets/d"]
+    assert [name for _, name in list_files(s3.url("photo*/*.jpg"), SUFFIXES)] == ["a", "d"]
+    assert [(str(f), n) for f, n in list_files(s3.url("photos/notes.txt"), SUFFIXES)] == [(s3.url("photos/notes.txt"), "notes")]
+
+
+def test_a_key_that_would_leave_the_output_folder_is_refused(s3):
+    s3.put("photos/../../etc/x.jpg", b"x")
+    with pytest.raises(StorageError, match=r"'\.\.' part cannot name an output file"):
+        list_files(s3.url("photos/"), SUFFIXES, recursive=True)
+
+
+def test_files_pickle_into_forked_workers_which_read_them(s3):
+    """As DataLoader workers: forked after this process listed and read, each opens its own connection."""
+    url = s3.put("photos/a.jpg", b"photo bytes")
+    file, _ = list_files(url, SUFFIXES)[0]
+    assert file.read_bytes() == b"photo bytes"
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as workers:
+        assert workers.submit(pickle.loads(pickle.dumps(file)).read_bytes).result(timeout=60) == b"photo bytes"
+
+
+@pytest.mark.parametrize("case", ["bucket", "recursive", "key", "read", "prefix"])
+def test_missing_bucket_key_or_prefix_is_one_line(s3, case):
+    s3.put("photos/a.jpg", b"x")
+    url = {"bucket": "s3://crackseg-no-such-bucket/photos/", "recursive": "s3://crackseg-no-such-bucket/",
+           "key": s3.url("photos/none.jpg"), "read": s3.url("photos/none.jpg"), "prefix": s3.url("none/")}[case]
+    with pytest.raises(StorageError) as caught:
+        RemoteFile(url).read_bytes() if case == "read" else list_files(url, SUFFIXES, recursive=case == "recursive")
+    reason = "no such bucket 'crackseg-no-such-bucket'" if case in ("bucket", "recursive") else "not found"
+    assert _safe_one_line(caught.value, url).endswith(reason)
+
+
+def test_a_wrong_endpoint_is_one_line_after_bounded_retries(s3, monkeypatch):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    with pytest.raises(StorageError) as caught:
+        list_files(s3.url("photos/"), SUFFIXES)
+    assert f"cannot connect to http://127.0.0.1:{port}" in _safe_one_line(caught.value, s3.url("photos/"))
+
+
+def test_refused_credentials_are_one_line_without_them(s3):
+    url = s3.put("photos/a.jpg", b"x")
+    with s3_authentication(s3.endpoint), pytest.raises(StorageError) as caught:
+        list_files(s3.url("photos/"), SUFFIXES)
+    assert "does not know the access key id" in _safe_one_line(caught.value, s3.url("photos/"))
+    with s3_authentication(s3.endpoint), pytest.raises(StorageError) as caught:
+        RemoteFile(url).read_bytes()
+    assert "does not know the access key id" in _safe_one_line(caught.value, url)
+
+
+def test_a_presigned_url_is_read_and_shown_without_its_signature(s3):
+    s3.put("photos/my photo.jpg", b"signed bytes")
+    url = s3.presigned("photos/my photo.jpg")
+    assert "X-Amz-Signature" in url and S3_KEY_ID in url
+    (file, name), = list_files(url, SUFFIXES)
+    assert file.read_bytes() == b"signed bytes" and name == "my photo"
+    assert str(file) == f"{s3.endpoint}/{s3.name}/photos/my%20photo.jpg"
+
+
+def test_http_files_and_their_errors(http_folder):
+    folder, base = http_folder
+    (folder / "a.jpg").write_bytes(b"served")
+    assert RemoteFile(base + "a.jpg").read_bytes() == b"served"
+    with pytest.raises(StorageError) as caught:
+        list_files(base + "none.jpg", SUFFIXES)
+    assert _safe_one_line(caught.value, base + "none.jpg").endswith("not found (HTTP 404)")
+    with pytest.raises(StorageError, match=r"^gs://b/k: gs:// is not supported"):
+        list_files("gs://b/k", SUFFIXES)
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    """Answers GET with ``status`` for the first ``failures`` requests, then with the body; counts the requests."""
+
+    status = 503
+    failures = 0
+    requests = 0
+
+    def do_GET(self):
+        type(self).requests += 1
+        status, body = (self.status, b"no") if type(self).requests <= type(self).failures else (200, b"at last")
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def flaky():
+    """(the handler class, to set ``failures`` and read ``requests``; the server's base URL)."""
+    handler = type("Flaky", (_Flaky,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield handler, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("scheme", ["s3", "http"])
+def test_transient_errors_are_retried_a_bounded_number_of_times(s3, flaky, monkeypatch, scheme):
+    """s3:// by botocore's standard retry mode (AWS_MAX_ATTEMPTS), http(s):// HTTP_ATTEMPTS times, with backoff."""
+    handler, endpoint = flaky
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    url = s3.url("photo.jpg") if scheme == "s3" else f"{endpoint}/photo.jpg"
+    attempts = 2 if scheme == "s3" else HTTP_ATTEMPTS
+    handler.failures = attempts - 1
+    assert RemoteFile(url).read_bytes() == b"at last" and handler.requests == attempts
+    handler.failures, handler.requests = 100, 0
+    with pytest.raises(StorageError) as caught:
+        RemoteFile(url).read_bytes()
+    assert handler.requests == attempts and "503" in _safe_one_line(caught.value, url)
+
+
+def test_a_refused_http_request_is_not_retried(flaky):
+    """As an expired presigned URL: 403 will not change by asking again."""
+    handler, endpoint = flaky
+    handler.status, handler.failures = 403, 100
+    url = f"{endpoint}/photo.jpg?X-Amz-Credential={S3_KEY_ID}%2F20260101&X-Amz-Signature=abc"
+    with pytest.raises(StorageError) as caught:
+        RemoteFile(url).read_bytes()
+    assert handler.requests == 1
+    assert _safe_one_line(caught.value, url) == f"{endpoint}/photo.jpg: access denied (HTTP 403; a presigned URL may have expired)"
+
+
+def test_without_the_extra_a_url_names_the_pip_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "s3fs", None)
+    with pytest.raises(InputError, match=r"reading s3:// URLs needs s3fs; pip install 'crackseg\[s3\]'"):
+        list_files("s3://survey/photos/", SUFFIXES)
