@@ -40,7 +40,7 @@ def add_commands(commands) -> None:
             "smoothly blended tiles; nothing is resized unless --resize is given. Unreadable inputs\n"
             "are listed in OUT/errors.csv and the exit status is 1; the rest are still written.\n\n"
             "  crackseg predict --checkpoint checkpoints/demo/best.pt data/photos --out predictions\n"
-            "  crackseg predict --checkpoint best.pt s3://survey/photos/ --out predictions   (pip install 'crackseg[s3]')\n"
+            "  crackseg predict --checkpoint best.pt s3://survey/photos/ --out s3://survey/pred/   (pip install 'crackseg[s3]')\n"
             "  ./launch.sh predict --checkpoint ... photos/ --out ...   (photos, and each raster's tiles, shared across GPUs)"
         ),
         formatter_class=HelpFormatter,
@@ -50,7 +50,8 @@ def add_commands(commands) -> None:
     predict.add_argument("--checkpoint", "--model", dest="checkpoint", type=Path, required=True,
                          help="crackseg checkpoint or model file: best.pt, a converted classic file, a safetensors folder, "
                               "or an exported model.onnx / model.xml (see crackseg export)")
-    predict.add_argument("--out", required=True, help="output folder (local)")
+    predict.add_argument("--out", required=True, help="output folder: local, or s3://bucket/prefix/ (each file uploaded whole "
+                         "once written; one run at a time holds PREFIX/.crackseg-predict.lock; docs/predict.md)")
     predict.add_argument("--recursive", action="store_true", help="also read images in sub-folders (output names keep the sub-folders)")
     predict.add_argument("--threshold", type=checked(float, FRACTION), default=None, help="crack probability threshold (default: the checkpoint's best validation F1 threshold)")
     predict.add_argument("--save-prob", type=int, choices=[8, 16], default=None, help="also write the probability map as 8- or 16-bit OUT/probs/<name>.png (a GeoTIFF, .tif, for rasters read by windows)")
@@ -77,6 +78,9 @@ def add_commands(commands) -> None:
     predict.add_argument("--overviews", action="store_true", help="add overviews to GeoTIFF outputs, so GIS software opens them fast")
     predict.add_argument("--skip-existing", action="store_true", help="keep masks already in OUT and predict the rest (finishes an interrupted batch)")
     predict.add_argument("--overwrite", action="store_true", help="replace outputs already in OUT")
+    predict.add_argument("--no-lock", dest="lock", action="store_false",
+                         help="for an --out in object storage that cannot lock (no conditional writes): write without the "
+                              "lock object, and run one predict per --out at a time (a local --out is always locked)")
     predict.add_argument("--workers", type=checked(int, NON_NEGATIVE), default=None,
                          help="decoding processes and writer threads (0: all in the main process; default: 0 on CPU, where the model's threads use every core, else CPU cores / processes - 1, at most 8)")
     add_inference_options(predict, "inference")

@@ -1,10 +1,11 @@
-"""Files in object storage: ``s3://bucket/key`` and ``http(s)://`` URLs, listed and read through fsspec.
+"""Files in object storage: ``s3://bucket/key`` and ``http(s)://`` URLs, listed and read through fsspec; s3:// written.
 
 s3:// goes through s3fs (botocore): credentials come from the standard AWS chain (``AWS_ACCESS_KEY_ID`` and
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and ``~/.aws``, an instance role), an S3-compatible endpoint (MinIO, Ceph,
 R2) from ``AWS_ENDPOINT_URL`` or ``AWS_ENDPOINT_URL_S3``, which botocore reads itself. Transient failures are retried by
 botocore's standard retry mode: 3 attempts with jittered exponential backoff unless ``AWS_MAX_ATTEMPTS`` says otherwise.
 http(s):// is read-only, one file per URL (a presigned URL works as given); it is retried as often, with the same backoff.
+An s3:// object is written whole (:func:`upload_file`) or only if absent (:func:`create_if_absent`), never streamed.
 
 Every failure is a :class:`StorageError`: one line naming the URL as :func:`display_url` shows it (no user, password or
 query string, where presigned URLs carry their signature and access key id) and a reason, never a credential.
@@ -18,7 +19,7 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Callable, Sequence, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -41,6 +42,10 @@ class StorageError(InputError):
     def __init__(self, url: str, reason: str):
         self.url, self.reason = display_url(url), reason
         super().__init__(f"{self.url}: {reason}")
+
+
+class UnsupportedByStore(StorageError):
+    """A request the store does not implement (HTTP 501), such as a conditional write on some S3-compatible stores."""
 
 
 def is_url(text: str) -> bool:
@@ -121,6 +126,50 @@ def list_files(url: str, suffixes: Sequence[str], recursive: bool = False) -> li
             if PurePosixPath(key).suffix.lower() in suffixes]
 
 
+def list_keys(url: str) -> list[str]:
+    """The keys of every object below the s3:// prefix ``url``, relative to it, sorted; a missing bucket is an error."""
+    root = _s3_path(url)
+    found = _call(url, lambda fs: fs.find(root))  # find, unlike ls, says when the bucket is missing
+    return sorted(key[len(root) + 1:] for key in found if key.startswith(root + "/"))
+
+
+def upload_file(path: Path, url: str) -> None:
+    """``path`` as the object ``url``, whole: s3fs sends one PUT up to twice its part size (50 MiB), else a multipart upload
+    that it aborts when a part fails, so readers see the complete file or the object as it was, never a part."""
+    _call(url, lambda fs: fs.put_file(str(path), _s3_path(url)))
+
+
+def create_if_absent(url: str, data: bytes) -> bool:
+    """Write ``data`` as the object ``url`` only if no object has that key (``If-None-Match: *``, atomic on the store);
+    False when one has. A store that cannot write conditionally (HTTP 501) raises :class:`UnsupportedByStore`."""
+    def create(fs) -> bool:
+        try:
+            fs.pipe_file(_s3_path(url), data, mode="create")
+            return True
+        except FileExistsError:  # s3fs's name for 412 PreconditionFailed on If-None-Match
+            return False
+        except OSError as error:
+            codes = {_error_code(cause) for cause in _chain(error)}
+            if codes & {"NotImplemented", "501"}:
+                raise UnsupportedByStore(url, "the store does not support conditional writes (If-None-Match: *)") from None
+            if codes & {"ConditionalRequestConflict", "409"}:  # another writer is creating the same key now
+                return False
+            raise
+    return _call(url, create)
+
+
+def delete_file(url: str) -> None:
+    """Remove the object ``url`` (no error when it is gone already)."""
+    _call(url, lambda fs: fs.rm_file(_s3_path(url)))
+
+
+def _s3_path(url: str) -> str:
+    """``bucket/key`` of an s3:// URL, as s3fs names objects; other schemes are refused (they are read-only)."""
+    if _scheme(url) != "s3":
+        raise StorageError(url, "only s3:// URLs can be written; http(s):// is read-only")
+    return url.split("://", 1)[1].rstrip("/")
+
+
 def _name_below(root: str, key: str) -> str:
     """The output name of ``key`` listed under ``root``: its path below, without suffix; a key whose path would leave
     the output folder, or name a file with no name, is refused."""
@@ -192,14 +241,11 @@ _CREDENTIALS = {
 def _reason(error: BaseException, url: str) -> tuple[str | None, bool]:
     """(why ``error`` happened, for a user, and whether trying again may help); (None, False) for what is no storage
     failure. The chain is searched for the most telling cause: fsspec wraps what aiohttp and botocore raise."""
-    chain = []
-    while error is not None and error not in chain:
-        chain.append(error)
-        error = error.__cause__ or error.__context__
+    chain = _chain(error)
     for cause in chain:
         names = {kind.__name__ for kind in type(cause).__mro__}
         response = getattr(cause, "response", None)
-        code = str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
+        code = _error_code(cause)
         if "ClientResponseError" in names:  # aiohttp: an http(s):// answer
             status = cause.status
             why = {404: "not found (HTTP 404)", 401: "access denied (HTTP 401)",
@@ -228,6 +274,21 @@ def _reason(error: BaseException, url: str) -> tuple[str | None, bool]:
     if isinstance(outer, OSError) or {"BotoCoreError", "ClientError"} & {kind.__name__ for kind in type(outer).__mro__}:
         return f"cannot read: {_scrubbed(str(outer))}", False
     return None, False
+
+
+def _chain(error: BaseException | None) -> list[BaseException]:
+    """``error`` and the errors it was raised from or while handling, outermost first."""
+    chain = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
+
+
+def _error_code(error: BaseException) -> str:
+    """botocore's error code of ``error`` (``NoSuchBucket``, or the HTTP status for bodiless answers), else ''."""
+    response = getattr(error, "response", None)
+    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
 
 def _endpoint(error: BaseException, url: str) -> str:

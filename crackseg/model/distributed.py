@@ -197,7 +197,7 @@ def decided_on_main(env: Environment, decide, *args):
         try:
             outcome = ("ok", decide(*args))
         except (InputError, RunError) as error:
-            outcome = (type(error), str(error))
+            outcome = (RunError if isinstance(error, RunError) else InputError, str(error))  # subclasses take other arguments
     outcome = broadcast_from_main(outcome)
     if outcome[0] != "ok":
         raise outcome[0](outcome[1])

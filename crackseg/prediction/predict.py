@@ -46,6 +46,7 @@ from crackseg.model import distributed
 from crackseg.model.inference import Predictor
 from crackseg.model.runtimes import Runtime, RuntimeChoice, choose_runtime, load_runtime
 from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, summarize_existing, write_image_outputs
+from crackseg.prediction.remote_out import RemoteOutputs
 from crackseg.prediction.report import write_report
 from crackseg.prediction.streamed import Raster, RasterRun, allow_open_rasters, open_if_streamed, predict_rasters
 
@@ -62,7 +63,7 @@ IMPLAUSIBLE_MOSTLY_CRACK_SHARE = 0.1  # of the images: at least this share mostl
 class PredictOptions:
     """What predict writes and how; ``inference`` is how the model runs (shared with evaluate)."""
 
-    out: Path  # a local folder: writing to object storage comes later
+    out: Path | str  # a local folder, or an s3://bucket/prefix/ URL (see remote_out)
     inference: InferenceOptions = field(default_factory=InferenceOptions)
     threshold: float | None = None
     save_prob: int | None = None  # 8 or 16 bits
@@ -80,13 +81,14 @@ class PredictOptions:
     vectors: str | None = None  # geojson or gpkg: OUT/vectors/<name>.<ext>, one centreline per crack
     max_pixels: int = MAX_PIXELS  # larger rasters are refused
     overviews: bool = False  # GeoTIFF outputs get overviews, for GIS software
+    lock: bool = True  # False (--no-lock): an --out in object storage is written without its lock object
 
     def __post_init__(self) -> None:
         """The same ranges the command line checks, for callers from Python."""
-        if is_url(str(self.out)):
-            raise InputError(f"--out {display_url(str(self.out))}: writing predictions to object storage is not supported yet; "
-                             "give a local folder (and copy it up afterwards, e.g. with aws s3 sync)")
-        self.out = Path(self.out)
+        if is_url(str(self.out)) and not str(self.out).startswith("s3://"):
+            raise InputError(f"--out {display_url(str(self.out))}: predictions are written to a local folder or an "
+                             "s3://bucket/prefix/ URL (http(s):// is read-only)")
+        self.out = str(self.out) if is_url(str(self.out)) else Path(self.out)
         ranges = {"threshold": FRACTION, "px_size": POSITIVE, "workers": NON_NEGATIVE, "max_pixels": AT_LEAST_ONE}
         for name, valid in ranges.items():
             value = getattr(self, name)
@@ -139,19 +141,20 @@ class PredictOptions:
         return None if px_size is None else value / px_size
 
 
-def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | None = None) -> list[tuple[Path | RemoteFile, str]]:
+def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str | None = None) -> list[tuple[Path | RemoteFile, str]]:
     """(image path or remote file, output name) for every input file, folder, glob or URL, in a stable order.
 
     Output names mirror the inputs: a folder's files (an s3:// prefix's) keep their path below it (without suffix),
     single files, objects, http(s):// URLs and glob matches keep their stem. Two inputs with one output name are an error.
-    Nothing inside ``out`` is ever an input: walks skip it, and naming a file there is an error.
+    Nothing inside ``out`` is ever an input: walks and listings skip it, and naming a local file there is an error.
     """
-    inside_out = (lambda p: Path(p).resolve().is_relative_to(Path(out).resolve())) if out is not None else (lambda p: False)
+    inside_out = (lambda p: Path(p).resolve().is_relative_to(Path(out).resolve())) if isinstance(out, Path) else (lambda p: False)
+    below_out = f"{str(out).rstrip('/')}/" if isinstance(out, str) else None
     found: list[tuple[Path | RemoteFile, str]] = []
     for text in inputs:
         path = Path(text)
         if is_url(text):
-            found += _remote_photos(text, recursive)
+            found += [(file, name) for file, name in _remote_photos(text, recursive) if not (below_out and file.url.startswith(below_out))]
         elif path.is_dir():
             pattern = "**/*" if recursive else "*"
             files = sorted(
@@ -217,17 +220,18 @@ def predict_folder(checkpoint: Path, inputs: list[str], options: PredictOptions)
     choice = choose_runtime(Path(checkpoint), options.inference)
     env = distributed.setup(choice.device)
     try:
-        with contextlib.ExitStack() as open_rasters:
-            return _predict(choice, inputs, options, env, open_rasters)
+        with contextlib.ExitStack() as cleanup:
+            return _predict(choice, inputs, options, env, cleanup)
     finally:
         distributed.teardown()
 
 
 @dataclass
 class _Plan:
-    """The run decided before any work: photos (key, path, output name), open rasters, the run's spec, every input's outputs."""
+    """The run decided before any work: photos (key, path, output name), open rasters, spec, outputs, the store's uploader."""
 
     folder: PredictionsFolder
+    remote: RemoteOutputs | None
     photos: list[tuple[int, Path | RemoteFile, str]]
     rasters: list[Raster]
     spec: OutputSpec
@@ -236,14 +240,17 @@ class _Plan:
 
 
 def _predict(choice: RuntimeChoice, inputs: list[str], options: PredictOptions, env: distributed.Environment,
-             open_rasters: contextlib.ExitStack) -> int:
-    plan = _plan(inputs, options, open_rasters)
+             cleanup: contextlib.ExitStack) -> int:
+    plan = _plan(inputs, options, cleanup)
+    if plan.remote:
+        plan.remote.refuse_unsupported(env.distributed, [raster.path for raster in plan.rasters])
     runtime = load_runtime(choice, env.device)  # a model file that is refused leaves no --out folder behind
-    distributed.decided_on_main(env, plan.folder.prepare, list(plan.outputs.values()), options.overwrite, options.skip_existing)
+    out = plan.remote or plan.folder
+    distributed.decided_on_main(env, out.prepare, list(plan.outputs.values()), options.overwrite, options.skip_existing)
     try:
         return _run(plan, runtime, options, env)
     finally:
-        plan.folder.release()
+        out.release()
 
 
 def _run(plan: _Plan, runtime: Runtime, options: PredictOptions, env: distributed.Environment) -> int:
@@ -260,20 +267,21 @@ def _run(plan: _Plan, runtime: Runtime, options: PredictOptions, env: distribute
     return _write_tables(plan, gathered, options, threshold) if env.is_main else 0
 
 
-def _plan(inputs: list[str], options: PredictOptions, open_rasters: contextlib.ExitStack) -> _Plan:
-    """List the inputs, open each raster (kept open in ``open_rasters`` until it is predicted), and
+def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitStack) -> _Plan:
+    """List the inputs, open each raster (kept open in ``cleanup`` until it is predicted), and
     resolve every input's outputs: sizes, pixel types and units are checked before any work."""
-    folder = PredictionsFolder(options.out)
-    listed = collect_inputs(inputs, options.recursive, folder.root)
+    remote = cleanup.enter_context(RemoteOutputs(options.out, options.lock)) if isinstance(options.out, str) else None
+    folder = remote.folder if remote else PredictionsFolder(options.out)
+    listed = collect_inputs(inputs, options.recursive, options.out)
     tiffs = sum(path.suffix.lower() in (".tif", ".tiff") for path, _ in listed)
     if tiffs and importlib.util.find_spec("rasterio") is not None:  # without it, open_if_streamed says what a raster needs
-        open_rasters.enter_context(gdal_settings())
+        cleanup.enter_context(gdal_settings())
         allow_open_rasters(tiffs)
     sources = {}
     for key, (path, _) in enumerate(listed):
         source = open_if_streamed(path, options.max_pixels) if isinstance(path, Path) else None
         if source is not None:
-            open_rasters.callback(source.close)
+            cleanup.callback(source.close)
             sources[key] = source
     scales, notes = {}, []  # a raster's own pixel size in mm, or None; why a georeferenced raster has none
     for key, source in sources.items():
@@ -285,7 +293,7 @@ def _plan(inputs: list[str], options: PredictOptions, open_rasters: contextlib.E
     photos = [(key, path, name) for key, (path, name) in enumerate(listed) if key not in sources]
     outputs = {key: folder.outputs(name, raster_specs.get(key, spec), raster=key in sources) for key, (_, name) in enumerate(listed)}
     warnings = notes + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
-    return _Plan(folder, photos, rasters, spec, outputs, warnings)
+    return _Plan(folder, remote, photos, rasters, spec, outputs, warnings)
 
 
 def _predict_photos(plan: _Plan, predictor: Predictor, threshold: float, workers: int | None, skip_existing: bool,
@@ -293,7 +301,7 @@ def _predict_photos(plan: _Plan, predictor: Predictor, threshold: float, workers
     """This process's share of the photos: decoded in loader workers, written in writer threads."""
     todo = []
     for key, path, name in plan.photos[env.rank :: env.world_size]:
-        if skip_existing and all(file.exists() for file in plan.outputs[key]):
+        if skip_existing and (plan.remote.fetch_if_done(plan.outputs[key]) if plan.remote else all(f.exists() for f in plan.outputs[key])):
             records.add(key, *summarize_existing(path, plan.folder.mask(name), plan.spec))
         else:
             todo.append((key, path))
@@ -316,28 +324,44 @@ def _predict_photos(plan: _Plan, predictor: Predictor, threshold: float, workers
     with ThreadPoolExecutor(workers) if workers else _Inline() as writers:
         futures = []
         for key, prob in tqdm(predictor.probabilities(images()), total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
-            futures.append((key, writers.submit(write_image_outputs, plan.folder, *names[key], decoded.pop(key), prob, threshold, plan.spec)))
+            futures.append((key, writers.submit(_write_photo, plan, key, names[key], decoded.pop(key), prob, threshold)))
         for key, future in futures:
             try:
                 records.add(key, *future.result())
-            except OSError as error:
+            except (OSError, StorageError) as error:
                 records.errors.append({"path": str(names[key][0]), "error": f"cannot write outputs: {error}"})
+
+
+def _write_photo(plan: _Plan, key: int, named: tuple[Path | RemoteFile, str], image: torch.Tensor, prob: torch.Tensor,
+                 threshold: float) -> tuple[dict, list[dict]]:
+    """One photo's files written (in a writer thread) and, for an --out in object storage, uploaded as soon as they are."""
+    rows = write_image_outputs(plan.folder, *named, image, prob, threshold, plan.spec)
+    if plan.remote:
+        plan.remote.upload(plan.outputs[key])
+    return rows
 
 
 def _write_tables(plan: _Plan, records: Records, options: PredictOptions, threshold: float) -> int:
     """predictions.csv, cracks.csv, errors.csv, summary.json and the report; returns the exit status."""
-    folder = plan.folder
+    folder, remote = plan.folder, plan.remote
+    show = remote.display if remote else str
+    if remote:
+        remote.name_masks(list(records.rows.values()))
     implausible = crack_fraction_warning(list(records.rows.values()), threshold)
     if implausible:
         print(f"crackseg: warning: {implausible}", file=sys.stderr)
     warnings = plan.warnings + ([implausible] if implausible else [])
     summary = folder.write_tables(records, plan.spec, warnings, options.overwrite, threshold)
-    print(f"{len(records.rows)} images predicted into {folder.root}"
-          + (f"; {len(records.errors)} failed, listed in {folder.errors_csv}" if records.errors else ""))
+    if options.report:
+        write_report(folder.root)
+    if remote:
+        remote.finish()
+    print(f"{len(records.rows)} images predicted into {show(folder.root)}"
+          + (f"; {len(records.errors)} failed, listed in {show(folder.errors_csv)}" if records.errors else ""))
     if plan.spec.measure:
         print(_summary_line(summary))
     if options.report:
-        print(f"report written to {write_report(folder.root)}")
+        print(f"report written to {show(folder.report_html)}")
     return 1 if records.errors else 0
 
 

@@ -14,7 +14,18 @@ import pytest
 from conftest import S3_KEY_ID, S3_SECRET, s3_authentication
 
 from crackseg.core.errors import InputError
-from crackseg.core.storage import HTTP_ATTEMPTS, RemoteFile, StorageError, display_url, is_url, list_files
+from crackseg.core.storage import (
+    HTTP_ATTEMPTS,
+    RemoteFile,
+    StorageError,
+    create_if_absent,
+    delete_file,
+    display_url,
+    is_url,
+    list_files,
+    list_keys,
+    upload_file,
+)
 
 SUFFIXES = (".jpg", ".png")
 
@@ -173,6 +184,43 @@ def test_a_refused_http_request_is_not_retried(flaky):
         RemoteFile(url).read_bytes()
     assert handler.requests == 1
     assert _safe_one_line(caught.value, url) == f"{endpoint}/photo.jpg: access denied (HTTP 403; a presigned URL may have expired)"
+
+
+def test_keys_are_written_whole_created_only_if_absent_listed_and_deleted(s3, tmp_path):
+    (tmp_path / "mask.png").write_bytes(b"mask")
+    upload_file(tmp_path / "mask.png", s3.url("pred/masks/a.png"))
+    assert create_if_absent(s3.url("pred/.lock"), b"mine") and not create_if_absent(s3.url("pred/.lock"), b"theirs")
+    assert RemoteFile(s3.url("pred/.lock")).read_bytes() == b"mine"
+    assert list_keys(s3.url("pred/")) == [".lock", "masks/a.png"] and list_keys(s3.url("none/")) == []
+    delete_file(s3.url("pred/.lock"))
+    delete_file(s3.url("pred/.lock"))  # gone already: no error
+    assert list_keys(s3.url("pred")) == ["masks/a.png"]
+    with pytest.raises(StorageError) as missing:
+        list_keys("s3://crackseg-no-such-bucket/pred/")
+    assert _safe_one_line(missing.value, "s3://crackseg-no-such-bucket/pred/").endswith("no such bucket 'crackseg-no-such-bucket'")
+
+
+def test_a_multipart_upload_that_fails_leaves_no_object_and_no_parts(s3, tmp_path, monkeypatch):
+    """A connection dropped on the second of three 5 MiB parts: the upload is aborted, the key never appears."""
+    import botocore.exceptions
+    import s3fs
+
+    monkeypatch.setattr(s3fs.core, "calculate_chunksize", lambda size, chunksize=None: 5 * 2**20)
+    call = s3fs.S3FileSystem._call_s3
+
+    async def dropped_on_part_2(self, method, *args, **kwargs):
+        if method == "upload_part" and kwargs["PartNumber"] == 2:
+            raise botocore.exceptions.ConnectionClosedError(endpoint_url=s3.endpoint)
+        return await call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", dropped_on_part_2)
+    (tmp_path / "big.tif").write_bytes(bytes(11 * 2**20))
+    url = s3.url("pred/masks/big.tif")
+    with pytest.raises(StorageError) as failed:
+        upload_file(tmp_path / "big.tif", url)
+    assert _safe_one_line(failed.value, url) == f"{url}: cannot connect to {s3.endpoint}: check AWS_ENDPOINT_URL and the network"
+    assert "Contents" not in s3.client.list_objects_v2(Bucket=s3.name)
+    assert "Uploads" not in s3.client.list_multipart_uploads(Bucket=s3.name)
 
 
 def test_without_the_extra_a_url_names_the_pip_install(monkeypatch):

@@ -118,7 +118,7 @@ def test_storage_mistakes_are_one_line_naming_the_url_without_credentials(s3, ph
     expected = {"bucket": f"{url}: no such bucket 'crackseg-no-such-bucket'", "key": f"{url}: not found",
                 "endpoint": f"{url}: cannot connect to http://127.0.0.1:", "credentials": f"{url}: the endpoint does not know the access key id",
                 "tiff": f"{url}ortho.tif: TIFFs from object storage are not supported yet",
-                "out": "--out s3://survey/predictions: writing predictions to object storage is not supported yet"}[case]
+                "out": "s3://survey/predictions/: no such bucket 'survey'"}[case]
     assert err.startswith(f"crackseg: error: {expected}")
     assert not (tmp_path / "out").exists()  # refused before any work
 

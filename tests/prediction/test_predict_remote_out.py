@@ -1,0 +1,182 @@
+"""predict --out s3://bucket/prefix/: against moto's S3 server on loopback, compared with a local run of the same photos."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import S3_KEY_ID, S3_SECRET, cli_result, csv_rows, predict_cli
+
+import crackseg.prediction.predict as predict_module
+from crackseg.model.checkpoint import save_model
+from crackseg.prediction.remote_out import LOCK_NAME
+
+FLAGS = ["--recursive", "--overlay", "--px-size", 0.5]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(model, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "model.pt"
+    model.threshold = 0.5
+    save_model(model, path)
+    return path
+
+
+@pytest.fixture
+def photos(synth_root, tmp_path) -> Path:
+    """in/a.jpg, in/b.jpg, in/sub/c.jpg: 64 px synthetic crack photos."""
+    folder = tmp_path / "in"
+    (folder / "sub").mkdir(parents=True)
+    for source, target in zip(sorted((synth_root / "images").glob("*.jpg")), ("a.jpg", "b.jpg", "sub/c.jpg")):
+        shutil.copyfile(source, folder / target)
+    return folder
+
+
+@pytest.fixture
+def staging(tmp_path, monkeypatch) -> Path:
+    """The folder predict stages in (the temp folder), to check that nothing is left there."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def _download(s3, prefix: str, folder: Path) -> Path:
+    """Every object below ``prefix`` (no trailing /) into ``folder``, by its key below the prefix."""
+    for item in s3.client.list_objects_v2(Bucket=s3.name, Prefix=prefix + "/").get("Contents", []):
+        target = folder / item["Key"][len(prefix) + 1:]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(s3.client.get_object(Bucket=s3.name, Key=item["Key"])["Body"].read())
+    return folder
+
+
+def _keys(s3, prefix: str) -> list[str]:
+    return sorted(item["Key"][len(prefix) + 1:] for item in s3.client.list_objects_v2(Bucket=s3.name, Prefix=prefix + "/").get("Contents", []))
+
+
+def _written(monkeypatch) -> list[str]:
+    """The output names of the photos predict writes from now on (a skipped photo is summarised, not written)."""
+    names = []
+    write = predict_module.write_image_outputs
+
+    def counted(folder, path, name, *args):
+        names.append(name)
+        return write(folder, path, name, *args)
+
+    monkeypatch.setattr(predict_module, "write_image_outputs", counted)
+    return names
+
+
+def test_s3_in_s3_out_gives_the_outputs_of_a_local_run(s3, photos, tmp_path, checkpoint, staging):
+    source, out = s3.upload(photos, "survey/photos"), s3.url("survey/pred/")
+    assert predict_cli("--checkpoint", checkpoint, photos, "--out", tmp_path / "local", *FLAGS, "--report") == 0
+    assert predict_cli("--checkpoint", checkpoint, source, "--out", out, *FLAGS, "--report") == 0
+    local, remote = tmp_path / "local", _download(s3, "survey/pred", tmp_path / "remote")
+    files = [sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) for folder in (local, remote)]
+    assert [name for name in files[0] if not name.startswith("report/")] == files[1]  # no lock, no temp name left; the
+    # report shows no photo (nor overlay) of a URL input
+    for name in (name for name in files[1] if name.endswith((".png", ".jpg"))):
+        assert (remote / name).read_bytes() == (local / name).read_bytes(), name
+    for table in ("predictions.csv", "cracks.csv"):
+        assert [{k: v for k, v in row.items() if k not in ("path", "mask")} for row in csv_rows(remote / table)] == \
+            [{k: v for k, v in row.items() if k not in ("path", "mask")} for row in csv_rows(local / table)]
+    assert [row["mask"] for row in csv_rows(remote / "predictions.csv")] == [out + f"masks/{n}.png" for n in ("a", "b", "sub/c")]
+    summaries = [json.loads((folder / "summary.json").read_text()) for folder in (local, remote)]
+    for summary in summaries:
+        summary["widest"].pop("path")
+    assert summaries[0] == summaries[1]
+    assert not any(staging.iterdir())
+    for path in remote.rglob("*"):
+        assert path.is_dir() or not {S3_KEY_ID.encode(), S3_SECRET.encode()} & {w for w in path.read_bytes().split()}, path
+
+
+def test_existing_outputs_are_refused_skipped_or_replaced(s3, photos, tmp_path, checkpoint, monkeypatch):
+    source, out = s3.upload(photos, "survey/photos"), s3.url("survey/pred/")
+    assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive") == 0
+    code, err = cli_result(["predict", "--checkpoint", checkpoint, source, "--out", out, "--recursive", "--device", "cpu", "--workers", "0"])
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"crackseg: error: 6 outputs already exist in {out} (e.g. {out}masks/a.png); pass --skip-existing")
+    s3.client.delete_object(Bucket=s3.name, Key="survey/pred/masks/b.png")  # as a run interrupted before b's upload
+    written = _written(monkeypatch)
+    assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive", "--skip-existing") == 0
+    assert written == ["b"]
+    rows = csv_rows(_download(s3, "survey/pred", tmp_path / "skipped") / "predictions.csv")
+    assert [row["status"] for row in rows] == ["skipped: exists", "ok", "skipped: exists"]
+    assert [row["mask"] for row in rows] == [out + f"masks/{n}.png" for n in ("a", "b", "sub/c")]
+    written.clear()
+    assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive", "--overwrite") == 0
+    assert written == ["a", "b", "sub/c"]
+    assert _keys(s3, "survey/pred") == ["cracks.csv", "masks/a.png", "masks/b.png", "masks/sub/c.png", "predictions.csv", "summary.json"]
+
+
+def test_a_held_lock_refuses_a_second_run_and_a_run_removes_its_own(s3, photos, checkpoint, monkeypatch, staging):
+    source, out = s3.upload(photos, "survey/photos"), s3.url("survey/pred/")
+    s3.put(f"survey/pred/{LOCK_NAME}", b'{"host": "other"}')
+    code, err = cli_result(["predict", "--checkpoint", checkpoint, source, "--out", out, "--device", "cpu", "--workers", "0"])
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"crackseg: error: {out}{LOCK_NAME}: another predict is writing to {out}; if none is")
+    assert f"aws s3 rm {out}{LOCK_NAME}" in err
+    assert _keys(s3, "survey/pred") == [LOCK_NAME]  # the other run's lock is left alone
+    s3.client.delete_object(Bucket=s3.name, Key=f"survey/pred/{LOCK_NAME}")
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(predict_module, "write_image_outputs", interrupted)
+    assert predict_cli("--checkpoint", checkpoint, source, "--out", out) == 130
+    assert _keys(s3, "survey/pred") == [] and not any(staging.iterdir())
+
+
+def test_a_store_that_cannot_lock_says_so_and_no_lock_goes_on(s3, photos, checkpoint, monkeypatch):
+    import botocore.exceptions
+    import s3fs
+
+    async def not_implemented(self, path, data, mode="overwrite", **kwargs):
+        answer = {"Error": {"Code": "NotImplemented", "Message": "If-None-Match"}, "ResponseMetadata": {"HTTPStatusCode": 501}}
+        raise OSError(errno.ENOSYS, "not implemented") from botocore.exceptions.ClientError(answer, "PutObject")
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_pipe_file", not_implemented)
+    source, out = s3.upload(photos, "survey/photos"), s3.url("survey/pred/")
+    code, err = cli_result(["predict", "--checkpoint", checkpoint, source, "--out", out, "--device", "cpu", "--workers", "0"])
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"crackseg: error: {out}{LOCK_NAME}: the store does not support conditional writes")
+    assert "pass --no-lock" in err and _keys(s3, "survey/pred") == []
+    assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--no-lock") == 0
+    assert _keys(s3, "survey/pred") == ["cracks.csv", "masks/a.png", "masks/b.png", "predictions.csv", "summary.json"]
+
+
+def test_a_failed_upload_leaves_no_object_and_is_listed_in_errors(s3, photos, tmp_path, checkpoint, monkeypatch):
+    import botocore.exceptions
+    import s3fs
+
+    call = s3fs.S3FileSystem._call_s3
+
+    async def dropped_for_b(self, method, *args, **kwargs):
+        if method == "put_object" and kwargs.get("Key", "").endswith("masks/b.png"):
+            raise botocore.exceptions.ConnectionClosedError(endpoint_url=s3.endpoint)
+        return await call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", dropped_for_b)
+    source, out = s3.upload(photos, "survey/photos"), s3.url("survey/pred/")
+    assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive") == 1
+    assert "masks/b.png" not in _keys(s3, "survey/pred") and f"{LOCK_NAME}" not in _keys(s3, "survey/pred")
+    errors = csv_rows(_download(s3, "survey/pred", tmp_path / "remote") / "errors.csv")
+    assert errors == [{"path": source + "b.jpg", "error": f"cannot write outputs: {out}masks/b.png: cannot connect to {s3.endpoint}: "
+                       "check AWS_ENDPOINT_URL and the network"}]
+    assert [row["mask"] for row in csv_rows(tmp_path / "remote" / "predictions.csv")] == [out + "masks/a.png", out + "masks/sub/c.png"]
+
+
+def test_an_http_out_is_refused_in_one_line(photos, checkpoint):
+    code, err = cli_result(["predict", "--checkpoint", checkpoint, photos, "--out", "https://host/pred/", "--device", "cpu"])
+    assert code == 2 and err == "crackseg: error: --out https://host/pred/: predictions are written to a local folder or an " \
+        "s3://bucket/prefix/ URL (http(s):// is read-only)\n"
+
+
+def test_a_missing_bucket_for_out_is_one_line_and_leaves_nothing(photos, checkpoint, s3, staging):
+    code, err = cli_result(["predict", "--checkpoint", checkpoint, photos, "--out", "s3://crackseg-no-such-bucket/pred/", "--device", "cpu"])
+    assert (code, err) == (2, "crackseg: error: s3://crackseg-no-such-bucket/pred/: no such bucket 'crackseg-no-such-bucket'\n")
+    assert not any(staging.iterdir())
