@@ -6,6 +6,8 @@ R2) from ``AWS_ENDPOINT_URL`` or ``AWS_ENDPOINT_URL_S3``, which botocore reads i
 botocore's standard retry mode: 3 attempts with jittered exponential backoff unless ``AWS_MAX_ATTEMPTS`` says otherwise.
 http(s):// is read-only, one file per URL (a presigned URL works as given); it is retried as often, with the same backoff.
 An s3:// object is written whole (:func:`upload_file`) or only if absent (:func:`create_if_absent`), never streamed.
+Rasters are read by GDAL itself, by ranged requests (:func:`gdal_path`), configured from the same variables
+(:func:`gdal_options`).
 
 Every failure is a :class:`StorageError`: one line naming the URL as :func:`display_url` shows it (no user, password or
 query string, where presigned URLs carry their signature and access key id) and a reason, never a credential.
@@ -20,7 +22,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from crackseg.core.errors import InputError, require
@@ -34,6 +36,15 @@ _URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]+)://[^\s'\"<>]+")
 _GLOB = re.compile(r"[*?\[]")
 _CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 _T = TypeVar("_T")
+_GDAL_READING = {  # GDAL's defaults otherwise: what a tiled raster read by windows from a store needs
+    "GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR",  # no listing of the whole prefix to find sidecar files
+    "GDAL_HTTP_MAX_RETRY": str(HTTP_ATTEMPTS - 1),  # 429 and 5xx answers, as the http(s):// reads here
+    "GDAL_HTTP_RETRY_DELAY": "1",  # seconds, doubled at each retry
+    "GDAL_HTTP_CONNECTTIMEOUT": str(int(HTTP_TIMEOUTS_S["connect"])),
+    "GDAL_HTTP_LOW_SPEED_TIME": str(int(HTTP_TIMEOUTS_S["sock_read"])),  # a dropped connection fails instead of hanging
+    "GDAL_HTTP_LOW_SPEED_LIMIT": "1",  # bytes per second, over LOW_SPEED_TIME
+    "VSI_CACHE": "TRUE",  # a per-file cache of the byte ranges read (25 MB), so overlapping windows fetch them once
+}
 
 
 class StorageError(InputError):
@@ -94,10 +105,37 @@ class RemoteFile:
     def stem(self) -> str:
         return PurePosixPath(self.name).stem
 
+    def check_readable(self) -> None:
+        """Raise the :class:`StorageError` that says why the file cannot be read (missing, denied, unreachable), if any:
+        GDAL's own messages for these are terse, and may not name the cause."""
+        _call(self.url, lambda fs: fs.info(self.url))
+
     def read_bytes(self) -> bytes:
         """The whole file, in one GET (s3fs would first ask for the size, to fetch files over 50 MB in parallel parts)."""
         single = {"max_concurrency": 1} if _scheme(self.url) == "s3" else {}
         return _call(self.url, lambda fs: fs.cat_file(self.url, **single))
+
+
+def gdal_path(url: str) -> str:
+    """The name GDAL reads ``url`` by, window by window through ranged GETs, never whole: ``/vsis3/bucket/key`` for
+    s3:// (credentials from the AWS chain, GDAL's own), ``/vsicurl/URL`` for http(s)://."""
+    if _scheme(url) == "s3":
+        return "/vsis3/" + url.split("://", 1)[1]
+    return "/vsicurl/" + url
+
+
+def gdal_options(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """GDAL's configuration options for reading rasters from the store as s3fs does: GDAL ignores ``AWS_ENDPOINT_URL``
+    (and ``AWS_ENDPOINT_URL_S3``), so it becomes ``AWS_S3_ENDPOINT`` (host[:port]), ``AWS_HTTPS`` (from its scheme) and
+    path-style requests (``AWS_VIRTUAL_HOSTING=FALSE``, as MinIO and moto need). An option the environment sets itself
+    is left to it (GDAL reads its options from the environment too)."""
+    options = dict(_GDAL_READING)
+    endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        options |= {"AWS_S3_ENDPOINT": parts.netloc.rpartition("@")[2] + parts.path.rstrip("/"),
+                    "AWS_HTTPS": "NO" if parts.scheme == "http" else "YES", "AWS_VIRTUAL_HOSTING": "FALSE"}
+    return {name: value for name, value in options.items() if name not in environ}
 
 
 def list_files(url: str, suffixes: Sequence[str], recursive: bool = False) -> list[tuple[RemoteFile, str]]:
@@ -109,7 +147,7 @@ def list_files(url: str, suffixes: Sequence[str], recursive: bool = False) -> li
     """
     scheme = _scheme(url)
     if scheme != "s3":
-        _call(url, lambda fs: fs.info(url))  # a missing file or a refused request is said now, before any work
+        RemoteFile(url).check_readable()  # a missing file or a refused request is said now, before any work
         return [(RemoteFile(url), RemoteFile(url).stem)]
     root = url.split("://", 1)[1].rstrip("/")
     if _GLOB.search(root):
@@ -272,7 +310,7 @@ def _reason(error: BaseException, url: str) -> tuple[str | None, bool]:
     if isinstance(outer, PermissionError):
         return _DENIED, False
     if isinstance(outer, OSError) or {"BotoCoreError", "ClientError"} & {kind.__name__ for kind in type(outer).__mro__}:
-        return f"cannot read: {_scrubbed(str(outer))}", False
+        return f"cannot read: {scrubbed(str(outer))}", False
     return None, False
 
 
@@ -302,7 +340,7 @@ def _endpoint(error: BaseException, url: str) -> str:
     return f"{host}:{error.port}" if host else urlsplit(url).netloc.rpartition("@")[2]
 
 
-def _scrubbed(text: str) -> str:
+def scrubbed(text: str) -> str:
     """A message from a library, safe to show: its URLs as :func:`display_url` shows them, no credential of the
     environment's (servers do not echo secrets, but a message is not trusted to know that)."""
     text = _URL.sub(lambda match: display_url(match.group()), text)

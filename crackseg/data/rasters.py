@@ -14,6 +14,10 @@ never whole in memory. What predict needs from a raster:
   at all is :func:`open_on_map`'s to say (rasterio decides; without the geo extra, the
   GeoTIFF tags of its header), and :func:`map_facts` gives what a reader needs of one.
 
+A raster in object storage (:class:`crackseg.core.storage.RemoteFile`) is read the same way, by windows through
+GDAL's ``/vsis3/`` and ``/vsicurl/`` (:func:`open_raster`), never downloaded whole; :func:`gdal_settings` gives GDAL
+the endpoint and retries that :mod:`crackseg.core.storage` uses.
+
 Needs the geo extra: ``pip install 'crackseg[geo]'``.
 """
 
@@ -32,6 +36,7 @@ from PIL import Image
 from crackseg.core.config import MAX_PIXELS
 from crackseg.core.errors import InputError, require
 from crackseg.core.files import PendingFile
+from crackseg.core.storage import RemoteFile, StorageError, gdal_options, gdal_path, scrubbed
 from crackseg.data.images import DECODE_ERRORS
 
 if TYPE_CHECKING:
@@ -40,6 +45,7 @@ if TYPE_CHECKING:
 BLOCK = 512  # px: the side of an output GeoTIFF's tiles
 READ_AHEAD = 4096  # px: columns read from a raster at once (a run of 1024 rows holds 16 MB)
 GEOTIFF_TAGS = frozenset({33550, 33922, 34264, 34735})  # ModelPixelScale, ModelTiepoint, ModelTransformation, GeoKeyDirectory
+_UNDECODABLE = ("not recognized as being in a supported file format", "TIFF header", "Not a TIFF")  # GDAL read the bytes
 
 
 def rasterio():
@@ -54,10 +60,37 @@ def on_map(raster) -> bool:
 
 
 def gdal_reason(error: Exception) -> str:
-    """GDAL's own words for a failure: rasterio raises "See previous exception" and chains the cause."""
+    """GDAL's own words for a failure, without credentials: rasterio raises "See previous exception" and chains the cause."""
+    error = _gdal_cause(error)
+    return scrubbed(str(error).splitlines()[0][:300]) if str(error) else type(error).__name__
+
+
+def _gdal_cause(error: Exception) -> Exception:
     while error.__cause__ is not None or error.__context__ is not None:
         error = error.__cause__ or error.__context__
-    return str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+    return error
+
+
+def open_raster(path: Path | RemoteFile):
+    """``path`` open in rasterio; a remote file through GDAL's virtual file systems (read by windows, never whole), its
+    tiles decoded by one thread: GDAL's multi-threaded decoding fetches a window's bytes again even where its blocks are
+    cached (2.8 times the file over HTTP, measured on a 600 x 700 px GeoTIFF), one thread fetches each byte once."""
+    if isinstance(path, RemoteFile):
+        return rasterio().open(gdal_path(path.url), NUM_THREADS="1")
+    return rasterio().open(path)
+
+
+def unreadable_in_store(path: Path | RemoteFile, error: Exception) -> StorageError | None:
+    """Why GDAL could not open the remote file ``path`` (``error``: rasterio's) when the store is the cause: its answer
+    (missing, denied, unreachable) as :mod:`crackseg.core.storage` says it, or GDAL's words where GDAL cannot fetch what
+    the store serves (a server without range requests); None for a local file, or one whose bytes GDAL read and cannot
+    decode (the photo reader says why). Any other failure is an error: a GeoTIFF read whole would lose its map."""
+    if not isinstance(path, RemoteFile):
+        return None
+    path.check_readable()
+    if any(words in str(_gdal_cause(error)) for words in _UNDECODABLE):
+        return None
+    return StorageError(path.url, f"cannot read: {gdal_reason(error)}")
 
 
 def open_on_map(path: Path | None):
@@ -118,15 +151,15 @@ class _Run(NamedTuple):
 class RasterSource:
     """An open raster read by windows; use as a context manager."""
 
-    def __init__(self, path: Path, max_pixels: int = MAX_PIXELS, dataset=None):
+    def __init__(self, path: Path | RemoteFile, max_pixels: int = MAX_PIXELS, dataset=None):
         """Open ``path``, or take over ``dataset``, its rasterio dataset already open."""
         rio = rasterio()
-        self.path = Path(path)
+        self.path = path if isinstance(path, RemoteFile) else Path(path)
         if dataset is None:
             try:
-                dataset = rio.open(self.path)
+                dataset = open_raster(self.path)
             except rio.errors.RasterioIOError as error:
-                raise InputError(f"{path}: not a readable raster ({str(error).splitlines()[0][:200]})") from None
+                raise InputError(f"{path}: not a readable raster ({gdal_reason(error)})") from None
         self._dataset = dataset
         self.height, self.width = dataset.height, dataset.width
         if self.height * self.width > max_pixels:
@@ -201,8 +234,9 @@ class RasterSource:
             pixels = self._dataset.read(self._indexes, window=window)[self._order]
             valid = self._dataset.dataset_mask(window=window) > 0
         except rio.errors.RasterioIOError as error:
+            cause = "the store stopped answering?" if isinstance(self.path, RemoteFile) else "a damaged file?"
             raise InputError(f"{self.path}: rows {top}-{top + rows}, columns {start}-{end} cannot be decoded "
-                             f"(a damaged file?): {gdal_reason(error)}") from None
+                             f"({cause}): {gdal_reason(error)}") from None
         if self._scale != 1:
             pixels = np.minimum(pixels.astype(np.float32) * self._scale + 0.5, 255).astype(np.uint8)
         if kept:
@@ -328,9 +362,10 @@ class RasterSink:
 def gdal_settings():
     """GDAL as predict uses it: mask bands inside the GeoTIFF, a block cache of fixed size (GDAL's
     default, 5% of RAM, would let memory grow with the raster up to that), no .aux.xml files
-    written beside the inputs (statistics stay in memory), and tiles decoded by as many threads
-    as torch computes with: reading and the model take turns, so the cores would idle otherwise."""
+    written beside the inputs (statistics stay in memory), tiles decoded by as many threads
+    as torch computes with (reading and the model take turns, so the cores would idle otherwise),
+    and the store's endpoint, retries and cache (:func:`crackseg.core.storage.gdal_options`)."""
     import torch
 
     return rasterio().Env(GDAL_TIFF_INTERNAL_MASK=True, GDAL_CACHEMAX=64, GDAL_PAM_ENABLED="NO",
-                          GDAL_NUM_THREADS=str(torch.get_num_threads()))
+                          GDAL_NUM_THREADS=str(torch.get_num_threads()), **gdal_options())

@@ -154,7 +154,7 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
     for text in inputs:
         path = Path(text)
         if is_url(text):
-            found += [(file, name) for file, name in _remote_photos(text, recursive) if not (below_out and file.url.startswith(below_out))]
+            found += [(file, name) for file, name in list_files(text, IMAGE_SUFFIXES, recursive) if not (below_out and file.url.startswith(below_out))]
         elif path.is_dir():
             pattern = "**/*" if recursive else "*"
             files = sorted(
@@ -179,17 +179,6 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
     if not unique:
         raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(map(display_url, inputs))}")
     return unique
-
-
-def _remote_photos(url: str, recursive: bool) -> list[tuple[RemoteFile, str]]:
-    """The photos a URL names; a raster there is refused: rasters are read by windows, from a local file."""
-    listed = list_files(url, IMAGE_SUFFIXES, recursive)
-    rasters = [str(file) for file, _ in listed if file.suffix.lower() in (".tif", ".tiff")]
-    if rasters:
-        more = f" (and {len(rasters) - 1} more)" if len(rasters) > 1 else ""
-        raise InputError(f"{rasters[0]}{more}: TIFFs from object storage are not supported yet; download them, or leave "
-                         "them out with a pattern such as s3://bucket/photos/*.jpg")
-    return listed
 
 
 class _Images(torch.utils.data.Dataset):
@@ -279,7 +268,7 @@ def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitSt
         allow_open_rasters(tiffs)
     sources = {}
     for key, (path, _) in enumerate(listed):
-        source = open_if_streamed(path, options.max_pixels) if isinstance(path, Path) else None
+        source = open_if_streamed(path, options.max_pixels)
         if source is not None:
             cleanup.callback(source.close)
             sources[key] = source

@@ -60,7 +60,7 @@ class RemoteOutputs:
         """The object a staged file goes to."""
         return f"{self.url}/{self._key(path)}"
 
-    def refuse_unsupported(self, distributed: bool, rasters: list[Path]) -> None:
+    def refuse_unsupported(self, distributed: bool, rasters: list[Path | RemoteFile]) -> None:
         """What cannot be written to the store yet, said before any work: several processes (torchrun), and rasters
         predicted by windows (their GeoTIFFs are to go up as Cloud-Optimized GeoTIFFs)."""
         if distributed:

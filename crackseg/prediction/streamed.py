@@ -30,10 +30,21 @@ from tqdm import tqdm
 from crackseg.core.config import MAX_PIXELS, STREAM_ABOVE
 from crackseg.core.errors import InputError
 from crackseg.core.files import temp_path
+from crackseg.core.storage import RemoteFile
 from crackseg.cracks.measure import CrackMeasure, crack_measure, crack_parts
 from crackseg.cracks.vectors import centrelines, skeleton_links, write_vectors
 from crackseg.data.images import CRACK_THRESHOLD
-from crackseg.data.rasters import BLOCK, GEOTIFF_TAGS, RasterSink, RasterSource, gdal_settings, on_map, rasterio
+from crackseg.data.rasters import (
+    BLOCK,
+    GEOTIFF_TAGS,
+    RasterSink,
+    RasterSource,
+    gdal_settings,
+    on_map,
+    open_raster,
+    rasterio,
+    unreadable_in_store,
+)
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor, part_rows
 from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, probability_levels, table_rows
@@ -41,28 +52,33 @@ from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, 
 HALO = 64  # px above and below each measured band: cracks narrower than this are measured as on the whole mask
 
 
-def open_if_streamed(path: Path, max_pixels: int = MAX_PIXELS) -> RasterSource | None:
+def open_if_streamed(path: Path | RemoteFile, max_pixels: int = MAX_PIXELS) -> RasterSource | None:
     """The open source of ``path`` when it is predicted by windows: a TIFF that is georeferenced (a
     CRS or a geotransform), has a nodata value (pixels outside the survey, which a photo would
     predict) or is larger than STREAM_ABOVE; None for other images, which are decoded whole, as photos.
+    A TIFF in object storage is told apart by GDAL reading its header there (run under ``gdal_settings``).
 
     Without the geo extra, such a TIFF is a one-line error naming it: read whole it would lose
     its georeferencing, or its size. Too many pixels or an unsupported pixel type is a one-line
-    error too, before any work.
+    error too, before any work, as is a remote TIFF the store does not serve (a StorageError).
     """
-    if Path(path).suffix.lower() not in (".tif", ".tiff"):
+    if path.suffix.lower() not in (".tif", ".tiff"):
         return None
     try:
         rio = rasterio()
     except InputError as error:
-        if _geotiff_or_large(path):
-            raise InputError(f"{path}: a GeoTIFF or a TIFF over {STREAM_ABOVE / 1e6:.0f} megapixels is read by windows; {error}") from None
+        if isinstance(path, RemoteFile) or _geotiff_or_large(path):
+            raise InputError(f"{path}: a GeoTIFF or a TIFF over {STREAM_ABOVE / 1e6:.0f} megapixels is read by windows "
+                             f"(and a TIFF in object storage is told apart by GDAL); {error}") from None
         return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", rio.errors.NotGeoreferencedWarning)  # a plain TIFF: read as a photo
-            dataset = rio.open(path)
-    except rio.errors.RasterioIOError:
+            dataset = open_raster(path)
+    except rio.errors.RasterioIOError as error:
+        failure = unreadable_in_store(path, error)
+        if failure:
+            raise failure from None
         return None  # not a TIFF GDAL reads: the photo path reports what is wrong with it
     placed = dataset.crs is not None or not dataset.transform.is_identity  # a CRS, or a geotransform without one
     if not (placed or dataset.nodata is not None or dataset.width * dataset.height > STREAM_ABOVE):
@@ -93,7 +109,7 @@ class Raster:
     """One input raster of a run: its key (row order in predictions.csv), path, output name, open source and spec."""
 
     key: int
-    path: Path
+    path: Path | RemoteFile
     name: str
     source: RasterSource
     spec: OutputSpec

@@ -21,6 +21,8 @@ from crackseg.core.storage import (
     create_if_absent,
     delete_file,
     display_url,
+    gdal_options,
+    gdal_path,
     is_url,
     list_files,
     list_keys,
@@ -227,3 +229,19 @@ def test_without_the_extra_a_url_names_the_pip_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "s3fs", None)
     with pytest.raises(InputError, match=r"reading s3:// URLs needs s3fs; pip install 'crackseg\[s3\]'"):
         list_files("s3://survey/photos/", SUFFIXES)
+
+
+def test_gdal_reads_the_store_as_s3fs_does():
+    """GDAL ignores AWS_ENDPOINT_URL: its host, scheme and path-style requests become GDAL's options, and an option the
+    environment sets itself is GDAL's to read there (a GDAL option set by rasterio.Env would override it)."""
+    options = gdal_options({"AWS_ENDPOINT_URL": "http://user:pw@127.0.0.1:9000"})
+    assert {k: options[k] for k in ("AWS_S3_ENDPOINT", "AWS_HTTPS", "AWS_VIRTUAL_HOSTING")} == {
+        "AWS_S3_ENDPOINT": "127.0.0.1:9000", "AWS_HTTPS": "NO", "AWS_VIRTUAL_HOSTING": "FALSE"}
+    assert options["GDAL_DISABLE_READDIR_ON_OPEN"] == "EMPTY_DIR" and options["VSI_CACHE"] == "TRUE"
+    s3_only = gdal_options({"AWS_ENDPOINT_URL": "http://other:1", "AWS_ENDPOINT_URL_S3": "https://minio.example/",
+                            "AWS_VIRTUAL_HOSTING": "TRUE", "GDAL_HTTP_MAX_RETRY": "9"})
+    assert s3_only["AWS_S3_ENDPOINT"] == "minio.example" and s3_only["AWS_HTTPS"] == "YES"
+    assert "AWS_VIRTUAL_HOSTING" not in s3_only and "GDAL_HTTP_MAX_RETRY" not in s3_only
+    assert not {"AWS_S3_ENDPOINT", "AWS_HTTPS", "AWS_VIRTUAL_HOSTING"} & set(gdal_options({}))
+    assert gdal_path("s3://bucket/a b/ortho.tif") == "/vsis3/bucket/a b/ortho.tif"
+    assert gdal_path("https://host/ortho.tif?X-Amz-Signature=1") == "/vsicurl/https://host/ortho.tif?X-Amz-Signature=1"
