@@ -42,7 +42,8 @@ def add_commands(commands) -> None:
     evaluate.add_argument("--gt", type=Path, help="folder of ground-truth masks (<stem>.*)")
     evaluate.add_argument("--checkpoint", "--model", dest="checkpoint", type=Path,
                           help="predict with this checkpoint (or safetensors folder, .onnx, .xml) instead of reading --pred")
-    evaluate.add_argument("--data", type=Path, help="dataset root for --checkpoint")
+    evaluate.add_argument("--data", help="dataset root for --checkpoint: a folder, or s3://bucket/prefix/ holding images/, masks/ "
+                                          "and the split files (read file by file, never copied; see docs/evaluate.md)")
     evaluate.add_argument("--split", default=None, help="file of stems to score; with --checkpoint also a split name (test, val, train: ROOT/NAME.txt) or all (default test)")
     evaluate.add_argument("--tolerance", type=checked(float, TOLERANCE), default=0.0, help=f"pixel tolerance for precision / recall / F1, {TOLERANCE.describe()} (0 = exact pixels; papers often use 2)")
     evaluate.add_argument("--threshold", type=checked(float, FRACTION), default=None, help="operating threshold on probabilities (default 0.5 for files, the checkpoint's for --checkpoint)")

@@ -6,6 +6,9 @@ in a listing. :func:`scan` decodes every file once before training (in parallel 
 JPEGs at 1/8 scale, which still decodes their whole stream, so truncation is caught)
 and reads the crack pixel counts that :func:`crack_pixel_weight` needs.
 
+A dataset in object storage (``s3://bucket/prefix/`` with ``images/``, ``masks/`` and the split files below it) is
+listed and read through :mod:`crackseg.core.storage`, file by file, and paired, checked and decoded as on disk.
+
 Crack-free photos (hard negatives) that ``ROOT/negatives.txt`` lists need no mask and stay out
 of the pairs and the split; :mod:`crackseg.data.negatives` makes them a training pool.
 """
@@ -24,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 from crackseg.core.errors import InputError
 from crackseg.core.files import write_atomic
+from crackseg.core.storage import RemoteFile, display_url, is_url, list_files
 from crackseg.data.images import (
     CRACK_THRESHOLD,
     DECODE_ERRORS,
@@ -36,24 +39,27 @@ from crackseg.data.images import (
     describe_error,
     displayed_size,
     mask_levels,
+    open_picture,
     orientation,
 )
 
 SPLITS = ("train", "val", "test")
 NEGATIVES_FILE = "negatives.txt"  # stems of crack-free photos in ROOT/images/, masks optional (and empty)
+Folder = Path | str  # a local folder, or an s3:// prefix as text (Path would fold s3:// into s3:/)
+File = Path | RemoteFile
 CRACK_FREE_ENTRIES = ("negatives", "negative_files")  # split.json: negatives.txt's stems, --negatives' file names
 
 
 @dataclass(frozen=True)
 class Sample:
     stem: str
-    image: Path
-    mask: Path | None  # None: a crack-free photo without a mask file (all background)
+    image: File
+    mask: File | None  # None: a crack-free photo without a mask file (all background)
 
 
 @dataclass(frozen=True)
 class Problem:
-    path: Path
+    path: File | Folder
     message: str
 
     def __str__(self) -> str:
@@ -87,17 +93,35 @@ class Scan:
         return sum(info.crack_pixels == 0 for info in self.masks.values())
 
 
-def resolve_folders(root: Path | None, images: Path | None, masks: Path | None) -> tuple[Path, Path]:
+def resolve_folders(root: Folder | None, images: Path | None, masks: Path | None) -> tuple[Folder, Folder]:
     """The image and mask folders: ``ROOT/images`` and ``ROOT/masks`` unless given explicitly."""
     if root is None and (images is None or masks is None):
         raise InputError("give a dataset ROOT, or both --images DIR and --masks DIR")
+    if root is not None and is_url(str(root)):
+        return _remote_folder(str(root), "images"), _remote_folder(str(root), "masks")
     if root is not None and not Path(root).is_dir():
         raise InputError(f"{root} is not a folder (dataset root)")
     return Path(images or Path(root) / "images"), Path(masks or Path(root) / "masks")
 
 
+def _remote_folder(root: str, name: str) -> str:
+    """``ROOT/name`` of a dataset in object storage; only s3:// can be listed, and credentials belong in the environment."""
+    if not root.startswith("s3://"):
+        raise InputError(f"{display_url(root)}: a dataset in object storage is read from s3://bucket/prefix/ (http(s):// cannot be listed)")
+    if display_url(root) != root:
+        raise InputError(f"{display_url(root)}: give credentials through AWS_PROFILE, AWS_ACCESS_KEY_ID or ~/.aws, not in the URL")
+    return f"{root.rstrip('/')}/{name}"
+
+
+def _files_in(folder: Folder) -> list[File]:
+    """The files right in a local folder, or right below an s3:// prefix (a missing one is a StorageError naming it), sorted."""
+    if is_url(str(folder)):
+        return [file for file, _ in list_files(str(folder).rstrip("/") + "/", (*IMAGE_SUFFIXES, ".txt"))]
+    return sorted(path for path in Path(folder).iterdir() if path.is_file())
+
+
 def find_samples(
-    images: Path, masks: Path, mask_pattern: str = "{stem}", crack_free: Collection[str] = ()
+    images: Folder, masks: Folder, mask_pattern: str = "{stem}", crack_free: Collection[str] = ()
 ) -> tuple[list[Sample], list[Problem]]:
     """Pair every image with the mask named ``mask_pattern.format(stem=...)`` plus any image suffix.
 
@@ -107,15 +131,15 @@ def find_samples(
     is in ``crack_free`` need no mask: they follow the pairs, with their mask file or None.
     """
     for folder, flag in ((images, "--images"), (masks, "--masks")):
-        if not Path(folder).is_dir():
+        if not is_url(str(folder)) and not Path(folder).is_dir():
             raise InputError(f"{folder} is not a folder ({flag})")
     if "{stem}" not in mask_pattern:
         raise InputError(f"--mask-pattern must contain {{stem}}, got {mask_pattern!r}")
     prefix, suffix = mask_pattern.split("{stem}", 1)
     mask_name = re.compile(re.escape(prefix) + "(?P<stem>.+)" + re.escape(suffix) + "$")
 
-    image_files, image_twins = _by_stem(Path(images), lambda stem: stem)
-    mask_files, mask_twins = _by_stem(Path(masks), lambda stem: (m := mask_name.match(stem)) and m["stem"])
+    image_files, image_twins = _by_stem(images, lambda stem: stem)
+    mask_files, mask_twins = _by_stem(masks, lambda stem: (m := mask_name.match(stem)) and m["stem"])
     problems = [Problem(paths[0], _twins_message(paths)) for paths in [*image_twins.values(), *mask_twins.values()]]
     ambiguous = image_twins.keys() | mask_twins.keys()
     crack_free = set(crack_free)
@@ -138,17 +162,17 @@ def files_by_stem(folder: Path) -> dict[str, Path]:
     return found
 
 
-def _by_stem(folder: Path, stem_of) -> tuple[dict[str, Path], dict[str, list[Path]]]:
+def _by_stem(folder: Folder, stem_of) -> tuple[dict[str, File], dict[str, list[File]]]:
     """Unambiguous files by stem, and the stems that several files share (left out of the first)."""
-    every: dict[str, list[Path]] = {}
-    for path in sorted(folder.iterdir()):
-        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and (stem := stem_of(path.stem)):
+    every: dict[str, list[File]] = {}
+    for path in _files_in(folder):
+        if path.suffix.lower() in IMAGE_SUFFIXES and (stem := stem_of(path.stem)):
             every.setdefault(stem, []).append(path)
     unique = {stem: paths[0] for stem, paths in every.items() if len(paths) == 1}
     return unique, {stem: paths for stem, paths in every.items() if len(paths) > 1}
 
 
-def _twins_message(paths: list[Path]) -> str:
+def _twins_message(paths: list[File]) -> str:
     return f"shares its stem with {', '.join(p.name for p in paths[1:])}: cannot tell which to use; rename or remove one"
 
 
@@ -214,9 +238,9 @@ def _check_crack_free(sample: Sample) -> Problem | None:
     return None
 
 
-def _decode_image(path: Path) -> tuple[tuple[int, int], tuple[int, int], int]:
+def _decode_image(path: File) -> tuple[tuple[int, int], tuple[int, int], int]:
     """Decode ``path`` completely (a JPEG at 1/8 scale): its stored size, displayed size and EXIF orientation."""
-    with Image.open(path) as image:
+    with open_picture(path) as image:
         stored, shown, turn = image.size, displayed_size(image), orientation(image)
         if image.format == "JPEG":
             image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
@@ -253,7 +277,7 @@ def _check_sample(sample: Sample) -> tuple[list[Problem], MaskInfo | None]:
 
 
 def open_dataset(
-    root: Path | None,
+    root: Folder | None,
     images: Path | None = None,
     masks: Path | None = None,
     mask_pattern: str = "{stem}",
@@ -262,8 +286,10 @@ def open_dataset(
     """Pair, decode and check a whole dataset, and read its split files (``ROOT/{train,val,test}.txt``)
     and the crack-free photos that ``ROOT/negatives.txt`` lists (kept out of the split)."""
     image_dir, mask_dir = resolve_folders(root, images, masks)
-    negatives_file = Path(root or ".") / NEGATIVES_FILE
-    crack_free = set(read_stems(negatives_file)) if root is not None and negatives_file.is_file() else set()
+    named = {NEGATIVES_FILE, *(f"{name}.txt" for name in SPLITS)}
+    root_files = {file.name: file for file in _files_in(root) if file.name in named} if root is not None else {}
+    negatives_file = root_files.get(NEGATIVES_FILE)
+    crack_free = set(read_stems(negatives_file)) if negatives_file is not None else set()
     found_files, problems = find_samples(image_dir, mask_dir, mask_pattern, crack_free)
     samples = [sample for sample in found_files if sample.stem not in crack_free]
     found = scan(samples, workers)
@@ -277,8 +303,8 @@ def open_dataset(
     paired = {sample.stem for sample in samples}
     usable = {sample.stem for sample in found.samples}
     for name in SPLITS:
-        path = Path(root or ".") / f"{name}.txt"
-        if root is None or not path.is_file():
+        path = root_files.get(f"{name}.txt")
+        if path is None:
             continue
         stems = read_stems(path)
         if both := sorted(crack_free & set(stems)):
@@ -289,12 +315,16 @@ def open_dataset(
     return found
 
 
-def read_stems(path: Path) -> list[str]:
+def read_stems(path: File) -> list[str]:
     """The stems a split file lists, one per line (blank lines ignored); empty files and repeats are errors."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such split file (one stem per line)")
-    stems = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if isinstance(path, RemoteFile):
+        text = path.read_bytes().decode()
+    else:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"{path}: no such split file (one stem per line)")
+        text = path.read_text()
+    stems = [line.strip() for line in text.splitlines() if line.strip()]
     if not stems:
         raise InputError(f"{path}: lists no stems (one per line)")
     repeated = [stem for stem, count in Counter(stems).items() if count > 1]

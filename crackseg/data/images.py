@@ -15,11 +15,14 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from crackseg.core.storage import RemoteFile
 
 if TYPE_CHECKING:
     import torch
@@ -60,6 +63,12 @@ def displayed_size(image: Image.Image) -> tuple[int, int]:
     return (height, width) if orientation(image) in _TRANSPOSED else (width, height)
 
 
+def open_picture(path: Path | RemoteFile | BinaryIO) -> Image.Image:
+    """``Image.open`` of a file on disk, an open binary file, or a file in object storage (downloaded whole into memory,
+    never to disk), so that every reader decodes a stored photo or mask exactly as the same file on disk."""
+    return Image.open(io.BytesIO(path.read_bytes()) if isinstance(path, RemoteFile) else path)
+
+
 def _upright(image: Image.Image) -> Image.Image:
     return ImageOps.exif_transpose(image) if orientation(image) != 1 else image
 
@@ -98,11 +107,11 @@ def _refuse_colours(image: Image.Image) -> None:
                              f"{CRACK_THRESHOLD} = crack): save the crack colour as white on black")
 
 
-def image_pixels(path: Path | BinaryIO) -> np.ndarray:
+def image_pixels(path: Path | RemoteFile | BinaryIO) -> np.ndarray:
     """(H, W, 3) uint8 RGB as displayed; grey, palette, RGBA, CMYK and 16-bit files are converted.
 
-    ``path`` may be an open binary file: a photo downloaded from object storage is decoded as one on disk."""
-    with Image.open(path) as image:
+    ``path`` may be an open binary file or a file in object storage (:func:`open_picture`)."""
+    with open_picture(path) as image:
         return picture_pixels(image)
 
 
@@ -114,16 +123,16 @@ def picture_pixels(image: Image.Image) -> np.ndarray:
     return np.asarray(image.convert("RGB")).copy()
 
 
-def load_image(path: Path | BinaryIO) -> torch.Tensor:
+def load_image(path: Path | RemoteFile | BinaryIO) -> torch.Tensor:
     """:func:`image_pixels` as the (3, H, W) uint8 tensor a model takes."""
     import torch  # here, so that what reads images without a model (compare) starts without loading torch
 
     return torch.from_numpy(image_pixels(path)).permute(2, 0, 1)
 
 
-def mask_levels(path: Path) -> np.ndarray:
+def mask_levels(path: Path | RemoteFile) -> np.ndarray:
     """(H, W) uint8 grey levels of a mask as displayed, 0/1 masks already scaled to 0/255."""
-    with Image.open(path) as image:
+    with open_picture(path) as image:
         _refuse_colours(image)
         levels = _grey_levels(_upright(image))
     if is_zero_one(levels):
@@ -142,24 +151,24 @@ def crack_pixels(levels: np.ndarray) -> np.ndarray:
     return levels > 0 if is_zero_one(levels) else levels > CRACK_THRESHOLD
 
 
-def crack_mask(path: Path) -> np.ndarray:
+def crack_mask(path: Path | RemoteFile) -> np.ndarray:
     """(H, W) bool, True = crack: :func:`crack_pixels` of the mask as displayed."""
     return crack_pixels(mask_levels(path))
 
 
-def load_mask(path: Path) -> torch.Tensor:
+def load_mask(path: Path | RemoteFile) -> torch.Tensor:
     """(1, H, W) uint8, 1 = crack, 0 = background."""
     import torch
 
     return torch.from_numpy(crack_mask(path).astype(np.uint8))[None]
 
 
-def read_probability(path: Path) -> torch.Tensor:
+def read_probability(path: Path | RemoteFile) -> torch.Tensor:
     """(H, W) float32 in [0, 1] from a predicted mask (0/255 or 0/1), an 8- or 16-bit probability map, or a
     floating-point one (a TIFF of probabilities in [0, 1])."""
     import torch
 
-    with Image.open(path) as image:
+    with open_picture(path) as image:
         _refuse_colours(image)
         image = _upright(image)
         if image.mode == "F":

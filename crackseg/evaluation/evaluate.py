@@ -26,8 +26,9 @@ from PIL import Image, ImageDraw
 from crackseg.core.config import ALARM_DISTANCE, ALARM_TILE, JOIN_GAP, MIN_LENGTH, InferenceOptions, parse_length
 from crackseg.core.errors import InputError
 from crackseg.core.files import write_atomic, write_csv
+from crackseg.core.storage import display_url, is_url
 from crackseg.cracks.measure import find_cracks
-from crackseg.data.datasets import files_by_stem, open_dataset, read_stems
+from crackseg.data.datasets import Folder, files_by_stem, open_dataset, read_stems
 from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, load_image, load_mask, read_probability
 from crackseg.evaluation.false_alarms import add_false_alarms, format_alarms, image_alarms
 from crackseg.evaluation.metrics import (
@@ -170,17 +171,22 @@ def _read(reader, path: Path):
         raise InputError(f"{path}: {describe_error(error)}") from None
 
 
-def evaluate_checkpoint(checkpoint: Path, root: Path, split: str = "test", tolerance: float = 0.0, threshold: float | None = None,
+def evaluate_checkpoint(checkpoint: Path, root: Folder, split: str = "test", tolerance: float = 0.0, threshold: float | None = None,
                         inference: InferenceOptions = InferenceOptions(), scoring: Scoring = Scoring()) -> dict:
-    """Predict the images of a dataset split with ``checkpoint`` in this process, run as ``inference`` says, and score them."""
+    """Predict the images of a dataset split with ``checkpoint`` in this process, run as ``inference`` says, and score them.
+
+    ``root`` may be an s3:// prefix (as text): its files are read one by one, never copied to disk, and the report names it
+    as :func:`crackseg.core.storage.display_url` shows it."""
     from crackseg.model.inference import Predictor
     from crackseg.model.runtimes import choose_runtime, load_runtime
 
     scoring.check(tolerance)
     choice = choose_runtime(Path(checkpoint), inference)
-    found = open_dataset(Path(root))
+    root = str(root) if is_url(str(root)) else Path(root)
+    shown = display_url(str(root))
+    found = open_dataset(root)
     if found.problems:
-        raise InputError(f"{len(found.problems)} problems in {root}, e.g. {found.problems[0]}; see crackseg inspect {root}")
+        raise InputError(f"{len(found.problems)} problems in {shown}, e.g. {found.problems[0]}; see crackseg inspect {shown}")
     if split == "all":
         stems = [sample.stem for sample in found.samples]
     elif Path(split).suffix == ".txt" or Path(split).is_file():
@@ -188,11 +194,11 @@ def evaluate_checkpoint(checkpoint: Path, root: Path, split: str = "test", toler
     elif split in found.listed:
         stems = found.listed[split]
     else:
-        raise InputError(f"--split {split}: no {split}.txt in {root}; give a split name that has one, all, or a file of stems")
+        raise InputError(f"--split {split}: no {split}.txt in {shown}; give a split name that has one, all, or a file of stems")
     samples = {sample.stem: sample for sample in found.samples}
     unknown = [stem for stem in stems if stem not in samples]
     if unknown:
-        raise InputError(f"--split lists {len(unknown)} stems not in {root} (e.g. {unknown[0]})")
+        raise InputError(f"--split lists {len(unknown)} stems not in {shown} (e.g. {unknown[0]})")
     runtime = load_runtime(choice)
     threshold = runtime.threshold if threshold is None else threshold
     predictor = Predictor(runtime.model, runtime.device, inference, runtime.amp_dtype)
@@ -202,7 +208,7 @@ def evaluate_checkpoint(checkpoint: Path, root: Path, split: str = "test", toler
         truth = _read(load_mask, samples[stems[index]].mask)[0].bool()
         results.append(score_one(stems[index], prob, truth, tolerance, threshold, scoring))
     report = build_report(sorted(results, key=lambda result: result.name), tolerance, threshold, scoring)
-    report["source"] = {"checkpoint": str(checkpoint), "data": str(root), "split": split}
+    report["source"] = {"checkpoint": str(checkpoint), "data": shown, "split": split}
     return report
 
 

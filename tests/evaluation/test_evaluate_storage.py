@@ -1,0 +1,57 @@
+"""evaluate --data s3://: a dataset in moto's S3 server on loopback scores exactly as the same dataset on disk."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import S3_KEY_ID, S3_SECRET, cli_result
+
+from crackseg.model.checkpoint import save_model
+
+
+@pytest.fixture
+def dataset(synth_root, tmp_path) -> Path:
+    """Five 64 px photos with masks (one crack-free, listed in negatives.txt) and a test split of three."""
+    root = tmp_path / "data"
+    for kind, suffix in (("images", ".jpg"), ("masks", ".png")):
+        (root / kind).mkdir(parents=True)
+        for source in sorted((synth_root / kind).glob(f"*{suffix}"))[:5]:
+            shutil.copyfile(source, root / kind / source.name)
+    stems = sorted(path.stem for path in (root / "images").iterdir())
+    (root / "test.txt").write_text("\n".join(stems[:3]) + "\n")
+    (root / "negatives.txt").write_text(stems[4] + "\n")
+    (root / "masks" / f"{stems[4]}.png").unlink()
+    return root
+
+
+def _evaluate(checkpoint: Path, data: str, out: Path) -> tuple[int, str]:
+    return cli_result(["evaluate", "--checkpoint", checkpoint, "--data", data, "--split", "test", "--tolerance", "2",
+                       "--device", "cpu", "--out", out])
+
+
+def test_a_dataset_in_s3_scores_exactly_as_on_disk(model, dataset, s3, tmp_path):
+    save_model(model, tmp_path / "m.pt")
+    url = s3.upload(dataset, "surveys/data")
+    assert _evaluate(tmp_path / "m.pt", str(dataset), tmp_path / "local") == (0, "")
+    assert _evaluate(tmp_path / "m.pt", url, tmp_path / "remote") == (0, "")
+    local = json.loads((tmp_path / "local" / "report.json").read_text())
+    remote = json.loads((tmp_path / "remote" / "report.json").read_text())
+    assert remote.pop("source")["data"] == url and local.pop("source")["data"] == str(dataset)
+    assert remote == local and remote["images"] == 3  # test.txt's stems, read from the store
+    for name in ("per_image.csv", "pr_curve.csv", "report.md"):
+        assert (tmp_path / "remote" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+    for path in (tmp_path / "remote").iterdir():
+        assert S3_KEY_ID.encode() not in path.read_bytes() and S3_SECRET.encode() not in path.read_bytes()
+
+
+def test_a_missing_bucket_or_prefix_is_one_line_naming_the_url(model, dataset, s3, tmp_path):
+    save_model(model, tmp_path / "m.pt")
+    s3.upload(dataset, "surveys/data")
+    for url in ("s3://crackseg-no-such-bucket/data/", s3.url("surveys/missing/")):
+        code, err = _evaluate(tmp_path / "m.pt", url, tmp_path / "out")
+        assert code == 2 and err.count("\n") == 1 and url.rstrip("/") in err, err
+        assert S3_KEY_ID not in err and S3_SECRET not in err
+    assert not (tmp_path / "out" / "report.json").exists()
