@@ -100,6 +100,27 @@ def model():
     return build_model("mobilenet_v2").eval()
 
 
+@pytest.fixture(scope="module")
+def checkpoint(model, tmp_path_factory) -> Path:
+    """``model`` saved as a crackseg checkpoint (threshold 0.5), for tests that predict from a file; one per test module."""
+    from crackseg.model.checkpoint import save_model
+
+    path = tmp_path_factory.mktemp("model") / "model.pt"
+    model.threshold = 0.5
+    save_model(model, path)
+    return path
+
+
+@pytest.fixture
+def photos(synth_root, tmp_path) -> Path:
+    """in/a.jpg, in/b.jpg, in/sub/c.jpg: 64 px synthetic crack photos in a folder with a subfolder."""
+    folder = tmp_path / "in"
+    (folder / "sub").mkdir(parents=True)
+    for source, target in zip(sorted((synth_root / "images").glob("*.jpg")), ("a.jpg", "b.jpg", "sub/c.jpg")):
+        shutil.copyfile(source, folder / target)
+    return folder
+
+
 def predict_cli(*args) -> int:
     """The exit status of ``crackseg predict ARGS`` run in this process on the CPU, without loader processes."""
     from crackseg.cli.main import main

@@ -25,6 +25,7 @@ MODE_ARGUMENTS = {
     "runtimes": ["--size", "64", "--encoder", "mobilenet_v2"],
     "rasters": [],
     "compare": [],
+    "storage": ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "1"],
 }
 
 

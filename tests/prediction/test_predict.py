@@ -14,18 +14,9 @@ from conftest import csv_rows, predict_cli
 from PIL import Image
 
 from crackseg.core.errors import InputError
-from crackseg.model.checkpoint import save_model
 from crackseg.prediction.predict import collect_inputs, default_workers
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(model, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("model") / "model.pt"
-    model.threshold = 0.5
-    save_model(model, path)
-    return path
 
 
 def _photos(folder: Path, sizes) -> list[Path]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -12,28 +11,9 @@ import pytest
 from conftest import S3_KEY_ID, S3_SECRET, cli_result, csv_rows, predict_cli
 
 import crackseg.prediction.predict as predict_module
-from crackseg.model.checkpoint import save_model
 from crackseg.prediction.remote_out import LOCK_NAME
 
 FLAGS = ["--recursive", "--overlay", "--px-size", 0.5]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(model, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("model") / "model.pt"
-    model.threshold = 0.5
-    save_model(model, path)
-    return path
-
-
-@pytest.fixture
-def photos(synth_root, tmp_path) -> Path:
-    """in/a.jpg, in/b.jpg, in/sub/c.jpg: 64 px synthetic crack photos."""
-    folder = tmp_path / "in"
-    (folder / "sub").mkdir(parents=True)
-    for source, target in zip(sorted((synth_root / "images").glob("*.jpg")), ("a.jpg", "b.jpg", "sub/c.jpg")):
-        shutil.copyfile(source, folder / target)
-    return folder
 
 
 @pytest.fixture

@@ -29,26 +29,6 @@ from conftest import (
 )
 
 import crackseg.prediction.predict as predict_module
-from crackseg.model.checkpoint import save_model
-
-
-@pytest.fixture(scope="module")
-def checkpoint(model, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("model") / "model.pt"
-    model.threshold = 0.5
-    save_model(model, path)
-    return path
-
-
-@pytest.fixture
-def photos(synth_root, tmp_path) -> Path:
-    """in/a.jpg, in/b.jpg, in/sub/c.jpg: 64 px synthetic crack photos."""
-    folder = tmp_path / "in"
-    (folder / "sub").mkdir(parents=True)
-    sources = sorted((synth_root / "images").glob("*.jpg"))
-    for source, target in zip(sources, ("a.jpg", "b.jpg", "sub/c.jpg")):
-        shutil.copyfile(source, folder / target)
-    return folder
 
 
 def _outputs(out: Path) -> tuple[dict, list[dict], list[dict]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,16 +9,7 @@ from conftest import pavement, predict_cli
 from PIL import Image
 
 from crackseg.core.errors import InputError
-from crackseg.model.checkpoint import save_model
 from crackseg.prediction.session import PredictionSession
-
-
-@pytest.fixture(scope="module")
-def checkpoint(model, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("model") / "model.pt"
-    model.threshold = 0.5
-    save_model(model, path)
-    return path
 
 
 def test_the_mask_is_predicts_mask(tmp_path, checkpoint):
