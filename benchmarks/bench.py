@@ -15,6 +15,8 @@ Rasters (raster_modes.py):
     python benchmarks/bench.py rasters [--quick]
 Monitoring (monitoring_modes.py):
     python benchmarks/bench.py compare [--count 4] [--windows 3] [--quick]
+Object storage (storage_modes.py):
+    python benchmarks/bench.py storage [--encoder ...] [--size 256] [--count 200] [--windows 5] [--quick]
 
 data times the loader's decoding and geometric augmentation by worker count, and the
 photometric jitter that the training step runs on the device.
@@ -42,6 +44,10 @@ extended, by --transform similarity and homography: pairs/s of the whole run, th
 pairs/s of one more pair (against a one-pair run) and the fixed cost; its check says whether
 every pair was registered and the extended crack alone was found longer.
 
+storage times crackseg predict --no-measure from a local folder and from an s3:// prefix on
+moto's S3 server on loopback (to a local folder and to an s3:// prefix), alternated, and each
+path's rate against the local one (goal: at least 0.8).
+
 Each figure is the median over several timed windows after a warm-up window (--windows sets
 how many; on a machine whose speed drifts, more). Accuracy is measured beside these scripts:
 crack joining by benchmarks/cracks.py, training recipes by benchmarks/recipe.py.
@@ -61,10 +67,12 @@ from harness import RESULTS, write_report
 from monitoring_modes import bench_compare
 from prediction_modes import bench_predict, bench_runtimes
 from raster_modes import bench_rasters
+from storage_modes import bench_storage
 from training_modes import bench_strategies, bench_train
 
 MODES = {"synth": bench_synth, "data": bench_data, "evaluate": bench_evaluate, "train": bench_train, "strategies": bench_strategies,
-         "predict": bench_predict, "runtimes": bench_runtimes, "rasters": bench_rasters, "compare": bench_compare}
+         "predict": bench_predict, "runtimes": bench_runtimes, "rasters": bench_rasters, "compare": bench_compare,
+         "storage": bench_storage}
 
 
 def main() -> None:
@@ -79,7 +87,7 @@ def main() -> None:
     parser.add_argument("--channels-last", action="store_true", help="NHWC layout (train, predict)")
     parser.add_argument("--size", type=parse_size, default=(256, 256), help="image size in px: N or HxW")
     parser.add_argument("--crop-size", type=int, default=448, help="training crop in px (data)")
-    parser.add_argument("--count", type=int, default=None, help="images generated (default 1000 for evaluate, 4 photo pairs for compare, 64 otherwise; predict and compare time whole runs over them)")
+    parser.add_argument("--count", type=int, default=None, help="images generated (default 1000 for evaluate, 4 photo pairs for compare, 200 for storage, 64 otherwise; predict and compare time whole runs over them)")
     parser.add_argument("--workers", type=int, nargs="+", default=None, help="loader workers: counts to try (data, default 0 1 2) or one count (train, default 2; predict, default crackseg's: 0 on CPU)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's peak TFLOP/s at this precision, for the fraction of peak (known H100/H200/A100 bf16 peaks are built in)")
@@ -88,10 +96,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few, short windows: a smoke test, not a figure")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/MODE.json)")
     args = parser.parse_args()
-    args.count = args.count or {"data": 64, "evaluate": 1000, "compare": 4}.get(args.mode, 64)
+    args.count = args.count or {"data": 64, "evaluate": 1000, "compare": 4, "storage": 200}.get(args.mode, 64)
     if args.mode == "data":
         args.workers = args.workers or [0, 1, 2]
-    elif args.mode == "predict":
+    elif args.mode in ("predict", "storage"):
         args.workers = args.workers[0] if args.workers else default_workers(torch.device(args.device))
     else:
         args.workers = (args.workers or [2])[0]
