@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import importlib.util
-import io
 import sys
 from collections import OrderedDict
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -193,7 +192,7 @@ class _Images(torch.utils.data.Dataset):
     def __getitem__(self, index: int):
         key, path = self.inputs[index]
         try:
-            return key, load_image(io.BytesIO(path.read_bytes()) if isinstance(path, RemoteFile) else path), None
+            return key, load_image(path), None
         except StorageError as error:
             return key, None, error.reason
         except Exception as error:  # any undecodable input is reported, the others go on
