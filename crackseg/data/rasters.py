@@ -272,12 +272,13 @@ def map_facts(path: Path, dataset, max_pixels: int = MAX_PIXELS) -> MapFacts:
 
 
 class RasterSink:
-    """A tiled, compressed GeoTIFF written by bands of rows, under a temporary name until :meth:`commit`:
-    the whole of ``source``'s extent, or its ``rows`` (start, stop).
+    """A Cloud-Optimized GeoTIFF written by bands of rows: the whole of ``source``'s extent, or its ``rows`` (start, stop).
 
-    BigTIFF when the file may pass 4 GB; the CRS and geotransform of ``source``; invalid
-    pixels in a mask band, internal when opened under :func:`gdal_settings`, so GIS
-    software shows them as nodata.
+    The rows go to a tiled scratch GeoTIFF as they come; :meth:`commit` copies it into a COG (GDAL's COG driver) under
+    a temporary name and moves that into place. A COG is read by windows over HTTP (object storage, GIS software), and
+    its layout depends on the pixels alone, so outputs written in one pass, joined from parts (torchrun, Ray) or
+    written from any band order are the same bytes. BigTIFF when the file may pass 4 GB; the CRS and geotransform of
+    ``source``; invalid pixels in an internal mask band, so GIS software shows them as nodata.
     """
 
     def __init__(self, path: Path, source: RasterSource, dtype: str, rows: tuple[int, int] | None = None):
@@ -285,12 +286,13 @@ class RasterSink:
         start, stop = rows or (0, source.height)
         self.path = Path(path)
         self._file = PendingFile(self.path)
+        self._scratch = PendingFile(self.path, ".tif")  # never committed: copied into the COG, then removed
         profile = dict(
             driver="GTiff", width=source.width, height=stop - start, count=1, dtype=dtype, crs=source.crs,
             transform=source.transform @ rio.Affine.translation(0, start), tiled=True, blockxsize=BLOCK, blockysize=BLOCK,
             compress="deflate", predictor=2, bigtiff="IF_SAFER",
         )
-        self._dataset = rio.open(self._file.temp, "w", **profile)
+        self._dataset = rio.open(self._scratch.temp, "w", **profile)
         self._width = source.width
         self._written = 0  # rows in the file
         # Finished rows not yet a whole row of GeoTIFF tiles, then the band being filled block by block.
@@ -326,13 +328,17 @@ class RasterSink:
             self._valid[: self._held] = self._valid[rows : rows + self._held]
 
     def commit(self, overviews: bool = False) -> Path:
-        """Finish the file (with overviews if asked) and move it into place."""
+        """Finish the file as a COG (with overviews, halving down to one tile, if asked) and move it into place."""
         self._flush(whole_tiles=False)
-        if overviews:
-            factors = [2**k for k in range(1, 16) if max(self._dataset.width, self._dataset.height) / 2**k >= BLOCK]
-            if factors:
-                self._dataset.build_overviews(factors, rasterio().enums.Resampling.nearest)
         self._close()
+        copy = require("rasterio.shutil", "geo", "writing GeoTIFFs").copy
+        try:
+            copy(self._scratch.temp, self._file.temp, driver="COG", BLOCKSIZE=BLOCK, COMPRESS="DEFLATE", PREDICTOR="YES",
+                 BIGTIFF="IF_SAFER", OVERVIEWS="AUTO" if overviews else "NONE", RESAMPLING="NEAREST")
+        except Exception as error:  # GDAL's CPLE_* errors, raised by the copy, have no public base class
+            raise OSError(errno.EIO, f"{self.path}: the GeoTIFF was not written whole (is the disk full?): {gdal_reason(error)}") from None
+        finally:
+            self._scratch.abort()
         self._check_written()
         return self._file.commit()
 
@@ -351,6 +357,7 @@ class RasterSink:
 
     def abort(self) -> None:
         self._close()
+        self._scratch.abort()
         self._file.abort()
 
     def _close(self) -> None:
