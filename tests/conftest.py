@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from services import moto_server
+
 from crackseg.data.synth import write_dataset
 
 CFD_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "cfd"
@@ -271,36 +273,10 @@ S3_SECRET = "crackseg-test-secret-7f3a9c"
 @pytest.fixture(scope="session")
 def s3_server():
     """The endpoint URL of ``python -m moto.server`` on a free port of 127.0.0.1, stopped at the end of the session."""
-    import socket
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
-            break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                pytest.fail(f"moto's S3 server did not start on {endpoint}")
-            time.sleep(0.1)
-    yield endpoint
-    server.terminate()
-    try:
-        server.wait(10)
-    except subprocess.TimeoutExpired:
-        server.kill()
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 class S3Bucket:

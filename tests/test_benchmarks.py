@@ -26,6 +26,7 @@ MODE_ARGUMENTS = {
     "rasters": [],
     "compare": [],
     "storage": ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "1"],
+    "engines": ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "1"],
 }
 
 

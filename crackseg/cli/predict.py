@@ -41,7 +41,8 @@ def add_commands(commands) -> None:
             "are listed in OUT/errors.csv and the exit status is 1; the rest are still written.\n\n"
             "  crackseg predict --checkpoint checkpoints/demo/best.pt data/photos --out predictions\n"
             "  crackseg predict --checkpoint best.pt s3://survey/photos/ --out s3://survey/pred/   (pip install 'crackseg[s3]')\n"
-            "  ./launch.sh predict --checkpoint ... photos/ --out ...   (photos, and each raster's tiles, shared across GPUs)"
+            "  ./launch.sh predict --checkpoint ... photos/ --out ...   (photos, and each raster's tiles, shared across GPUs)\n"
+            "  crackseg predict --engine ray --ray-address auto --checkpoint best.pt s3://survey/photos/ --out s3://survey/pred/"
         ),
         formatter_class=HelpFormatter,
     )
@@ -81,6 +82,20 @@ def add_commands(commands) -> None:
     predict.add_argument("--no-lock", dest="lock", action="store_false",
                          help="for an --out in object storage that cannot lock (no conditional writes): write without the "
                               "lock object, and run one predict per --out at a time (a local --out is always locked)")
+    predict.add_argument("--engine", choices=("local", "ray"), default="local",
+                         help="local: this process (or torchrun's processes, see launch.sh); ray: a pool of Ray actors, one "
+                              "model each, on --ray-address (pip install 'crackseg[ray]'; docs/scale.md)")
+    predict.add_argument("--ray-address", default=None, help="--engine ray: the Ray cluster to run on, e.g. head:6379, or "
+                         "local for a Ray of this run's own (default: RAY_ADDRESS, else the cluster started on this machine "
+                         "with ray start, else a local Ray)")
+    predict.add_argument("--actors", type=checked(int, AT_LEAST_ONE), default=None,
+                         help="--engine ray: actors, each with its own model (default: one per GPU of the cluster, else one per CPU)")
+    predict.add_argument("--gpus-per-actor", type=checked(float, NON_NEGATIVE), default=None,
+                         help="--engine ray: GPUs each actor takes, e.g. 0.5 to run two on one GPU (default: 1 on a cluster "
+                              "with GPUs, else 0: CPU actors)")
+    predict.add_argument("--cpus-per-actor", type=checked(int, AT_LEAST_ONE), default=None,
+                         help="--engine ray: CPUs each actor takes, the threads its model runs with (default 1); a CPU "
+                              "model's probabilities equal a local run's to the bit with as many threads (OMP_NUM_THREADS)")
     predict.add_argument("--workers", type=checked(int, NON_NEGATIVE), default=None,
                          help="decoding processes and writer threads (0: all in the main process; default: 0 on CPU, where the model's threads use every core, else CPU cores / processes - 1, at most 8)")
     add_inference_options(predict, "inference")

@@ -1,21 +1,20 @@
 """Batch prediction: folders of photos of any size and large rasters -> crack masks, probability maps, overlays, measurements.
 
 :func:`predict_folder` reads top to bottom: plan (list the inputs, open each raster once,
-resolve the outputs' units and check the folder), load the runtime, predict the photos,
-predict the rasters, write the tables. The probabilities come from
+resolve the outputs' units and check the folder: :mod:`crackseg.prediction.work`), load the runtime, predict the
+photos, predict the rasters, write the tables. The probabilities come from
 :class:`crackseg.model.inference.Predictor` (tiling, blending, batching, TTA); photos are decoded in
 loader workers and written in writer threads, beside the model; rasters are predicted by
-windows in :mod:`crackseg.prediction.streamed`. The files are named by
+windows in :mod:`crackseg.prediction.streamed`. ``--engine ray`` hands the same work to Ray's actors instead
+(:mod:`crackseg.prediction.ray_engine`). The files are named by
 :class:`crackseg.prediction.outputs.PredictionsFolder`, each written under a temporary name and renamed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import importlib.util
 import sys
-from collections import OrderedDict
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,11 +34,11 @@ from crackseg.core.config import (
     parse_length,
 )
 from crackseg.core.errors import InputError
-from crackseg.core.storage import RemoteFile, StorageError, display_url, is_url, list_files
+from crackseg.core.storage import RemoteFile, StorageError, display_url, is_url
 from crackseg.cracks.vectors import FORMATS as VECTOR_FORMATS
 from crackseg.cracks.vectors import require_geo
 from crackseg.cracks.widths import PX_PER_BAND, WidthClasses
-from crackseg.data.images import IMAGE_SUFFIXES, describe_error, load_image
+from crackseg.data.images import describe_error, load_image
 from crackseg.data.rasters import gdal_settings
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor
@@ -48,6 +47,7 @@ from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, 
 from crackseg.prediction.remote_out import RemoteOutputs
 from crackseg.prediction.report import write_report
 from crackseg.prediction.streamed import Raster, RasterRun, allow_open_rasters, open_if_streamed, predict_rasters
+from crackseg.prediction.work import Plan, collect_inputs, share, work_list
 
 # Cracks cover a few percent of a crack photo's pixels: 1.6 % of CrackForest's mask pixels (6.3 % in its most cracked
 # photo), 2.8 % of a 377-photo crack500 subset's (9.5 % at most). A run with more than a quarter of its pixels "crack",
@@ -56,6 +56,7 @@ from crackseg.prediction.streamed import Raster, RasterRun, allow_open_rasters, 
 IMPLAUSIBLE_CRACK_FRACTION = 0.25  # of all predicted pixels
 MOSTLY_CRACK = 0.5  # an image with more than this fraction of crack pixels is mostly crack
 IMPLAUSIBLE_MOSTLY_CRACK_SHARE = 0.1  # of the images: at least this share mostly crack
+ENGINES = ("local", "ray")  # local: this process, or torchrun's; ray: actors of a Ray cluster
 
 
 @dataclass
@@ -81,6 +82,11 @@ class PredictOptions:
     max_pixels: int = MAX_PIXELS  # larger rasters are refused
     overviews: bool = False  # GeoTIFF outputs get overviews, for GIS software
     lock: bool = True  # False (--no-lock): an --out in object storage is written without its lock object
+    engine: str = "local"  # or "ray": a pool of Ray actors (see ray_engine)
+    ray_address: str | None = None  # --engine ray: a running cluster (None: RAY_ADDRESS, else a local Ray)
+    actors: int | None = None  # --engine ray: None is one per GPU, or per CPU
+    gpus_per_actor: float | None = None  # --engine ray: None is 1 where the cluster has GPUs, else 0
+    cpus_per_actor: int | None = None  # --engine ray: None is 1 (the threads of each actor's model)
 
     def __post_init__(self) -> None:
         """The same ranges the command line checks, for callers from Python."""
@@ -88,12 +94,20 @@ class PredictOptions:
             raise InputError(f"--out {display_url(str(self.out))}: predictions are written to a local folder or an "
                              "s3://bucket/prefix/ URL (http(s):// is read-only)")
         self.out = str(self.out) if is_url(str(self.out)) else Path(self.out)
-        ranges = {"threshold": FRACTION, "px_size": POSITIVE, "workers": NON_NEGATIVE, "max_pixels": AT_LEAST_ONE}
+        ranges = {"threshold": FRACTION, "px_size": POSITIVE, "workers": NON_NEGATIVE, "max_pixels": AT_LEAST_ONE,
+                  "actors": AT_LEAST_ONE, "gpus_per_actor": NON_NEGATIVE, "cpus_per_actor": AT_LEAST_ONE}
         for name, valid in ranges.items():
             value = getattr(self, name)
             problem = None if value is None else valid.problem(value)
             if problem:
                 raise InputError(f"--{name.replace('_', '-')} {problem}")
+        if self.engine not in ENGINES:
+            raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        ray_flags = {"--ray-address": self.ray_address, "--actors": self.actors, "--gpus-per-actor": self.gpus_per_actor,
+                     "--cpus-per-actor": self.cpus_per_actor}
+        given = [flag for flag, value in ray_flags.items() if value is not None]
+        if given and self.engine != "ray":
+            raise InputError(f"{given[0]} applies to --engine ray")
         self.output_spec()  # lengths and classes are checked now, not after every image ran
 
     def scale_needed_by(self) -> str | None:
@@ -140,46 +154,6 @@ class PredictOptions:
         return None if px_size is None else value / px_size
 
 
-def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str | None = None) -> list[tuple[Path | RemoteFile, str]]:
-    """(image path or remote file, output name) for every input file, folder, glob or URL, in a stable order.
-
-    Output names mirror the inputs: a folder's files (an s3:// prefix's) keep their path below it (without suffix),
-    single files, objects, http(s):// URLs and glob matches keep their stem. Two inputs with one output name are an error.
-    Nothing inside ``out`` is ever an input: walks and listings skip it, and naming a local file there is an error.
-    """
-    inside_out = (lambda p: Path(p).resolve().is_relative_to(Path(out).resolve())) if isinstance(out, Path) else (lambda p: False)
-    below_out = f"{str(out).rstrip('/')}/" if isinstance(out, str) else None
-    found: list[tuple[Path | RemoteFile, str]] = []
-    for text in inputs:
-        path = Path(text)
-        if is_url(text):
-            found += [(file, name) for file, name in list_files(text, IMAGE_SUFFIXES, recursive) if not (below_out and file.url.startswith(below_out))]
-        elif path.is_dir():
-            pattern = "**/*" if recursive else "*"
-            files = sorted(
-                p for p in path.glob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not inside_out(p)
-            )
-            found += [(p, p.relative_to(path).with_suffix("").as_posix()) for p in files]
-        elif path.is_file():
-            if inside_out(path):
-                raise InputError(f"{path}: is inside --out {out}, where predict writes; it is never read as input")
-            found.append((path, path.stem))
-        else:
-            matches = sorted(Path(p) for p in glob.glob(text, recursive=recursive) if Path(p).is_file() and not inside_out(p))
-            if not matches:
-                raise InputError(f"{text}: no such file or folder, and no file matches it as a pattern")
-            found += [(p, p.stem) for p in matches if p.suffix.lower() in IMAGE_SUFFIXES]
-    names: dict[str, Path | RemoteFile] = {}
-    for image, name in found:
-        if name in names and names[name] != image:
-            raise InputError(f"{image} and {names[name]} would both be written as {name}.png; predict them into different --out folders")
-        names[name] = image
-    unique = list(OrderedDict((image, name) for image, name in found).items())
-    if not unique:
-        raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(map(display_url, inputs))}")
-    return unique
-
-
 class _Images(torch.utils.data.Dataset):
     """Decoded inputs for loader workers; a file that fails to download or decode yields its error message."""
 
@@ -214,48 +188,50 @@ def predict_folder(checkpoint: Path, inputs: list[str], options: PredictOptions)
         distributed.teardown()
 
 
-@dataclass
-class _Plan:
-    """The run decided before any work: photos (key, path, output name), open rasters, spec, outputs, the store's uploader."""
-
-    folder: PredictionsFolder
-    remote: RemoteOutputs | None
-    photos: list[tuple[int, Path | RemoteFile, str]]
-    rasters: list[Raster]
-    spec: OutputSpec
-    outputs: dict[int, list[Path]]
-    warnings: list[str]
-
-
 def _predict(choice: RuntimeChoice, inputs: list[str], options: PredictOptions, env: distributed.Environment,
              cleanup: contextlib.ExitStack) -> int:
+    if options.engine == "ray":
+        from crackseg.prediction.ray_engine import require_ray
+
+        require_ray()
+        if env.distributed:
+            raise InputError("--engine ray spreads the work over Ray's actors; start it as one process, without torchrun")
     plan = _plan(inputs, options, cleanup)
-    if plan.remote:
-        plan.remote.refuse_unsupported(env.distributed, [raster.path for raster in plan.rasters])
-    runtime = load_runtime(choice, env.device)  # a model file that is refused leaves no --out folder behind
+    if plan.remote and env.distributed:
+        raise InputError(f"--out {plan.remote.shown}/: torchrun's processes cannot write to object storage; run one "
+                         "process, --engine ray (docs/scale.md), or predict into a local folder and copy it up")
+    # a model file that is refused leaves no --out folder behind; Ray's actors load their own, the driver's stays on the CPU
+    runtime = load_runtime(choice, torch.device("cpu") if options.engine == "ray" else env.device)
     out = plan.remote or plan.folder
     distributed.decided_on_main(env, out.prepare, list(plan.outputs.values()), options.overwrite, options.skip_existing)
     try:
-        return _run(plan, runtime, options, env)
+        return _run(plan, runtime, choice, options, env)
     finally:
         out.release()
 
 
-def _run(plan: _Plan, runtime: Runtime, options: PredictOptions, env: distributed.Environment) -> int:
+def _run(plan: Plan, runtime: Runtime, choice: RuntimeChoice, options: PredictOptions, env: distributed.Environment) -> int:
     threshold = runtime.threshold if options.threshold is None else options.threshold
     predictor = Predictor(runtime.model, runtime.device, options.inference, runtime.amp_dtype)
     if env.is_main:
         for warning in plan.warnings:
             print(f"crackseg: warning: {warning}", file=sys.stderr)
     records = Records()
-    _predict_photos(plan, predictor, threshold, options.workers, options.skip_existing, env, records)
-    run = RasterRun(predictor, threshold, plan.folder, options.save_prob, options.overviews, options.skip_existing)
-    predict_rasters(plan.rasters, run, env, records)
+    run = RasterRun(predictor, threshold, plan.folder, options.save_prob, options.overviews)
+    if options.engine == "ray":
+        from crackseg.prediction.ray_engine import RayPool, predict_on_ray
+
+        pool = RayPool(options.ray_address, options.actors, options.gpus_per_actor, options.cpus_per_actor or 1)
+        predict_on_ray(plan, run, choice, pool, options.max_pixels, records)
+    else:
+        _predict_photos(plan, predictor, threshold, options.workers, env, records)
+        kept = {raster.key for raster in plan.rasters if plan.kept(raster.key)}
+        predict_rasters(plan.rasters, run, env, records, kept, plan.upload)
     gathered = Records.joined(distributed.gather_objects(records, env))
     return _write_tables(plan, gathered, options, threshold) if env.is_main else 0
 
 
-def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitStack) -> _Plan:
+def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitStack) -> Plan:
     """List the inputs, open each raster (kept open in ``cleanup`` until it is predicted), and
     resolve every input's outputs: sizes, pixel types and units are checked before any work."""
     remote = cleanup.enter_context(RemoteOutputs(options.out, options.lock)) if isinstance(options.out, str) else None
@@ -281,18 +257,18 @@ def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitSt
     photos = [(key, path, name) for key, (path, name) in enumerate(listed) if key not in sources]
     outputs = {key: folder.outputs(name, raster_specs.get(key, spec), raster=key in sources) for key, (_, name) in enumerate(listed)}
     warnings = notes + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
-    return _Plan(folder, remote, photos, rasters, spec, outputs, warnings)
+    return Plan(folder, remote, photos, rasters, spec, outputs, warnings, options.skip_existing)
 
 
-def _predict_photos(plan: _Plan, predictor: Predictor, threshold: float, workers: int | None, skip_existing: bool,
-                    env: distributed.Environment, records: Records) -> None:
+def _predict_photos(plan: Plan, predictor: Predictor, threshold: float, workers: int | None, env: distributed.Environment,
+                    records: Records) -> None:
     """This process's share of the photos: decoded in loader workers, written in writer threads."""
     todo = []
-    for key, path, name in plan.photos[env.rank :: env.world_size]:
-        if skip_existing and (plan.remote.fetch_if_done(plan.outputs[key]) if plan.remote else all(f.exists() for f in plan.outputs[key])):
-            records.add(key, *summarize_existing(path, plan.folder.mask(name), plan.spec))
-        else:
-            todo.append((key, path))
+    for item in share(work_list(plan, env.world_size), env.rank, env.world_size):
+        if item.band is None and plan.kept(item.key):
+            records.add(item.key, *summarize_existing(item.path, plan.folder.mask(item.name), plan.spec))
+        elif item.band is None:
+            todo.append((item.key, item.path))
     names = {key: (path, name) for key, path, name in plan.photos}
     workers = default_workers(env.device) if workers is None else workers
     loader = torch.utils.data.DataLoader(
@@ -320,16 +296,15 @@ def _predict_photos(plan: _Plan, predictor: Predictor, threshold: float, workers
                 records.errors.append({"path": str(names[key][0]), "error": f"cannot write outputs: {error}"})
 
 
-def _write_photo(plan: _Plan, key: int, named: tuple[Path | RemoteFile, str], image: torch.Tensor, prob: torch.Tensor,
+def _write_photo(plan: Plan, key: int, named: tuple[Path | RemoteFile, str], image: torch.Tensor, prob: torch.Tensor,
                  threshold: float) -> tuple[dict, list[dict]]:
     """One photo's files written (in a writer thread) and, for an --out in object storage, uploaded as soon as they are."""
     rows = write_image_outputs(plan.folder, *named, image, prob, threshold, plan.spec)
-    if plan.remote:
-        plan.remote.upload(plan.outputs[key])
+    plan.upload(key)
     return rows
 
 
-def _write_tables(plan: _Plan, records: Records, options: PredictOptions, threshold: float) -> int:
+def _write_tables(plan: Plan, records: Records, options: PredictOptions, threshold: float) -> int:
     """predictions.csv, cracks.csv, errors.csv, summary.json and the report; returns the exit status."""
     folder, remote = plan.folder, plan.remote
     show = remote.display if remote else str

@@ -60,16 +60,6 @@ class RemoteOutputs:
         """The object a staged file goes to."""
         return f"{self.url}/{self._key(path)}"
 
-    def refuse_unsupported(self, distributed: bool, rasters: list[Path | RemoteFile]) -> None:
-        """What cannot be written to the store yet, said before any work: several processes (torchrun), and rasters
-        predicted by windows (their GeoTIFFs are to go up as Cloud-Optimized GeoTIFFs)."""
-        if distributed:
-            raise InputError(f"--out {self.shown}/: torchrun cannot write to object storage yet; run one process, "
-                             "or predict into a local folder and copy it up")
-        if rasters:
-            raise InputError(f"{rasters[0]}: a raster's GeoTIFF outputs cannot go to object storage yet "
-                             f"(--out {self.shown}/); predict rasters into a local folder")
-
     def display(self, path: Path) -> str:
         """A staged file, or the staging folder, as messages and tables name it: its object's URL, without credentials."""
         return f"{self.shown}/" if Path(path) == self.folder.root else display_url(self.url_of(path))

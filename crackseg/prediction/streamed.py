@@ -19,6 +19,7 @@ import dataclasses
 import math
 import resource
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,41 +125,53 @@ class RasterRun:
     folder: PredictionsFolder
     save_prob: int | None = None  # 8 or 16 bits
     overviews: bool = False
-    skip_existing: bool = False
 
 
-def predict_rasters(rasters: list[Raster], run: RasterRun, env: distributed.Environment, records: Records) -> None:
-    """Predict each raster (every process its share of the tile rows), join the parts on rank 0
-    and measure them there; rank 0's ``records`` get the rows, and the errors of rasters that failed."""
+def predict_rasters(rasters: list[Raster], run: RasterRun, env: distributed.Environment, records: Records,
+                    kept: set[int] = frozenset(), finished: Callable[[int], None] | None = None) -> None:
+    """Predict each raster (every process its share of the tile rows), join the parts on rank 0 and measure them there;
+    rank 0's ``records`` get the rows, and the errors of rasters that failed. ``kept``: the keys of rasters whose outputs
+    an earlier run wrote (``--skip-existing``); ``finished`` is called on rank 0 with the key of each raster predicted."""
     for raster in rasters:
         try:
-            _predict_one(raster, run, env, records)
+            _predict_one(raster, run, env, records, raster.key in kept)
         finally:
             raster.source.close()
+        if finished and env.is_main and raster.key in records.rows and raster.key not in kept:
+            finished(raster.key)
 
 
-def _predict_one(raster: Raster, run: RasterRun, env: distributed.Environment, records: Records) -> None:
-    outputs = run.folder.outputs(raster.name, raster.spec, raster=True)
-    written = outputs[: 2 if run.save_prob else 1]
-    done = run.skip_existing and all(path.exists() for path in outputs)
-    failure, pixels = None, None  # pixels: (crack, valid) counted while predicting
-    if not done:
-        parts = distributed.gather_objects(_predict_part(raster.source, written, run, env), env)
-        failure = next((error for error, _ in parts if error), None)
-        if env.is_main and failure is None and env.distributed:
-            try:
-                merge_parts(raster.source, written, run.predictor.tile, run.predictor.overlap, env.world_size, run.overviews)
-            except (InputError, OSError) as error:
-                failure = f"joining the processes' parts: {error}"
-        pixels = None if failure else tuple(map(sum, zip(*(counts for _, counts in parts))))
-    if not env.is_main:
-        return
+def _predict_one(raster: Raster, run: RasterRun, env: distributed.Environment, records: Records, kept: bool) -> None:
+    parts = None if kept else distributed.gather_objects(
+        _predict_part(raster.source, raster_outputs(run.folder, raster.name, run.save_prob), run, env), env)
+    if env.is_main:
+        join_raster(raster, run, parts, records)
+
+
+def raster_outputs(folder: PredictionsFolder, name: str, save_prob: int | None) -> list[Path]:
+    """The files a raster's prediction by windows writes: the mask, and with ``save_prob`` the probabilities."""
+    return [folder.mask(name, raster=True)] + ([folder.probabilities(name, raster=True)] if save_prob else [])
+
+
+def join_raster(raster: Raster, run: RasterRun, parts: list[tuple[str | None, tuple[int, int]]] | None,
+                records: Records) -> None:
+    """After every band of a raster was predicted: join the bands' files (:func:`merge_parts`), measure the mask and
+    add its rows to ``records``, or its error. ``parts``: each band's (what went wrong or None, its (crack, valid)
+    pixel counts), in band order; None: the outputs are an earlier run's, kept (``--skip-existing``)."""
+    written = raster_outputs(run.folder, raster.name, run.save_prob)
     try:
+        failure = next((error for error, _ in parts or [] if error), None)
         if failure:
             raise InputError(failure)
-        row, cracks = _raster_rows(raster, run.folder, "skipped: exists" if done else "ok", pixels)
+        if parts and len(parts) > 1:
+            try:
+                merge_parts(raster.source, written, run.predictor.tile, run.predictor.overlap, len(parts), run.overviews)
+            except (InputError, OSError) as error:
+                raise InputError(f"joining the processes' parts: {error}") from None
+        pixels = tuple(map(sum, zip(*(counts for _, counts in parts)))) if parts else None
+        row, cracks = _raster_rows(raster, run.folder, "ok" if parts else "skipped: exists", pixels)
     except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
-        discard_parts(written, env.world_size)
+        discard_parts(written, len(parts or []))
         records.fail(raster.path, str(error))
         return
     records.add(raster.key, row, cracks)
@@ -210,7 +223,7 @@ def predict_raster(source: RasterSource, outputs: list[Path], run: RasterRun, pa
         crack_pixels = valid_pixels = 0
         sinks = []
         try:
-            for target, dtype in zip(outputs if count == 1 else part_paths(outputs, index), ["uint8", "uint8" if save_prob == 8 else "uint16"]):
+            for target, dtype in zip(band_paths(outputs, part), ["uint8", "uint8" if save_prob == 8 else "uint16"]):
                 sinks.append(RasterSink(target, source, dtype, (start, stop)))
             megapixels = round((stop - start) * source.width / 1e6, 1)
             with tqdm(total=megapixels, desc=f"predict {source.path.name}", unit="MP", disable=None if progress else True) as bar:
@@ -229,6 +242,12 @@ def predict_raster(source: RasterSource, outputs: list[Path], run: RasterRun, pa
                 sink.abort()
             raise
     return crack_pixels, valid_pixels
+
+
+def band_paths(outputs: list[Path], part: tuple[int, int]) -> list[Path]:
+    """Where :func:`predict_raster` writes ``part`` (index, count) of the raster ``outputs``: the outputs themselves
+    when it is the whole raster."""
+    return outputs if part[1] == 1 else part_paths(outputs, part[0])
 
 
 def part_paths(outputs: list[Path], index: int) -> list[Path]:

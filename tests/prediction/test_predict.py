@@ -14,7 +14,8 @@ from conftest import csv_rows, predict_cli
 from PIL import Image
 
 from crackseg.core.errors import InputError
-from crackseg.prediction.predict import collect_inputs, default_workers
+from crackseg.prediction.predict import default_workers
+from crackseg.prediction.work import collect_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -160,3 +160,28 @@ def test_a_missing_bucket_for_out_is_one_line_and_leaves_nothing(photos, checkpo
     code, err = cli_result(["predict", "--checkpoint", checkpoint, photos, "--out", "s3://crackseg-no-such-bucket/pred/", "--device", "cpu"])
     assert (code, err) == (2, "crackseg: error: s3://crackseg-no-such-bucket/pred/: no such bucket 'crackseg-no-such-bucket'\n")
     assert not any(staging.iterdir())
+
+
+@pytest.mark.slow
+def test_a_raster_from_the_store_goes_back_as_cogs_equal_to_a_local_runs(s3, tmp_path, dark_checkpoint, staging):
+    rasterio = pytest.importorskip("rasterio")
+    from conftest import pavement, predict_tiled, write_geotiff
+
+    (tmp_path / "in").mkdir()
+    write_geotiff(tmp_path / "in" / "ortho.tif", pavement(700, 600))
+    source, out = s3.upload(tmp_path / "in", "survey/ortho"), s3.url("survey/pred/")
+    flags = ["--model", dark_checkpoint, "--save-prob", 8, "--overviews"]
+    assert predict_tiled(tmp_path / "in", "--out", tmp_path / "local", *flags) == 0
+    assert predict_tiled(source, "--out", out, *flags) == 0
+    remote = _download(s3, "survey/pred", tmp_path / "remote")
+    for name in ("masks/ortho.tif", "probs/ortho.tif"):
+        assert (remote / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+        with rasterio.open(remote / name) as cog:
+            assert cog.tags(ns="IMAGE_STRUCTURE").get("LAYOUT") == "COG" and cog.overviews(1)
+    modified = s3.client.head_object(Bucket=s3.name, Key="survey/pred/masks/ortho.tif")["LastModified"]
+    assert predict_tiled(source, "--out", out, *flags, "--skip-existing") == 0
+    assert s3.client.head_object(Bucket=s3.name, Key="survey/pred/masks/ortho.tif")["LastModified"] == modified
+    (again,) = csv_rows(_download(s3, "survey/pred", tmp_path / "again") / "predictions.csv")
+    ((first,),) = [csv_rows(remote / "predictions.csv")]
+    assert again["status"] == "skipped: exists" and again["cracks"] == first["cracks"] != "0"
+    assert not any(staging.iterdir())

@@ -1,0 +1,275 @@
+"""``predict --engine ray``: the run's work list predicted by a pool of Ray actors, on an existing Ray cluster or a local one.
+
+Ray Data streams the items of :func:`crackseg.prediction.work.work_list` (photos, and bands of each raster's tile rows)
+through ``map_batches`` with an actor pool, one model per actor. The model's files travel through Ray's object store,
+so the nodes need no copy of them; each actor reads its own inputs (object storage, or paths that every node sees),
+writes an item's files with predict's own writers into a scratch folder and returns their bytes with its table rows.
+The driver stays the one writer of ``--out``: it writes each item's files as they arrive (so a driver killed mid-run
+leaves finished files for ``--skip-existing``), uploads them for an --out in object storage, joins each raster's bands
+as torchrun's rank 0 does, and writes the tables.
+
+Faults: an actor process that dies is restarted by Ray, which runs its item again, at most :data:`RETRIES` times
+(then the item is listed in errors.csv); the driver writes each item once, whichever attempt returned it. An input that
+cannot be read is an error row at once, never retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tqdm import tqdm
+
+from crackseg.core.config import InferenceOptions
+from crackseg.core.errors import InputError, require
+from crackseg.core.files import write_atomic
+from crackseg.core.storage import StorageError
+from crackseg.data.images import describe_error, load_image
+from crackseg.data.rasters import RasterSource, gdal_settings, open_raster
+from crackseg.model.inference import Predictor
+from crackseg.model.runtimes import choose_runtime, load_runtime
+from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, summarize_existing, write_image_outputs
+from crackseg.prediction.streamed import RasterRun, band_paths, join_raster, predict_raster, raster_outputs
+from crackseg.prediction.work import Plan, Work, work_list
+
+if TYPE_CHECKING:
+    from crackseg.model.runtimes import RuntimeChoice
+
+RETRIES = 3  # times an item is run again after its actor died running it
+
+
+@dataclass(frozen=True)
+class RayPool:
+    """Where and how many actors run: ``address`` of a running cluster, or ``local`` for a Ray of the run's own (None:
+    RAY_ADDRESS, else a cluster started on this machine, else a local Ray), ``actors`` (None: one per GPU, else one per ``cpus_per_actor`` CPUs), ``gpus_per_actor`` (None: 1 on a
+    cluster with GPUs, else 0), and ``cpus_per_actor``: the threads of each actor's model (a CPU model's last bits
+    depend on them)."""
+
+    address: str | None = None
+    actors: int | None = None
+    gpus_per_actor: float | None = None
+    cpus_per_actor: int = 1
+
+
+def require_ray():
+    """Ray, or a one-line error naming the extra that installs it."""
+    ray = require("ray", "ray", "--engine ray")
+    require("ray.data", "ray", "--engine ray")
+    return ray
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every actor needs, sent once: the model's files (an object reference in a list, so Ray leaves it to the
+    actor to fetch) and how to predict and write."""
+
+    model_files: list
+    model_name: str  # the model's path among its files
+    inference: InferenceOptions
+    threads: int
+    threshold: float
+    spec: OutputSpec  # the photos'
+    save_prob: int | None
+    overviews: bool
+    max_pixels: int
+
+
+@dataclass(frozen=True)
+class _Result:
+    """One item done by an actor: its files' bytes by path below --out, its rows (a photo) or pixel counts (a band), or
+    what went wrong."""
+
+    item: Work
+    files: dict[str, bytes]
+    rows: tuple[dict, list[dict]] | None = None
+    counts: tuple[int, int] = (0, 0)
+    error: str | None = None
+
+
+class _Actor:
+    """One model, loaded once per actor process; called with batches of pickled work items. Nothing is left on the node:
+    the model's files are removed once loaded, and each item's files once read back."""
+
+    def __init__(self, job: _Job):
+        import ray
+        import torch
+
+        torch.set_num_threads(job.threads)
+        self.job = job
+        with tempfile.TemporaryDirectory(prefix="crackseg-model-") as folder:
+            for name, content in ray.get(job.model_files[0]).items():
+                write_atomic(Path(folder) / name, content)
+            runtime = load_runtime(choose_runtime(Path(folder) / job.model_name, job.inference))
+        self.predictor = Predictor(runtime.model, runtime.device, job.inference, runtime.amp_dtype)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        done = [pickle.dumps(self._predict(pickle.loads(item))) for item in batch["item"]]
+        return {"result": np.array(done, dtype=object)}
+
+    def _predict(self, item: Work) -> _Result:
+        with tempfile.TemporaryDirectory(prefix="crackseg-item-") as scratch:
+            folder = PredictionsFolder(Path(scratch))
+            try:
+                return self._photo(item, folder) if item.band is None else self._band(item, folder)
+            except StorageError as error:
+                return _Result(item, {}, error=error.reason)
+            except Exception as error:  # any input that fails is reported, and the actor goes on
+                return _Result(item, {}, error=describe_error(error) if item.band is None else str(error))
+
+    def _photo(self, item: Work, folder: PredictionsFolder) -> _Result:
+        image = load_image(item.path)
+        ((_, prob),) = self.predictor.probabilities([(item.key, image)])
+        try:
+            rows = write_image_outputs(folder, item.path, item.name, image, prob, self.job.threshold, self.job.spec)
+        except OSError as error:
+            return _Result(item, {}, error=f"cannot write outputs: {error}")
+        return _Result(item, _contents(folder, folder.outputs(item.name, self.job.spec)), rows=rows)
+
+    def _band(self, item: Work, folder: PredictionsFolder) -> _Result:
+        job = self.job
+        run = RasterRun(self.predictor, job.threshold, folder, job.save_prob, job.overviews)
+        outputs = raster_outputs(folder, item.name, job.save_prob)
+        with gdal_settings(), RasterSource(item.path, job.max_pixels, open_raster(item.path)) as source:
+            counts = predict_raster(source, outputs, run, item.band, progress=False)
+        return _Result(item, _contents(folder, [path for path in band_paths(outputs, item.band) if path.exists()]), counts=counts)
+
+
+def _contents(folder: PredictionsFolder, paths: list[Path]) -> dict[str, bytes]:
+    """Files by their path below the folder, as the driver writes them below --out."""
+    return {path.relative_to(folder.root).as_posix(): path.read_bytes() for path in paths}
+
+
+def predict_on_ray(plan: Plan, run: RasterRun, choice: RuntimeChoice, pool: RayPool, max_pixels: int, records: Records) -> None:
+    """Predict the plan's inputs on Ray actors into ``run.folder`` (and ``plan.remote``), adding their rows to ``records``."""
+    ray = require_ray()
+    _connect(ray, pool.address)
+    try:
+        actors, gpus = _pool_size(ray, pool, choice)
+        work = _unfinished(plan, run, work_list(plan, actors), records)
+        if work:
+            job = _Job([ray.put(_model_files(choice.path))], choice.path.name, choice.options, pool.cpus_per_actor,
+                       run.threshold, plan.spec, run.save_prob, run.overviews, max_pixels)
+            _run(ray, job, (min(actors, len(work)), gpus), work, _Collector(plan, run, records))
+    finally:
+        ray.shutdown()
+
+
+def _connect(ray, address: str | None) -> None:
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # an actor's death is retried, and reported in errors.csv
+    try:  # None: RAY_ADDRESS, else a cluster started on this machine (ray start), else a local Ray, as Ray resolves it
+        ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        where = f"--ray-address {address}" if address else "Ray"
+        raise InputError(f"{where}: cannot start or reach a Ray cluster: {str(error).splitlines()[0]} (is it running, "
+                         "and is RAY_AUTH_TOKEN set where it uses token authentication?)") from None
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # the driver shows its own, as predict does
+    context.print_on_execution_start = False
+    context.max_errored_blocks = -1  # an item whose actor died RETRIES + 1 times is an error row; the others go on
+
+
+def _pool_size(ray, pool: RayPool, choice: RuntimeChoice) -> tuple[int, float]:
+    """(actors, GPUs per actor) from the flags and what the cluster has."""
+    resources = ray.cluster_resources()
+    gpus = resources.get("GPU", 0.0)
+    per_actor = pool.gpus_per_actor
+    if per_actor is None:
+        per_actor = 1.0 if gpus and choice.device != "cpu" else 0.0
+    if per_actor > gpus:
+        raise InputError(f"--gpus-per-actor {per_actor:g}: the Ray cluster has {gpus:g} GPUs; pass --gpus-per-actor 0 for CPU actors")
+    if per_actor == 0 and choice.device.startswith("cuda"):
+        raise InputError(f"--device {choice.device} needs GPU actors: pass --gpus-per-actor (e.g. 1)")
+    actors = pool.actors or (int(gpus // per_actor) if per_actor else int(resources.get("CPU", 1) // pool.cpus_per_actor))
+    return max(1, actors), per_actor
+
+
+def _unfinished(plan: Plan, run: RasterRun, work: list[Work], records: Records) -> list[Work]:
+    """The items to predict; the inputs whose outputs ``--skip-existing`` keeps get their rows now, as locally."""
+    kept = {key for key in dict.fromkeys(item.key for item in work) if plan.kept(key)}
+    for item in work:
+        if item.key in kept and item.band is None:
+            records.add(item.key, *summarize_existing(item.path, plan.folder.mask(item.name), plan.spec))
+    for raster in plan.rasters:
+        if raster.key in kept:
+            join_raster(raster, run, None, records)
+    return [item for item in work if item.key not in kept]
+
+
+def _run(ray, job: _Job, size: tuple[int, float], work: list[Work], collector: _Collector) -> None:
+    """Stream ``work`` through ``size`` (actors, GPUs each) actors, one item per batch, into ``collector``."""
+    actors, gpus = size
+    items = ray.data.from_items([{"item": pickle.dumps(item)} for item in work], override_num_blocks=len(work))
+    with warnings.catch_warnings():  # max_task_retries has no named parameter yet (setup.cfg holds Ray below 2.64)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        results = items.map_batches(_Actor, fn_constructor_kwargs={"job": job}, batch_size=1, num_cpus=job.threads,
+                                    num_gpus=gpus or None, compute=ray.data.ActorPoolStrategy(size=actors), max_task_retries=RETRIES)
+    with tqdm(total=len(work), desc="predict", unit="item", disable=None) as bar:
+        for row in results.iter_rows():
+            if collector.take(pickle.loads(row["result"])):
+                bar.update()
+    collector.finish(work)
+
+
+class _Collector:
+    """The driver's side: each item's files written once, its rows recorded, each raster joined when its bands are in."""
+
+    def __init__(self, plan: Plan, run: RasterRun, records: Records):
+        self.plan, self.run, self.records = plan, run, records
+        self.done: set[tuple[int, tuple[int, int] | None]] = set()
+        self.bands: dict[int, dict[int, tuple[str | None, tuple[int, int]]]] = {}
+
+    def take(self, result: _Result) -> bool:
+        """Record one result; False for a second copy of an item already taken (a retried run of it)."""
+        item = result.item
+        if (item.key, item.band) in self.done:
+            return False
+        self.done.add((item.key, item.band))
+        error = result.error
+        if error is None:
+            try:
+                for name, content in result.files.items():
+                    write_atomic(self.run.folder.root / name, content)
+                if item.band is None:
+                    self.plan.upload(item.key)
+            except (OSError, StorageError) as failure:
+                error = f"cannot write outputs: {failure}"
+        if item.band is not None:
+            self._band(item, error, result.counts)
+        elif error is not None:
+            self.records.fail(item.path, error)
+        else:
+            row, cracks = result.rows
+            self.records.add(item.key, row | {"mask": str(self.plan.folder.mask(item.name))}, cracks)
+        return True
+
+    def finish(self, work: list[Work]) -> None:
+        """Items that Ray gave up on (their actor died every time) are errors."""
+        for item in work:
+            if (item.key, item.band) not in self.done:
+                self.take(_Result(item, {}, error=f"its Ray actor died {RETRIES + 1} times predicting it"))
+
+    def _band(self, item: Work, error: str | None, counts: tuple[int, int]) -> None:
+        index, count = item.band
+        bands = self.bands.setdefault(item.key, {})
+        bands[index] = (error, counts)
+        if len(bands) == count:
+            raster = next(raster for raster in self.plan.rasters if raster.key == item.key)
+            join_raster(raster, self.run, [bands[i] for i in range(count)], self.records)
+            if item.key in self.records.rows:
+                self.plan.upload(item.key)
+
+
+def _model_files(path: Path) -> dict[str, bytes]:
+    """The model's files by their path below the model's parent folder: the file, an OpenVINO model's .bin beside its
+    .xml, or every file of a safetensors folder."""
+    if path.is_dir():
+        return {file.relative_to(path.parent).as_posix(): file.read_bytes() for file in sorted(path.rglob("*")) if file.is_file()}
+    weights = path.with_suffix(".bin")
+    files = [path] + ([weights] if path.suffix.lower() == ".xml" and weights.is_file() else [])
+    return {file.name: file.read_bytes() for file in files}

@@ -1,0 +1,190 @@
+"""predict --engine ray: on a Ray cluster started by ``ray start`` (token authentication on, as Ray clusters now run) and
+on the local Ray a run starts itself, compared with local runs; an actor and the driver killed mid-run."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import S3_KEY_ID, S3_SECRET, cli_result, csv_rows, pavement, write_geotiff
+from PIL import Image
+from services import ray_head
+
+pytest.importorskip("ray.data")
+
+RUN_S = 240  # the longest one predict may take here
+
+
+@pytest.fixture(scope="module")
+def cluster(s3_server, tmp_path_factory) -> dict[str, str]:
+    """A Ray head with 2 CPUs on this machine, its nodes set up for the test S3 server as a cluster's would be for its
+    store; yields the environment that reaches it (RAY_ADDRESS and its token)."""
+    folder = tmp_path_factory.mktemp("ray")
+    env = _clean_env() | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "AWS_ENDPOINT_URL": s3_server,
+                          "AWS_ACCESS_KEY_ID": S3_KEY_ID, "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+                          "AWS_CONFIG_FILE": str(folder / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(folder / "none"),
+                          "AWS_EC2_METADATA_DISABLED": "true"}
+    with ray_head(env, 2, folder / "head.log") as address:
+        yield env | {"RAY_ADDRESS": address}
+
+
+def _clean_env() -> dict[str, str]:
+    """This environment without torchrun's variables or a Ray address."""
+    return {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "RAY_ADDRESS")}
+
+
+def _predict(*args, env: dict[str, str]) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "crackseg", "predict", *map(str, args), "--device", "cpu", "--workers", "0"]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_S)
+
+
+def _start(*args, env: dict[str, str]) -> subprocess.Popen:
+    command = [sys.executable, "-m", "crackseg", "predict", *map(str, args), "--device", "cpu", "--workers", "0"]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _one_thread() -> dict[str, str]:
+    """A local run with the threads of a default actor: a CPU model's probabilities are then the same bits."""
+    return _clean_env() | {"OMP_NUM_THREADS": "1"}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix != ".csv"
+            and p.name != "summary.json"}
+
+
+def _many_photos(folder: Path, count: int, size: int = 384) -> Path:
+    folder.mkdir()
+    for index in range(count):
+        Image.fromarray(pavement(size, size, seed=index).transpose(1, 2, 0)).save(folder / f"p{index:02d}.jpg", quality=95)
+    return folder
+
+
+def _actor_pids() -> set[int]:
+    """The processes of this machine that run predict's Ray actors (Ray names them after the actor class)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"MapBatches(_Actor)" in (entry / "cmdline").read_bytes():
+                pids.add(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _wait_for(condition, process: subprocess.Popen, what: str, timeout: float = RUN_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"predict ended before {what}: {process.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_s3_in_s3_out_on_a_cluster_writes_the_bytes_of_a_local_run(cluster, s3, photos, tmp_path, checkpoint):
+    """Photos, a bad photo and a GeoTIFF predicted by windows in two bands, one per actor, joined by the driver."""
+    pytest.importorskip("rasterio")
+    write_geotiff(photos / "ortho.tif", pavement(700, 600))
+    (photos / "bad.jpg").write_bytes(b"not a jpeg")
+    source, out = s3.upload(photos, "survey/photos"), s3.url("survey/pred/")
+    flags = ["--checkpoint", checkpoint, "--recursive", "--save-prob", 16, "--overlay", "--vectors", "geojson", "--overviews",
+             "--tile", 256, "--overlap", 32]
+    local = _predict(*flags, photos, "--out", tmp_path / "local", env=_one_thread())
+    ray = _predict(*flags, source, "--out", out, "--engine", "ray", "--actors", 2, env=cluster)
+    assert local.returncode == ray.returncode == 1, ray.stderr[-3000:]  # bad.jpg failed, the others are written
+    assert "Traceback" not in ray.stderr and "bad.jpg: not a readable image" in ray.stderr
+    remote = tmp_path / "remote"
+    for item in s3.client.list_objects_v2(Bucket=s3.name, Prefix="survey/pred/")["Contents"]:
+        (remote / item["Key"][len("survey/pred/"):]).parent.mkdir(parents=True, exist_ok=True)
+        (remote / item["Key"][len("survey/pred/"):]).write_bytes(s3.client.get_object(Bucket=s3.name, Key=item["Key"])["Body"].read())
+    files = _files(tmp_path / "local")
+    assert sorted(files) == sorted(_files(remote)) and "masks/ortho.tif" in files and "masks/sub/c.png" in files
+    for name, content in _files(remote).items():  # a crack's vector names its input ("source"): the URL, or the file
+        assert content.replace(source.encode(), b"") == files[name].replace(f"{photos}/".encode(), b""), name
+    for table in ("predictions.csv", "cracks.csv", "errors.csv"):
+        assert [{k: v for k, v in row.items() if k not in ("path", "mask")} for row in csv_rows(remote / table)] == \
+            [{k: v for k, v in row.items() if k not in ("path", "mask")} for row in csv_rows(tmp_path / "local" / table)], table
+    assert [row["path"] for row in csv_rows(remote / "predictions.csv")] == [source + name for name in ("a.jpg", "b.jpg", "ortho.tif", "sub/c.jpg")]
+
+
+@pytest.mark.slow
+def test_an_actor_killed_mid_run_is_restarted_and_every_output_is_written_once(cluster, tmp_path, checkpoint):
+    photos = _many_photos(tmp_path / "in", 16)
+    before = _actor_pids()
+    run = _start("--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--actors", 2, env=cluster)
+    masks = tmp_path / "out" / "masks"
+    _wait_for(lambda: masks.is_dir() and any(masks.iterdir()), run, "a first mask")
+    actors = _actor_pids() - before
+    assert actors, "no actor process found"
+    victim = min(actors)
+    os.kill(victim, signal.SIGKILL)
+    _wait_for(lambda: _actor_pids() - before - actors, run, "a restarted actor")
+    out, err = run.communicate(timeout=RUN_S)
+    assert run.returncode == 0, err[-3000:]
+    rows = csv_rows(tmp_path / "out" / "predictions.csv")
+    assert sorted(Path(row["path"]).name for row in rows) == sorted(p.name for p in photos.iterdir())
+    assert sorted(p.name for p in masks.iterdir()) == sorted(f"{p.stem}.png" for p in photos.iterdir())
+    assert not (tmp_path / "out" / "errors.csv").exists() and "16 images predicted" in out
+
+
+@pytest.mark.slow
+def test_a_driver_killed_mid_run_is_finished_by_skip_existing_on_a_local_ray(tmp_path, checkpoint):
+    """--ray-address local starts a Ray of the run's own, which ends with the driver."""
+    photos = _many_photos(tmp_path / "in", 12, size=256)
+    flags = ["--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--ray-address", "local", "--actors", 1]
+    run = _start(*flags, env=_clean_env())
+    masks = tmp_path / "out" / "masks"
+    _wait_for(lambda: masks.is_dir() and len(list(masks.glob("*.png"))) >= 3, run, "three masks")
+    run.kill()
+    run.communicate(timeout=60)
+    done = {p.name: p.stat().st_mtime_ns for p in masks.glob("*.png")}
+    assert 3 <= len(done) < 12
+    again = _predict(*flags, "--skip-existing", env=_clean_env())
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {name: (masks / name).stat().st_mtime_ns for name in done} == done  # not predicted again
+    rows = {Path(row["path"]).stem: row["status"] for row in csv_rows(tmp_path / "out" / "predictions.csv")}
+    assert sorted(rows) == sorted(p.stem for p in photos.iterdir())
+    assert sorted(stem for stem, status in rows.items() if status == "skipped: exists") == sorted(Path(n).stem for n in done)
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.name.startswith(".")]
+
+
+@pytest.mark.slow
+def test_gpu_actors_on_a_cluster_without_gpus_are_one_line(cluster, photos, tmp_path, checkpoint):
+    result = _predict("--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--gpus-per-actor", 1,
+                      env=cluster)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "crackseg: error: --gpus-per-actor 1: the Ray cluster has 0 GPUs; pass --gpus-per-actor 0 for CPU actors"]
+
+
+def test_engine_ray_without_ray_names_the_extra_and_writes_nothing(photos, tmp_path, checkpoint, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    monkeypatch.setitem(sys.modules, "ray.data", None)
+    code, err = cli_result(["predict", "--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray"])
+    assert code == 2 and err.splitlines() == ["crackseg: error: --engine ray needs ray; pip install 'crackseg[ray]'"]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag", [["--actors", "2"], ["--gpus-per-actor", "1"], ["--ray-address", "auto"], ["--cpus-per-actor", "2"]])
+def test_ray_flags_without_engine_ray_are_one_line(photos, tmp_path, checkpoint, flag):
+    code, err = cli_result(["predict", "--checkpoint", checkpoint, photos, "--out", tmp_path / "out", *flag])
+    assert code == 2 and err.splitlines() == [f"crackseg: error: {flag[0]} applies to --engine ray"]
+
+
+def test_the_work_list_is_split_alike_by_every_engine(photos, tmp_path):
+    """torchrun's processes take every other photo and their band of each raster; together they take the whole list."""
+    from crackseg.prediction.work import Plan, share, work_list
+
+    rasters = [type("R", (), {"key": key, "path": Path(f"{key}.tif"), "name": str(key)}) for key in (3, 4)]
+    plan = Plan(None, None, [(key, Path(f"{key}.jpg"), str(key)) for key in range(3)], rasters, None, {}, [])
+    work = work_list(plan, 2)
+    assert [(item.key, item.band) for item in work] == [(0, None), (1, None), (2, None), (3, (0, 2)), (3, (1, 2)), (4, (0, 2)), (4, (1, 2))]
+    shares = [share(work, rank, 2) for rank in range(2)]
+    assert [(item.key, item.band) for item in shares[0]] == [(0, None), (2, None), (3, (0, 2)), (4, (0, 2))]
+    assert sorted(shares[0] + shares[1], key=work.index) == work
+    assert share(work_list(plan, 1), 0, 1) == work_list(plan, 1)
