@@ -17,6 +17,8 @@ Monitoring (monitoring_modes.py):
     python benchmarks/bench.py compare [--count 4] [--windows 3] [--quick]
 Object storage (storage_modes.py):
     python benchmarks/bench.py storage [--encoder ...] [--size 256] [--count 200] [--windows 5] [--quick]
+Engines (engine_modes.py):
+    python benchmarks/bench.py engines [--encoder ...] [--size 256] [--count 200] [--windows 5] [--quick]
 
 data times the loader's decoding and geometric augmentation by worker count, and the
 photometric jitter that the training step runs on the device.
@@ -48,6 +50,9 @@ storage times crackseg predict --no-measure from a local folder and from an s3:/
 moto's S3 server on loopback (to a local folder and to an s3:// prefix), alternated, and each
 path's rate against the local one (goal: at least 0.8).
 
+engines times crackseg predict with --engine local and with --engine ray (2 CPU actors on a Ray
+head started on this machine), alternated, and Ray's rate against the local one (goal: at least 0.85).
+
 Each figure is the median over several timed windows after a warm-up window (--windows sets
 how many; on a machine whose speed drifts, more). Accuracy is measured beside these scripts:
 crack joining by benchmarks/cracks.py, training recipes by benchmarks/recipe.py.
@@ -63,6 +68,7 @@ import torch
 from crackseg.prediction.predict import default_workers
 from crackseg.data.synth import parse_size
 from data_modes import bench_data, bench_evaluate, bench_synth
+from engine_modes import bench_engines
 from harness import RESULTS, write_report
 from monitoring_modes import bench_compare
 from prediction_modes import bench_predict, bench_runtimes
@@ -72,7 +78,7 @@ from training_modes import bench_strategies, bench_train
 
 MODES = {"synth": bench_synth, "data": bench_data, "evaluate": bench_evaluate, "train": bench_train, "strategies": bench_strategies,
          "predict": bench_predict, "runtimes": bench_runtimes, "rasters": bench_rasters, "compare": bench_compare,
-         "storage": bench_storage}
+         "storage": bench_storage, "engines": bench_engines}
 
 
 def main() -> None:
@@ -87,7 +93,7 @@ def main() -> None:
     parser.add_argument("--channels-last", action="store_true", help="NHWC layout (train, predict)")
     parser.add_argument("--size", type=parse_size, default=(256, 256), help="image size in px: N or HxW")
     parser.add_argument("--crop-size", type=int, default=448, help="training crop in px (data)")
-    parser.add_argument("--count", type=int, default=None, help="images generated (default 1000 for evaluate, 4 photo pairs for compare, 200 for storage, 64 otherwise; predict and compare time whole runs over them)")
+    parser.add_argument("--count", type=int, default=None, help="images generated (default 1000 for evaluate, 4 photo pairs for compare, 200 for storage and engines, 64 otherwise; predict and compare time whole runs over them)")
     parser.add_argument("--workers", type=int, nargs="+", default=None, help="loader workers: counts to try (data, default 0 1 2) or one count (train, default 2; predict, default crackseg's: 0 on CPU)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's peak TFLOP/s at this precision, for the fraction of peak (known H100/H200/A100 bf16 peaks are built in)")
@@ -96,10 +102,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few, short windows: a smoke test, not a figure")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/MODE.json)")
     args = parser.parse_args()
-    args.count = args.count or {"data": 64, "evaluate": 1000, "compare": 4, "storage": 200}.get(args.mode, 64)
+    args.count = args.count or {"data": 64, "evaluate": 1000, "compare": 4, "storage": 200, "engines": 200}.get(args.mode, 64)
     if args.mode == "data":
         args.workers = args.workers or [0, 1, 2]
-    elif args.mode in ("predict", "storage"):
+    elif args.mode in ("predict", "storage", "engines"):
         args.workers = args.workers[0] if args.workers else default_workers(torch.device(args.device))
     else:
         args.workers = (args.workers or [2])[0]

@@ -22,6 +22,7 @@ import torch
 import crackseg
 
 RESULTS = Path(__file__).resolve().parent / "results"
+TESTS = Path(__file__).resolve().parents[1] / "tests"  # services.py: the suite's real services, which benchmarks start too
 
 # Dense bf16 / fp16 tensor-core peaks from NVIDIA's datasheets, by a part of the device name.
 PEAK_TFLOPS = {"H100 80GB HBM3": 989.4, "H100 PCIe": 756.5, "H100 NVL": 835.5, "H200": 989.4, "A100": 312.0}

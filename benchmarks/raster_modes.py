@@ -1,7 +1,8 @@
 """bench.py's raster mode (docs/benchmarks.md: rasters read by windows).
 
 rasters predicts synthetic GeoTIFFs of 100 megapixels and 1 gigapixel by windows (peak RSS,
-megapixels/s) beside a photo decoded whole.
+megapixels/s) beside a photo decoded whole, and the largest once more as a COG in an s3:// bucket on
+moto's S3 server on loopback, read by windows through GDAL's /vsis3/.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from harness import window_count
+from storage_modes import moto_server, point_at
 
 # One `crackseg` command in a fresh process, timed after its imports; prints its seconds and peak RSS as JSON.
 _RASTER_CHILD = """
@@ -59,12 +61,13 @@ def bench_rasters(args: argparse.Namespace) -> list[dict]:
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 1, 3, padding=1))
     model = CrackSegModel(net, "unet", "small-cnn", size_divisor=1)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, moto_server() as endpoint:
         tmp = Path(tmp)
+        point_at(endpoint, tmp)  # the child processes inherit the environment
         write_exported(model, "onnx", tmp / "small.onnx")
         texture = _pavement_texture(512, 4096, seed=0)
 
-        def predict(source: Path, out: Path) -> dict:
+        def predict(source: Path | str, out: Path) -> dict:
             command = [sys.executable, "-c", _RASTER_CHILD, "predict", str(source), "--model", str(tmp / "small.onnx"),
                        "--out", str(out), "--no-measure", "--threshold", "0.5", "--workers", "0"]
             result = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -87,6 +90,7 @@ def bench_rasters(args: argparse.Namespace) -> list[dict]:
                     raster.write(np.ascontiguousarray(band.transpose(2, 0, 1)), window=rasterio.windows.Window(0, top, width, rows_here))
             with rasterio.open(path) as raster:
                 inputs[f"GeoTIFF {raster.width}x{raster.height}, JPEG tiles, read by windows"] = (path, raster.width * raster.height / 1e6)
+        inputs[_in_store(path, tmp)] = (f"s3://bench/{path.stem}.cog.tif", width * height / 1e6)
         photo_name = next(iter(inputs))
         runs: dict[str, list[dict]] = {name: [] for name in inputs}
         for _ in range(window_count(args, 2)):  # each raster right after a photo run, so drift hits both alike
@@ -114,3 +118,20 @@ def _pavement_texture(height: int, width: int, seed: int) -> np.ndarray:
         image[row : row + 3, 100 : width - 100] = 40
     image = image.clip(0, 255).astype(np.uint8)
     return np.repeat(image[..., None], 3, axis=2)
+
+
+def _in_store(path: Path, tmp: Path) -> str:
+    """``path`` copied into a Cloud-Optimized GeoTIFF (JPEG tiles, as survey software exports them) and uploaded to the
+    bucket ``bench`` of the loopback server as ``<stem>.cog.tif``; returns the input's name in the table."""
+    import rasterio
+    import rasterio.shutil
+    import s3fs
+
+    cog = tmp / f"{path.stem}.cog.tif"
+    rasterio.shutil.copy(path, cog, driver="COG", COMPRESS="JPEG", QUALITY=90, BLOCKSIZE=512, BIGTIFF="IF_SAFER", OVERVIEWS="NONE")
+    store = s3fs.S3FileSystem()
+    store.mkdir("bench")
+    store.put(str(cog), f"bench/{cog.name}")
+    cog.unlink()
+    with rasterio.open(path) as raster:
+        return f"COG {raster.width}x{raster.height}, JPEG tiles, in s3:// (loopback), read by windows"

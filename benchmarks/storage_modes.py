@@ -9,16 +9,10 @@ fetching, staging, uploading), not a real link.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -27,38 +21,16 @@ from crackseg.data.synth import write_dataset
 from crackseg.model.checkpoint import save_model
 from crackseg.model.networks import build_model
 from crackseg.prediction.predict import PredictOptions, predict_folder
-from harness import median_rates, window_count
+from harness import TESTS, median_rates, window_count
 from prediction_modes import _threshold_for_crack_fraction
+
+sys.path.insert(0, str(TESTS))
+from services import moto_server  # noqa: E402  (the suite's loopback S3 server)
 
 GOAL = 0.8  # the issue's: predicting from the store runs at least 0.8x as fast as from local disk
 
 
-@contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    """moto's S3 server on a free loopback port, in a subprocess (in this process it stalls GDAL writes); yields its URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's S3 server did not start on {endpoint}")
-                time.sleep(0.1)
-        yield endpoint
-    finally:
-        server.terminate()
-        server.wait(10)
-
-
-def _point_at(endpoint: str, tmp: Path) -> None:
+def point_at(endpoint: str, tmp: Path) -> None:
     """The standard AWS variables aimed at the loopback server, with nothing of the user's (~/.aws, profiles) in reach."""
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         os.environ.pop(name, None)
@@ -78,7 +50,7 @@ def bench_storage(args: argparse.Namespace) -> list[dict]:
     model = build_model(args.encoder).eval()
     with tempfile.TemporaryDirectory() as tmp, moto_server() as endpoint:
         tmp = Path(tmp)
-        _point_at(endpoint, tmp)
+        point_at(endpoint, tmp)
         write_dataset(tmp / "data", count, (size, size), seed=0, workers=os.cpu_count() or 1)
         photos = tmp / "data" / "images"
         model.threshold = _threshold_for_crack_fraction(model, photos, 0.02, torch.device("cpu"))
