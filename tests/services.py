@@ -70,7 +70,7 @@ def ray_head(env: dict[str, str], cpus: int, log: Path) -> Iterator[str]:
         finally:
             os.killpg(head.pid, signal.SIGTERM)
             try:
-                head.wait(5)
-            except subprocess.TimeoutExpired:  # it stops its processes one by one; nothing needs them to end cleanly
-                os.killpg(head.pid, signal.SIGKILL)
+                head.wait(1)
+            except subprocess.TimeoutExpired:  # it stops its processes one by one, for seconds; nothing needs them to
+                os.killpg(head.pid, signal.SIGKILL)  # end cleanly
                 head.wait(30)

@@ -571,3 +571,21 @@ def _onnx_export_against_torch(checkpoint: Path, out: Path, files: list[Path]) -
         probabilities.append(dict(predictor.probabilities((key, load_image(p)) for key, p in enumerate(files))))
     torch_probs, onnx_probs = probabilities
     return max((onnx_probs[key] - torch_probs[key]).abs().max().item() for key in torch_probs)
+
+
+def test_ray_gpu_actors_two_per_gpu_write_what_a_local_gpu_run_writes(cuda_run, photos, tmp_path):
+    """--engine ray with --gpus-per-actor 0.5 on a local Ray: each actor gets the GPU as cuda:0 (float32, TF32 off)."""
+    pytest.importorskip("ray.data")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "RAY_ADDRESS")}
+    env["NVIDIA_TF32_OVERRIDE"] = "0"
+    common = [sys.executable, "-m", "crackseg", "predict", "--checkpoint", str(cuda_run / "best.pt"), str(photos),
+              "--save-prob", "16", "--amp", "off", "--tile", "128", "--overlap", "32"]
+    local = subprocess.run([*common, "--out", str(tmp_path / "local")], env=env, capture_output=True, text=True, timeout=300)
+    ray = subprocess.run([*common, "--out", str(tmp_path / "ray"), "--engine", "ray", "--ray-address", "local",
+                          "--gpus-per-actor", "0.5", "--actors", "2"], env=env, capture_output=True, text=True, timeout=300)
+    assert local.returncode == ray.returncode == 0, ray.stderr[-3000:]
+    on_ray, on_local = _probabilities(tmp_path / "ray"), _probabilities(tmp_path / "local")
+    assert on_ray.keys() == on_local.keys() and len(on_local) == 5
+    for name, expected in on_local.items():
+        assert np.abs(on_ray[name] - expected).max() <= 1e-3, name
+    assert sorted(p.name for p in (tmp_path / "ray" / "masks").iterdir()) == sorted(p.name for p in (tmp_path / "local" / "masks").iterdir())

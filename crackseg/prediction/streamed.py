@@ -7,7 +7,8 @@ their tiles is complete. Memory does not grow with the raster's area, and grows 
 width only through the overlap rows and one row of output tiles. Outputs carry the input's CRS and
 geotransform; pixels outside the surveyed area (nodata, alpha 0) are masked in them and
 left out of the counts. Under torchrun every process predicts a share of each raster's
-tile rows and rank 0 joins the parts, then measures the mask a band of rows at a time.
+tile rows and rank 0 joins the parts (:func:`join_raster`), then measures the mask a band of rows at
+a time; with ``--engine ray`` each band is an actor's item and the driver joins them alike.
 
 Each input raster is opened once per process, by :func:`open_if_streamed` when the run is
 planned, and that source serves predicting and joining.

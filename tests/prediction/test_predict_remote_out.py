@@ -11,6 +11,7 @@ import pytest
 from conftest import S3_KEY_ID, S3_SECRET, cli_result, csv_rows, predict_cli
 
 import crackseg.prediction.predict as predict_module
+from crackseg.prediction.outputs import PredictionsFolder
 from crackseg.prediction.remote_out import LOCK_NAME
 
 FLAGS = ["--recursive", "--overlay", "--px-size", 0.5]
@@ -65,6 +66,9 @@ def test_s3_in_s3_out_gives_the_outputs_of_a_local_run(s3, photos, tmp_path, che
         assert [{k: v for k, v in row.items() if k not in ("path", "mask")} for row in csv_rows(remote / table)] == \
             [{k: v for k, v in row.items() if k not in ("path", "mask")} for row in csv_rows(local / table)]
     assert [row["mask"] for row in csv_rows(remote / "predictions.csv")] == [out + f"masks/{n}.png" for n in ("a", "b", "sub/c")]
+    downloaded = PredictionsFolder(remote)  # a copy of the prefix is a predictions folder as a local run's is (labels, report)
+    assert [downloaded.table_path(row["mask"], "mask", number) for number, row in enumerate(csv_rows(remote / "predictions.csv"), 1)] == \
+        [remote / "masks" / f"{n}.png" for n in ("a", "b", "sub/c")]
     summaries = [json.loads((folder / "summary.json").read_text()) for folder in (local, remote)]
     for summary in summaries:
         summary["widest"].pop("path")
