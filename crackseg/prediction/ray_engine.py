@@ -27,7 +27,8 @@ import numpy as np
 from tqdm import tqdm
 
 from crackseg.core.config import InferenceOptions
-from crackseg.core.errors import InputError, require
+from crackseg.core.version import __version__
+from crackseg.core.errors import InputError, RunError, require
 from crackseg.core.files import write_atomic
 from crackseg.core.storage import StorageError
 from crackseg.data.images import describe_error, load_image
@@ -178,11 +179,16 @@ def _pool_size(ray, pool: RayPool, choice: RuntimeChoice) -> tuple[int, float]:
     """(actors, GPUs per actor) from the flags and what the cluster has."""
     resources = ray.cluster_resources()
     gpus = resources.get("GPU", 0.0)
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
     per_actor = pool.gpus_per_actor
     if per_actor is None:
         per_actor = 1.0 if gpus and choice.device != "cpu" else 0.0
-    if per_actor > gpus:
-        raise InputError(f"--gpus-per-actor {per_actor:g}: the Ray cluster has {gpus:g} GPUs; pass --gpus-per-actor 0 for CPU actors")
+    if not gpus and per_actor:
+        raise InputError(f"--gpus-per-actor {per_actor:g}: the Ray cluster has 0 GPUs; pass --gpus-per-actor 0 for CPU actors")
+    for flag, wanted, kind in (("--gpus-per-actor", per_actor, "GPU"), ("--cpus-per-actor", pool.cpus_per_actor, "CPU")):
+        largest = max((node.get(kind, 0.0) for node in nodes), default=0.0)
+        if wanted > largest:  # no node could ever host an actor: Ray would wait for one for ever
+            raise InputError(f"{flag} {wanted:g}: the largest node of the Ray cluster has {largest:g} {kind}s")
     if per_actor == 0 and choice.device.startswith("cuda"):
         raise InputError(f"--device {choice.device} needs GPU actors: pass --gpus-per-actor (e.g. 1)")
     actors = pool.actors or (int(gpus // per_actor) if per_actor else int(resources.get("CPU", 1) // pool.cpus_per_actor))
@@ -210,9 +216,14 @@ def _run(ray, job: _Job, size: tuple[int, float], work: list[Work], collector: _
         results = items.map_batches(_Actor, fn_constructor_kwargs={"job": job}, batch_size=1, num_cpus=job.threads,
                                     num_gpus=gpus or None, compute=ray.data.ActorPoolStrategy(size=actors), max_task_retries=RETRIES)
     with tqdm(total=len(work), desc="predict", unit="item", disable=None) as bar:
-        for row in results.iter_rows():
-            if collector.take(pickle.loads(row["result"])):
-                bar.update()
+        try:
+            for row in results.iter_rows():
+                if collector.take(pickle.loads(row["result"])):
+                    bar.update()
+        except ray.exceptions.RayError as error:  # actors that cannot start: the model or crackseg missing on the nodes
+            reason = next((line.strip() for line in reversed(str(error).splitlines()) if line.strip()), type(error).__name__)
+            raise RunError(f"Ray's actors could not run: {reason} (is crackseg {__version__}, with the extras the run needs, "
+                           "installed on every node? docs/scale.md)") from None
     collector.finish(work)
 
 

@@ -155,11 +155,13 @@ def test_a_driver_killed_mid_run_is_finished_by_skip_existing_on_a_local_ray(tmp
 
 
 @pytest.mark.slow
-def test_gpu_actors_on_a_cluster_without_gpus_are_one_line(cluster, photos, tmp_path, checkpoint):
-    result = _predict("--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--gpus-per-actor", 1,
-                      env=cluster)
-    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "crackseg: error: --gpus-per-actor 1: the Ray cluster has 0 GPUs; pass --gpus-per-actor 0 for CPU actors"]
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--gpus-per-actor", "1", "the Ray cluster has 0 GPUs; pass --gpus-per-actor 0 for CPU actors"),
+    ("--cpus-per-actor", "3", "the largest node of the Ray cluster has 2 CPUs"),  # Ray would wait for such a node for ever
+])
+def test_actors_no_node_can_host_are_one_line(cluster, photos, tmp_path, checkpoint, flag, value, expected):
+    result = _predict("--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", flag, value, env=cluster)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [f"crackseg: error: {flag} {value}: {expected}"]
 
 
 def test_engine_ray_without_ray_names_the_extra_and_writes_nothing(photos, tmp_path, checkpoint, monkeypatch):
