@@ -18,12 +18,9 @@ from pathlib import Path
 import torch
 
 from crackseg.core.config import InferenceOptions
-from crackseg.data.synth import write_dataset
-from crackseg.model.checkpoint import save_model
-from crackseg.model.networks import build_model
 from crackseg.prediction.predict import PredictOptions, predict_folder
 from harness import TESTS, median_rates, window_count
-from prediction_modes import _threshold_for_crack_fraction
+from prediction_modes import photos_and_model
 
 sys.path.insert(0, str(TESTS))
 from services import ray_head  # noqa: E402  (the suite's Ray head)
@@ -37,22 +34,17 @@ def bench_engines(args: argparse.Namespace) -> list[dict]:
     size = args.size[0]
     count = 4 if args.quick else args.count
     windows = window_count(args, 5)
-    torch.manual_seed(0)
-    model = build_model(args.encoder).eval()
     os.environ.pop("RAY_ADDRESS", None)
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))  # as Ray clusters now run
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        write_dataset(tmp / "data", count, (size, size), seed=0, workers=os.cpu_count() or 1)
-        photos = tmp / "data" / "images"
-        model.threshold = _threshold_for_crack_fraction(model, photos, 0.02, torch.device("cpu"))
-        save_model(model, tmp / "model.pt")
+        photos, model = photos_and_model(args, tmp)
         inference = InferenceOptions(tile=max(size, 1024), batch_size=args.batch_size, device="cpu", amp=args.amp)
         with ray_head(dict(os.environ), ACTORS, tmp / "ray-head.log") as address:
 
             def window(engine: str) -> None:
                 cluster = {"ray_address": address, "actors": ACTORS} if engine == "ray" else {}
-                predict_folder(tmp / "model.pt", [str(photos)], PredictOptions(out=tmp / f"out-{engine}", inference=inference,
+                predict_folder(model, [str(photos)], PredictOptions(out=tmp / f"out-{engine}", inference=inference,
                                workers=args.workers, overwrite=True, engine=engine, **cluster))
 
             paths = {"--engine local": (lambda index: window("local"), count),

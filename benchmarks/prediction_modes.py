@@ -26,6 +26,19 @@ from crackseg.data.synth import write_dataset
 from harness import compute_figures, device_sync, flops_per_image, median_rates, window_count
 
 
+def photos_and_model(args: argparse.Namespace, folder: Path) -> tuple[Path, Path]:
+    """``args.count`` synthetic photos of ``args.size`` (4 with --quick) and an untrained UNet of ``args.encoder`` whose
+    threshold marks about 2% of their pixels, written in ``folder``: (the photos' folder, the model file)."""
+    size = args.size[0]
+    torch.manual_seed(0)
+    model = build_model(args.encoder).eval()
+    write_dataset(folder / "data", 4 if args.quick else args.count, (size, size), seed=0, workers=os.cpu_count() or 1)
+    photos = folder / "data" / "images"
+    model.threshold = _threshold_for_crack_fraction(model, photos, 0.02, torch.device("cpu"))
+    save_model(model, folder / "model.pt")
+    return photos, folder / "model.pt"
+
+
 @torch.inference_mode()
 def _threshold_for_crack_fraction(model: torch.nn.Module, images: Path, fraction: float, device: torch.device) -> float:
     """A threshold that marks about ``fraction`` of the first image's pixels as crack.

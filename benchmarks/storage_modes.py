@@ -14,15 +14,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 from crackseg.core.config import InferenceOptions
-from crackseg.data.synth import write_dataset
-from crackseg.model.checkpoint import save_model
-from crackseg.model.networks import build_model
 from crackseg.prediction.predict import PredictOptions, predict_folder
 from harness import TESTS, median_rates, window_count
-from prediction_modes import _threshold_for_crack_fraction
+from prediction_modes import photos_and_model
 
 sys.path.insert(0, str(TESTS))
 from services import moto_server  # noqa: E402  (the suite's loopback S3 server)
@@ -46,22 +41,17 @@ def bench_storage(args: argparse.Namespace) -> list[dict]:
     size = args.size[0]
     count = 4 if args.quick else args.count
     windows = window_count(args, 5)
-    torch.manual_seed(0)
-    model = build_model(args.encoder).eval()
     with tempfile.TemporaryDirectory() as tmp, moto_server() as endpoint:
         tmp = Path(tmp)
         point_at(endpoint, tmp)
-        write_dataset(tmp / "data", count, (size, size), seed=0, workers=os.cpu_count() or 1)
-        photos = tmp / "data" / "images"
-        model.threshold = _threshold_for_crack_fraction(model, photos, 0.02, torch.device("cpu"))
-        save_model(model, tmp / "model.pt")
+        photos, model = photos_and_model(args, tmp)
         store = s3fs.S3FileSystem()
         store.mkdir("bench")
         store.put(f"{photos}/", "bench/photos/", recursive=True)
         inference = InferenceOptions(tile=max(size, 1024), batch_size=args.batch_size, device="cpu", amp=args.amp)
 
         def window(source: str, out: Path | str) -> None:
-            predict_folder(tmp / "model.pt", [source], PredictOptions(out=out, inference=inference, measure=False,
+            predict_folder(model, [source], PredictOptions(out=out, inference=inference, measure=False,
                                                                        workers=args.workers, overwrite=True))
 
         paths = {"local folder -> local out": (lambda index: window(str(photos), tmp / "out-local"), count),
