@@ -9,6 +9,7 @@ from pathlib import Path
 from crackseg.cli.options import HelpFormatter, checked, width_classes, width_classes_help
 from crackseg.core.config import POSITIVE
 from crackseg.core.errors import InputError
+from crackseg.core.storage import display_url, is_url
 from crackseg.cracks.vectors import FORMATS as VECTOR_FORMATS
 
 
@@ -33,9 +34,10 @@ def add_commands(commands) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    compare.add_argument("before", type=Path, help="the earlier inspection: a predictions folder or a dataset folder")
-    compare.add_argument("after", type=Path, help="the later inspection, the same kinds")
-    compare.add_argument("--out", type=Path, required=True, help="folder for changes.csv, pairs.csv, summary.json (created if missing)")
+    compare.add_argument("before", help="the earlier inspection: a predictions folder or a dataset folder (or its s3:// prefix)")
+    compare.add_argument("after", help="the later inspection, the same kinds")
+    compare.add_argument("--out", required=True,
+                         help="folder (or s3:// prefix) for changes.csv, pairs.csv, summary.json (created if missing)")
     compare.add_argument("--px-size", type=checked(float, POSITIVE), default=None,
                          help="mm per pixel of the AFTER photos: widths and lengths also in mm (BEFORE photos through the registration's "
                               "scale); georeferenced rasters use their own pixel size")
@@ -43,14 +45,14 @@ def add_commands(commands) -> None:
                          help=width_classes_help("report each crack's class before and after and whether it changed, by the width "
                                                  "the standard grades (changes.csv: max_width_class_before/after, or "
                                                  "mean_width_class_before/after for a standard grading mean width)"))
-    compare.add_argument("--pairs", type=Path, default=None, help="CSV with a header 'before,after': the photo paths (or names) to pair")
+    compare.add_argument("--pairs", default=None, help="CSV with a header 'before,after': the photo paths (or names) to pair")
     compare.add_argument("--transform", choices=("similarity", "affine", "homography"), default="similarity",
                          help="how photos may differ: similarity (shift, rotation, scale), affine, or homography (another viewpoint on a plane)")
     compare.add_argument("--vectors", choices=tuple(VECTOR_FORMATS), default=None,
                          help="also write OUT/vectors/<name>.geojson|gpkg: each crack's centreline with its status (gone cracks: "
                               "their BEFORE centreline), in map coordinates for rasters, else the AFTER image's pixels")
     compare.add_argument("--report", action="store_true", help="also write OUT/report.html: each pair side by side, cracks coloured by status")
-    compare.add_argument("--register", type=Path, default=None,
+    compare.add_argument("--register", default=None,
                          help="a GeoPackage crack register of the site (created if missing): adds both surveys, their cracks and the "
                               "links between a crack and its successor (see docs/compare.md)")
     compare.add_argument("--before-date", default=None, help="date of the BEFORE survey, YYYY-MM-DD (default: the EXIF DateTimeOriginal of its photos)")
@@ -64,14 +66,19 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     if args.register is None and (args.before_date or args.after_date):
         raise InputError("--before-date and --after-date date the surveys of --register SITE.gpkg; give --register too")
-    options = CompareOptions(args.px_size, args.width_classes, args.pairs, args.vectors, args.report, args.register,
+    for flag, value in (("--register", args.register), ("--pairs", args.pairs)):
+        if value is not None and is_url(value):  # the register is a SQLite file, written in place
+            raise InputError(f"{flag} {display_url(value)}: must be a local file; object storage is for BEFORE, AFTER and --out")
+    register, pairs = (None if value is None else Path(value) for value in (args.register, args.pairs))
+    options = CompareOptions(args.px_size, args.width_classes, pairs, args.vectors, args.report, register,
                              (args.before_date, args.after_date), args.transform, args.overwrite)
     summary = compare_inspections(args.before, args.after, args.out, options)
+    out = display_url(args.out).rstrip("/") if is_url(args.out) else Path(args.out)
     counts = ", ".join(f"{count} {status}" for status, count in summary["cracks"].items() if count)
     print(f"{summary['registered']} of {summary['pairs']} pairs compared ({counts or 'no cracks'}); "
-          f"{len(summary['unregistered'])} not registered; written to {args.out}")
+          f"{len(summary['unregistered'])} not registered; written to {out}")
     if summary["failed"]:  # as predict: everything that could be compared is written, and the run says it is incomplete
         print(f"crackseg: error: {len(summary['failed'])} of {summary['pairs']} pairs failed; pairs.csv gives each one's reason: "
-              f"{args.out / 'pairs.csv'}", file=sys.stderr)
+              f"{out}/pairs.csv", file=sys.stderr)
         return 1
     return 0

@@ -2,7 +2,8 @@
 
 :class:`FolderLock` is ``FOLDER/lock`` (a run folder, a predictions folder, a comparison folder);
 :class:`FileLock` is ``.<name>.lock`` beside one file that is replaced whole in a folder it shares
-with other files (the crack register); both are the one lock below.
+with other files (the crack register); both are the one lock below. :class:`StoreLock` is the same
+rule for an s3:// prefix that predict or compare writes to: an object created only if absent.
 
 The lock is created whole (a hard link of a finished temp file), which is atomic on local
 file systems and NFS. A lock whose process is gone from this host is stale and taken over
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from crackseg.core.errors import InputError
 from crackseg.core.files import temp_path, write_atomic
+from crackseg.core.storage import RemoteFile, StorageError, UnsupportedByStore, create_if_absent, delete_file, display_url
 
 
 class _Lock:
@@ -96,6 +98,47 @@ class FileLock(_Lock):
         who = (f"its lock file {self.path} is unreadable" if holder is None else
                f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')} holds its lock file {self.path}")
         return f"{self.target}: {self.work}: {who}; wait for it to finish, or delete {self.path} if it is not running any more"
+
+
+class StoreLock:
+    """``PREFIX/.crackseg-<work>.lock``, held while one ``work`` (predict, compare) writes below the s3:// prefix ``url``:
+    an object created only if absent (``If-None-Match: *``), naming its host and process, removed by its holder at the end.
+
+    A holder killed leaves it: it cannot be checked from here, so the refusal says how to remove it by hand. A store that
+    cannot write conditionally is refused with ``without_lock``, what to do instead.
+    """
+
+    def __init__(self, url: str, work: str, without_lock: str):
+        self.prefix = url.rstrip("/")
+        self.url = f"{self.prefix}/.crackseg-{work}.lock"
+        self.name = self.url.rsplit("/", 1)[1]
+        self._work, self._without_lock = work, without_lock
+        self._record: bytes | None = None
+
+    def acquire(self, existing: set[str]) -> None:
+        """Take the lock; ``existing``: the keys below the prefix, listed just before (a store that ignores If-None-Match
+        still stops a run that starts after another took the lock)."""
+        shown, lock = display_url(self.prefix), display_url(self.url)
+        record = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}).encode()
+        try:
+            created = self.name not in existing and create_if_absent(self.url, record)
+        except UnsupportedByStore as error:
+            raise InputError(f"{error}, so {self._work} cannot lock {shown}/ against a second run; {self._without_lock}") from None
+        if not created:
+            raise InputError(f"{lock}: another {self._work} is writing to {shown}/; if none is (a run that was killed), "
+                             f"remove the lock with: aws s3 rm {lock}")
+        self._record = record
+
+    def release(self) -> None:
+        """Remove the lock object if this run created it; a failure to is a warning, so the run's own error is shown."""
+        if self._record is None:
+            return
+        try:
+            if RemoteFile(self.url).read_bytes() == self._record:
+                delete_file(self.url)
+        except StorageError as error:
+            print(f"crackseg: warning: {error}; remove the lock with: aws s3 rm {display_url(self.url)}", file=sys.stderr)
+        self._record = None
 
 
 def _lock_record() -> dict:

@@ -14,23 +14,27 @@ Written to ``--out`` (:mod:`crackseg.monitoring.comparison_folder`): ``changes.c
 crack), ``pairs.csv`` (a row per pair, and per image present on one side only), ``summary.json``;
 with ``--vectors`` a change layer per pair, with ``--report`` report.html; with ``--register``
 the site's crack register (:mod:`crackseg.monitoring.history`) is extended. What can be refused
-is refused before any work.
+is refused before any work. BEFORE, AFTER and ``--out`` may be s3:// prefixes (:mod:`crackseg.monitoring.remote`): the
+run works on local copies, and what it writes names the URLs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
 from crackseg.core.errors import InputError, require
+from crackseg.core.storage import is_url
 from crackseg.cracks.widths import WidthClasses
 from crackseg.monitoring import changes, history
 from crackseg.monitoring.comparison_folder import ComparisonFolder
 from crackseg.monitoring.options import CompareOptions
 from crackseg.monitoring.pair import FAILED, PAIR_FAILURES, PairOutcome, RegisterRecords, compare_pair, map_facts_of
 from crackseg.monitoring.registration import UNREGISTERED
+from crackseg.monitoring.remote import Staging, refuse_out_in_inspection_urls
 from crackseg.monitoring.visits import Shot, pair_shots, read_visit, survey_dates
 
 ONLY_BEFORE, ONLY_AFTER = "only before", "only after"
@@ -51,15 +55,33 @@ class Comparison:
             self.register.extend(outcome.register)
 
 
-def compare_inspections(before: Path, after: Path, out: Path, options: CompareOptions) -> dict:
-    """Compare two inspections and write the outputs to ``out``; returns the summary."""
-    classes = WidthClasses.parse(options.width_classes) if options.width_classes else None
+def compare_inspections(before: Path | str, after: Path | str, out: Path | str, options: CompareOptions) -> dict:
+    """Compare two inspections and write the outputs to ``out``; returns the summary. Each of the three may be an s3://
+    prefix (:mod:`crackseg.monitoring.remote`: staged locally, the outputs naming the URLs)."""
     _require_geo(options)
-    _refuse_out_in_inspections(Path(out), before, after)
+    if is_url(str(out)):
+        refuse_out_in_inspection_urls(str(out), str(before), str(after))
+    elif not is_url(str(before)) or not is_url(str(after)):
+        _refuse_out_in_inspections(Path(out), [(flag, Path(side)) for flag, side in (("BEFORE", before), ("AFTER", after))
+                                               if not is_url(str(side))])
+    with Staging(str(before), str(after), str(out), options.overwrite) as staged:
+        try:
+            summary = _compare(staged.before, staged.after, staged.out, options, staged.shown)
+            staged.upload()
+        except InputError as error:  # a message naming a staged copy names its URL
+            if staged.shown(str(error)) == str(error):
+                raise
+            raise InputError(staged.shown(str(error))) from None
+    return summary
+
+
+def _compare(before: Path, after: Path, out: Path, options: CompareOptions, shown: Callable[[str], str]) -> dict:
+    """The run on local folders; ``shown`` names a staged folder by its URL in what is written."""
+    classes = WidthClasses.parse(options.width_classes) if options.width_classes else None
     visits = read_visit(before, "BEFORE"), read_visit(after, "AFTER")
     paired, alone = pair_shots(*visits, options.pairs)
     known = _require_pixel_sizes(paired) if classes is not None and options.px_size is None else {}
-    surveys = _surveys(before, after, visits, options, _register_crs(paired, known)) if options.register else None
+    surveys = _surveys(before, after, visits, options, _register_crs(paired, known), shown) if options.register else None
     outputs = ComparisonFolder(out, options.vectors, options.register)
     outputs.prepare(options.overwrite, [shot.name for _, shot in paired])
     try:
@@ -69,7 +91,9 @@ def compare_inspections(before: Path, after: Path, out: Path, options: CompareOp
         for side, shot in alone:
             found.pairs.append({"pair": len(found.pairs), f"name_{side}": shot.name, f"path_{side}": str(shot.photo or shot.mask),
                                 "status": ONLY_BEFORE if side == "before" else ONLY_AFTER})
-        summary = _summary(before, after, found, options, classes)
+        for row in found.pairs + found.changes:
+            row.update({key: shown(value) for key, value in row.items() if isinstance(value, str)})
+        summary = _summary(shown(str(before)), shown(str(after)), found, options, classes)
         outputs.write_tables(found.pairs, found.changes, summary, options.report)
         outputs.remove_stale()
         if options.register:
@@ -88,10 +112,11 @@ def _require_geo(options: CompareOptions) -> None:
             require(module, "geo", flag)
 
 
-def _refuse_out_in_inspections(out: Path, before: Path, after: Path) -> None:
-    """--out inside an inspection would mix with its files: a predictions folder's summary.json and report.html are replaced."""
+def _refuse_out_in_inspections(out: Path, inspections: list[tuple[str, Path]]) -> None:
+    """--out inside an inspection would mix with its files: a predictions folder's summary.json and report.html are replaced.
+    ``inspections``: (flag, folder) of BEFORE and AFTER, those of them that are local folders."""
     target = out.resolve()
-    for flag, folder in (("BEFORE", before), ("AFTER", after)):
+    for flag, folder in inspections:
         inspection = Path(folder).resolve()
         if target == inspection or target.is_relative_to(inspection):
             raise InputError(f"--out {out}: lies in the {flag} inspection {folder}, whose summary.json and report.html it would "
@@ -115,11 +140,11 @@ def _require_pixel_sizes(paired: list[tuple[Shot, Shot]]) -> dict[Path, bool]:
 
 
 def _surveys(before: Path, after: Path, visits: tuple[list[Shot], list[Shot]], options: CompareOptions,
-             crs: set) -> tuple[history.Survey, history.Survey]:
+             crs: set, shown: Callable[[str], str]) -> tuple[history.Survey, history.Survey]:
     """Both surveys for --register, checked now as the register will check them (dates, their order, what it holds, its
     CRS against ``crs``, whether it can be written now), before anything is written."""
     dates = survey_dates(visits, options.dates)
-    surveys = history.Survey(dates[0], str(Path(before).resolve())), history.Survey(dates[1], str(Path(after).resolve()))
+    surveys = tuple(history.Survey(date, shown(str(Path(side).resolve()))) for date, side in zip(dates, (before, after)))
     history.check_append(options.register, *surveys, crs)
     return surveys
 
@@ -137,7 +162,7 @@ def _register_crs(paired: list[tuple[Shot, Shot]], known: dict[Path, bool]) -> s
     return found
 
 
-def _summary(before: Path, after: Path, found: Comparison, options: CompareOptions, classes: WidthClasses | None) -> dict:
+def _summary(before: str, after: str, found: Comparison, options: CompareOptions, classes: WidthClasses | None) -> dict:
     def names(status: str, side: str = "after") -> list[str]:
         return [row[f"name_{side}"] for row in found.pairs if row["status"] == status]
 

@@ -9,30 +9,17 @@ run at a time holds ``PREFIX/.crackseg-predict.lock``, an object created only if
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import socket
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 from crackseg.core.errors import InputError
 from crackseg.core.files import write_atomic
-from crackseg.core.storage import (
-    RemoteFile,
-    StorageError,
-    UnsupportedByStore,
-    create_if_absent,
-    delete_file,
-    display_url,
-    list_keys,
-    upload_file,
-)
+from crackseg.core.locks import StoreLock
+from crackseg.core.storage import RemoteFile, delete_file, display_url, list_keys, upload_file
 from crackseg.prediction.outputs import PredictionsFolder
 
-LOCK_NAME = ".crackseg-predict.lock"
+LOCK_NAME = ".crackseg-predict.lock"  # StoreLock's name for predict
 
 
 class RemoteOutputs:
@@ -44,10 +31,9 @@ class RemoteOutputs:
     def __init__(self, url: str, lock: bool = True):
         self.url = url.rstrip("/")
         self.shown = display_url(self.url)
-        self.lock_url = f"{self.url}/{LOCK_NAME}"
         self.folder = PredictionsFolder(Path(tempfile.mkdtemp(prefix="crackseg-out-")))
-        self._locking = lock
-        self._lock_record: bytes | None = None
+        self._lock = StoreLock(self.url, "predict", "pass --no-lock to go on without the guard (and run one predict per "
+                               "--out at a time)") if lock else None
         self._existing: set[str] = set()  # keys below the prefix when the run began
 
     def __enter__(self) -> RemoteOutputs:
@@ -75,7 +61,8 @@ class RemoteOutputs:
         if overwrite and skip_existing:
             raise InputError("--overwrite and --skip-existing contradict each other; choose one")
         self._existing = set(list_keys(f"{self.url}/"))
-        self._acquire()
+        if self._lock:
+            self._lock.acquire(self._existing)
         try:
             tables = [self._key(path) for path in self._tables()]
             clashes = sorted({self._key(path) for paths in outputs for path in paths} & self._existing)
@@ -114,29 +101,9 @@ class RemoteOutputs:
         self.upload(sorted(path for path in pictures.rglob("*") if path.is_file()) if pictures.is_dir() else [])
 
     def release(self) -> None:
-        """Remove the lock object if this run created it; a failure to is a warning, so the run's own error is shown."""
-        if self._lock_record is None:
-            return
-        try:
-            if RemoteFile(self.lock_url).read_bytes() == self._lock_record:
-                delete_file(self.lock_url)
-        except StorageError as error:
-            print(f"crackseg: warning: {error}; remove the lock with: aws s3 rm {display_url(self.lock_url)}", file=sys.stderr)
-        self._lock_record = None
-
-    def _acquire(self) -> None:
-        if not self._locking:
-            return
-        record = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}).encode()
-        try:  # a store that ignores If-None-Match still stops a run that starts after another took the lock
-            created = LOCK_NAME not in self._existing and create_if_absent(self.lock_url, record)
-        except UnsupportedByStore as error:
-            raise InputError(f"{error}, so predict cannot lock {self.shown}/ against a second run; pass --no-lock to go on "
-                             "without the guard (and run one predict per --out at a time)") from None
-        if not created:
-            raise InputError(f"{display_url(self.lock_url)}: another predict is writing to {self.shown}/; if none is (a run "
-                             f"that was killed), remove the lock with: aws s3 rm {display_url(self.lock_url)}")
-        self._lock_record = record
+        """Remove the lock object if this run created it."""
+        if self._lock:
+            self._lock.release()
 
     def _tables(self) -> list[Path]:
         folder = self.folder
