@@ -197,13 +197,12 @@ def _predict(choice: RuntimeChoice, inputs: list[str], options: PredictOptions, 
         if env.distributed:
             raise InputError("--engine ray spreads the work over Ray's actors; start it as one process, without torchrun")
     plan = _plan(inputs, options, cleanup)
-    if plan.remote and env.distributed:
-        raise InputError(f"--out {plan.remote.shown}/: torchrun's processes cannot write to object storage; run one "
-                         "process, --engine ray (docs/scale.md), or predict into a local folder and copy it up")
     # a model file that is refused leaves no --out folder behind; Ray's actors load their own, the driver's stays on the CPU
     runtime = load_runtime(choice, torch.device("cpu") if options.engine == "ray" else env.device)
     out = plan.remote or plan.folder
-    distributed.decided_on_main(env, out.prepare, list(plan.outputs.values()), options.overwrite, options.skip_existing)
+    listed = distributed.decided_on_main(env, out.prepare, list(plan.outputs.values()), options.overwrite, options.skip_existing)
+    if plan.remote:
+        plan.remote.existing = listed  # rank 0's listing, for every process's --skip-existing
     try:
         return _run(plan, runtime, choice, options, env)
     finally:
@@ -225,8 +224,10 @@ def _run(plan: Plan, runtime: Runtime, choice: RuntimeChoice, options: PredictOp
         predict_on_ray(plan, run, choice, pool, options.max_pixels, records)
     else:
         _predict_photos(plan, predictor, threshold, options.workers, env, records)
-        kept = {raster.key for raster in plan.rasters if plan.kept(raster.key)}
-        predict_rasters(plan.rasters, run, env, records, kept, plan.upload)
+        kept = distributed.broadcast_from_main({raster.key for raster in plan.rasters if plan.kept(raster.key)} if env.is_main else None)
+        predict_rasters(plan.rasters, run, env, records, kept, plan.upload, plan.remote)
+    if plan.remote:  # each process names its own staged masks by their objects
+        plan.remote.name_masks(list(records.rows.values()))
     gathered = Records.joined(distributed.gather_objects(records, env))
     return _write_tables(plan, gathered, options, threshold) if env.is_main else 0
 
@@ -308,8 +309,6 @@ def _write_tables(plan: Plan, records: Records, options: PredictOptions, thresho
     """predictions.csv, cracks.csv, errors.csv, summary.json and the report; returns the exit status."""
     folder, remote = plan.folder, plan.remote
     show = remote.display if remote else str
-    if remote:
-        remote.name_masks(list(records.rows.values()))
     implausible = crack_fraction_warning(list(records.rows.values()), threshold)
     if implausible:
         print(f"crackseg: warning: {implausible}", file=sys.stderr)

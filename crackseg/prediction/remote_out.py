@@ -5,6 +5,8 @@
 soon as they are written (an interrupted run keeps what it did, for ``--skip-existing``), the tables and the report at
 the end. The folder's rules hold on the store, checked before any work: outputs are not replaced unless asked, and one
 run at a time holds ``PREFIX/.crackseg-predict.lock``, an object created only if absent (``If-None-Match: *``).
+Under torchrun every process stages and uploads its own photos' files; the parts of a raster go through the store to
+rank 0, which joins them, so the processes may run on several machines.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from crackseg.core.errors import InputError
 from crackseg.core.files import write_atomic
 from crackseg.core.locks import StoreLock
-from crackseg.core.storage import RemoteFile, delete_file, display_url, list_keys, upload_file
+from crackseg.core.storage import RemoteFile, StorageError, delete_file, display_url, list_keys, upload_file
 from crackseg.prediction.outputs import PredictionsFolder
 
 LOCK_NAME = ".crackseg-predict.lock"  # StoreLock's name for predict
@@ -34,7 +36,7 @@ class RemoteOutputs:
         self.folder = PredictionsFolder(Path(tempfile.mkdtemp(prefix="crackseg-out-")))
         self._lock = StoreLock(self.url, "predict", "pass --no-lock to go on without the guard (and run one predict per "
                                "--out at a time)") if lock else None
-        self._existing: set[str] = set()  # keys below the prefix when the run began
+        self.existing: set[str] = set()  # keys below the prefix when the run began
 
     def __enter__(self) -> RemoteOutputs:
         return self
@@ -55,32 +57,34 @@ class RemoteOutputs:
         for row in rows:
             row["mask"] = self.display(row["mask"])
 
-    def prepare(self, outputs: list[list[Path]], overwrite: bool, skip_existing: bool) -> None:
+    def prepare(self, outputs: list[list[Path]], overwrite: bool, skip_existing: bool) -> set[str]:
         """As :meth:`PredictionsFolder.prepare`, on the store: list the prefix (a missing bucket or a refused request
-        stops here), take the lock, refuse to replace outputs unless asked. The caller calls :meth:`release` at the end."""
+        stops here), take the lock, refuse to replace outputs unless asked; returns the keys listed, which torchrun's
+        other processes take as their :attr:`existing`. The caller calls :meth:`release` at the end."""
         if overwrite and skip_existing:
             raise InputError("--overwrite and --skip-existing contradict each other; choose one")
-        self._existing = set(list_keys(f"{self.url}/"))
+        self.existing = set(list_keys(f"{self.url}/"))
         if self._lock:
-            self._lock.acquire(self._existing)
+            self._lock.acquire(self.existing)
         try:
             tables = [self._key(path) for path in self._tables()]
-            clashes = sorted({self._key(path) for paths in outputs for path in paths} & self._existing)
-            clashes += [key for key in tables if key in self._existing]
+            clashes = sorted({self._key(path) for paths in outputs for path in paths} & self.existing)
+            clashes += [key for key in tables if key in self.existing]
             if clashes and not (overwrite or skip_existing):
                 raise InputError(f"{len(clashes)} outputs already exist in {self.shown}/ (e.g. {self.shown}/{clashes[0]}); "
                                  "pass --skip-existing to keep them and finish the rest, or --overwrite to replace them")
             for path in self._tables():  # written again at the end as a local run would: errors.csv kept, rank.csv removed
-                if self._key(path) in self._existing:
+                if self._key(path) in self.existing:
                     write_atomic(path, RemoteFile(self.url_of(path)).read_bytes())
         except BaseException:
             self.release()
             raise
+        return self.existing
 
     def fetch_if_done(self, outputs: list[Path]) -> bool:
         """Whether every one of an input's ``outputs`` (its mask first) was on the store when the run began; its mask is
         then downloaded, to be summarised as a local mask would be (``--skip-existing``)."""
-        if not all(self._key(path) in self._existing for path in outputs):
+        if not all(self._key(path) in self.existing for path in outputs):
             return False
         write_atomic(outputs[0], RemoteFile(self.url_of(outputs[0])).read_bytes())
         return True
@@ -90,12 +94,28 @@ class RemoteOutputs:
         for path in paths:
             upload_file(path, self.url_of(path))
 
+    def send_part(self, paths: list[Path]) -> None:
+        """Under torchrun, a process's part of a raster (hidden temporary names), uploaded for rank 0 to join: the
+        processes' staging folders may lie on different machines."""
+        self.upload([path for path in paths if path.exists()])
+
+    def fetch_parts(self, paths: list[Path]) -> None:
+        """On rank 0: the parts the other processes sent, downloaded to the same names and removed from the store; a part
+        never sent (a process with no rows of the raster) is skipped, and a part that is missing fails the join."""
+        for path in paths:
+            try:
+                content = RemoteFile(self.url_of(path)).read_bytes()
+            except StorageError:
+                continue
+            write_atomic(path, content)
+            delete_file(self.url_of(path))
+
     def finish(self) -> None:
         """After the tables and the report are written: upload them, and remove the tables the run removed."""
         for path in self._tables():
             if path.exists():
                 upload_file(path, self.url_of(path))
-            elif self._key(path) in self._existing:
+            elif self._key(path) in self.existing:
                 delete_file(self.url_of(path))
         pictures = self.folder.report_pictures
         self.upload(sorted(path for path in pictures.rglob("*") if path.is_file()) if pictures.is_dir() else [])

@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from PIL import Image
@@ -128,23 +129,45 @@ class RasterRun:
     overviews: bool = False
 
 
+class PartCarrier(Protocol):
+    """How the processes' parts of a raster reach rank 0 when they do not share a folder (an --out in object storage)."""
+
+    def send_part(self, paths: list[Path]) -> None: ...
+
+    def fetch_parts(self, paths: list[Path]) -> None: ...
+
+
 def predict_rasters(rasters: list[Raster], run: RasterRun, env: distributed.Environment, records: Records,
-                    kept: set[int] = frozenset(), finished: Callable[[int], None] | None = None) -> None:
+                    kept: set[int] = frozenset(), finished: Callable[[int], None] | None = None,
+                    carrier: PartCarrier | None = None) -> None:
     """Predict each raster (every process its share of the tile rows), join the parts on rank 0 and measure them there;
     rank 0's ``records`` get the rows, and the errors of rasters that failed. ``kept``: the keys of rasters whose outputs
-    an earlier run wrote (``--skip-existing``); ``finished`` is called on rank 0 with the key of each raster predicted."""
+    an earlier run wrote (``--skip-existing``); ``finished`` is called on rank 0 with the key of each raster predicted;
+    ``carrier`` takes the parts to rank 0 where the processes write into folders of their own."""
     for raster in rasters:
         try:
-            _predict_one(raster, run, env, records, raster.key in kept)
+            _predict_one(raster, run, env, records, raster.key in kept, carrier)
         finally:
             raster.source.close()
         if finished and env.is_main and raster.key in records.rows and raster.key not in kept:
             finished(raster.key)
 
 
-def _predict_one(raster: Raster, run: RasterRun, env: distributed.Environment, records: Records, kept: bool) -> None:
-    parts = None if kept else distributed.gather_objects(
-        _predict_part(raster.source, raster_outputs(run.folder, raster.name, run.save_prob), run, env), env)
+def _predict_one(raster: Raster, run: RasterRun, env: distributed.Environment, records: Records, kept: bool,
+                 carrier: PartCarrier | None) -> None:
+    parts = None
+    if not kept:
+        written = raster_outputs(run.folder, raster.name, run.save_prob)
+        part = _predict_part(raster.source, written, run, env)
+        if carrier and env.distributed and not env.is_main and part[0] is None:
+            try:
+                carrier.send_part(part_paths(written, env.rank))
+            except (InputError, OSError) as error:  # a StorageError is an InputError
+                part = (f"sending the part of process {env.rank}: {error}", (0, 0))
+        parts = distributed.gather_objects(part, env)
+        if carrier and env.distributed and env.is_main:
+            carrier.fetch_parts([path for index, (error, _) in enumerate(parts) if index and error is None
+                                 for path in part_paths(written, index)])
     if env.is_main:
         join_raster(raster, run, parts, records)
 

@@ -189,3 +189,29 @@ def test_a_raster_from_the_store_goes_back_as_cogs_equal_to_a_local_runs(s3, tmp
     ((first,),) = [csv_rows(remote / "predictions.csv")]
     assert again["status"] == "skipped: exists" and again["cracks"] == first["cracks"] != "0"
     assert not any(staging.iterdir())
+
+
+@pytest.mark.slow
+def test_torchrun_processes_write_to_the_store_what_one_process_writes(s3, photos, tmp_path, dark_checkpoint):
+    """Each process uploads its photos' files; the parts of a raster reach rank 0 through the store, as from another machine."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("rasterio")
+    from conftest import pavement, write_geotiff
+
+    write_geotiff(photos / "ortho.tif", pavement(1100, 700))
+    source = s3.upload(photos, "survey/photos")
+    common = ["predict", "--model", str(dark_checkpoint), source, "--recursive", "--save-prob", "8", "--overlay", "--device", "cpu",
+              "--workers", "0", "--tile", "256", "--overlap", "32"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")} | {"PYTHON": sys.executable}
+    one = subprocess.run([sys.executable, "-m", "crackseg", *common, "--out", s3.url("one/")], env=env, capture_output=True, text=True, timeout=300)
+    launch = Path(__file__).resolve().parents[2] / "launch.sh"
+    two = subprocess.run(["bash", str(launch), "--nproc", "2", *common, "--out", s3.url("two/")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert one.returncode == two.returncode == 0, two.stderr[-3000:]
+    assert _keys(s3, "one") == _keys(s3, "two") and "masks/ortho.tif" in _keys(s3, "two")  # no part, no lock left
+    for key in _keys(s3, "one"):
+        content = [s3.client.get_object(Bucket=s3.name, Key=f"{prefix}/{key}")["Body"].read() for prefix in ("one", "two")]
+        assert content[0].replace(b"/one/", b"/two/") == content[1], key
