@@ -49,7 +49,7 @@ def bench_engines(args: argparse.Namespace) -> list[dict]:
 
             paths = {"--engine local": (lambda index: window("local"), count),
                      f"--engine ray, {ACTORS} CPU actors": (lambda index: window("ray"), count)}
-            rates = median_rates(paths, windows)
+            rates = median_rates(paths, windows, warmup=not args.quick)
     local = rates["--engine local"][0]
     common = {"encoder": args.encoder, "size": size, "images": count, "threads": torch.get_num_threads()}
     return [{"mode": "engines", "path": name, **common, "images_per_s": round(rate, 2), "vs_local": round(rate / local, 3),

@@ -30,15 +30,17 @@ PEAK_TFLOPS = {"H100 80GB HBM3": 989.4, "H100 PCIe": 756.5, "H100 NVL": 835.5, "
 RunWindow = Callable[[int], object]  # runs one window; given its index (0 is the warm-up)
 
 
-def median_rates(paths: dict[Hashable, tuple[RunWindow, int]], windows: int) -> dict[Hashable, tuple[float, list[float]]]:
+def median_rates(paths: dict[Hashable, tuple[RunWindow, int]], windows: int,
+                 warmup: bool = True) -> dict[Hashable, tuple[float, list[float]]]:
     """Items per second of each path {name: (run_window, items per window)}: a warm-up round, then the median of ``windows`` rounds.
 
     Every round runs each path once in turn, so a shared machine's slow drifts (clock,
     neighbours, warming caches) hit all paths alike instead of whichever ran first.
+    ``warmup`` False (a --quick smoke run, whose figures mean nothing) leaves the warm-up round out.
     Returns {name: (median rate, the rate of every timed window)}.
     """
     rates: dict[Hashable, list[float]] = {name: [] for name in paths}
-    for index in range(windows + 1):
+    for index in range(0 if warmup else 1, windows + 1):  # round 0 is the warm-up
         for name, (run_window, items) in paths.items():
             start = time.perf_counter()
             run_window(index)

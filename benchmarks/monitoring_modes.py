@@ -60,7 +60,7 @@ def bench_compare(args: argparse.Namespace) -> list[dict]:
 
         paths = {(variant, pairs): (compare_run(variant, pairs), count if pairs == "all" else 1)
                  for variant in VARIANTS for pairs in ("all", "one")}
-        rates = median_rates(paths, window_count(args, 3))
+        rates = median_rates(paths, window_count(args, 3), warmup=not args.quick)
         for variant in VARIANTS:
             whole, one = rates[variant, "all"][1], rates[variant, "one"][1]
             seconds = [(count / rate, 1 / rate_one) for rate, rate_one in zip(whole, one)]

@@ -57,7 +57,7 @@ def bench_storage(args: argparse.Namespace) -> list[dict]:
         paths = {"local folder -> local out": (lambda index: window(str(photos), tmp / "out-local"), count),
                  "s3 prefix -> local out": (lambda index: window("s3://bench/photos/", tmp / "out-s3"), count),
                  "s3 prefix -> s3 out": (lambda index: window("s3://bench/photos/", "s3://bench/out/"), count)}
-        rates = median_rates(paths, windows)
+        rates = median_rates(paths, windows, warmup=not args.quick)
         photo_bytes, out_bytes = store.du("bench/photos/"), store.du("bench/out/")
     local = rates["local folder -> local out"][0]
     common = {"encoder": args.encoder, "size": size, "images": count, "workers": args.workers}

@@ -201,9 +201,9 @@ def test_torchrun_processes_write_to_the_store_what_one_process_writes(s3, photo
     pytest.importorskip("rasterio")
     from conftest import pavement, write_geotiff
 
-    write_geotiff(photos / "ortho.tif", pavement(1100, 700))
+    write_geotiff(photos / "ortho.tif", pavement(700, 500))
     source = s3.upload(photos, "survey/photos")
-    common = ["predict", "--model", str(dark_checkpoint), source, "--recursive", "--save-prob", "8", "--overlay", "--device", "cpu",
+    common = ["predict", "--model", str(dark_checkpoint), source, "--recursive", "--save-prob", "8", "--device", "cpu",
               "--workers", "0", "--tile", "256", "--overlap", "32"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")} | {"PYTHON": sys.executable}
     one = subprocess.run([sys.executable, "-m", "crackseg", *common, "--out", s3.url("one/")], env=env, capture_output=True, text=True, timeout=300)

@@ -1,5 +1,5 @@
 """predict --engine ray: on a Ray cluster started by ``ray start`` (token authentication on, as Ray clusters now run) and
-on the local Ray a run starts itself, compared with local runs; an actor and the driver killed mid-run."""
+on a local Ray a run starts itself, compared with local runs; an actor and the driver killed mid-run."""
 
 from __future__ import annotations
 
@@ -87,16 +87,18 @@ def _wait_for(condition, process: subprocess.Popen, what: str, timeout: float = 
 
 
 @pytest.mark.slow
-def test_s3_in_s3_out_on_a_cluster_writes_the_bytes_of_a_local_run(cluster, s3, photos, tmp_path, checkpoint):
-    """Photos, a bad photo and a GeoTIFF predicted by windows in two bands, one per actor, joined by the driver."""
+def test_s3_in_s3_out_on_a_local_ray_writes_the_bytes_of_a_local_run(s3, photos, tmp_path, dark_checkpoint):
+    """Photos, a bad photo and a GeoTIFF predicted by windows in two bands, one per actor, joined by the driver; the
+    model an OpenVINO IR, whose .bin travels with its .xml. --ray-address local: a Ray of the run's own, whose actors
+    inherit the driver's environment (the test store's settings)."""
     pytest.importorskip("rasterio")
     write_geotiff(photos / "ortho.tif", pavement(700, 600))
     (photos / "bad.jpg").write_bytes(b"not a jpeg")
     source, out = s3.upload(photos, "survey/photos"), s3.url("survey/pred/")
-    flags = ["--checkpoint", checkpoint, "--recursive", "--save-prob", 16, "--overlay", "--vectors", "geojson", "--overviews",
+    flags = ["--checkpoint", dark_checkpoint, "--recursive", "--save-prob", 16, "--overlay", "--vectors", "geojson", "--overviews",
              "--tile", 256, "--overlap", 32]
     local = _predict(*flags, photos, "--out", tmp_path / "local", env=_one_thread())
-    ray = _predict(*flags, source, "--out", out, "--engine", "ray", "--actors", 2, env=cluster)
+    ray = _predict(*flags, source, "--out", out, "--engine", "ray", "--ray-address", "local", "--actors", 2, env=_clean_env())
     assert local.returncode == ray.returncode == 1, ray.stderr[-3000:]  # bad.jpg failed, the others are written
     assert "Traceback" not in ray.stderr and "bad.jpg: not a readable image" in ray.stderr
     remote = tmp_path / "remote"
@@ -134,18 +136,17 @@ def test_an_actor_killed_mid_run_is_restarted_and_every_output_is_written_once(c
 
 
 @pytest.mark.slow
-def test_a_driver_killed_mid_run_is_finished_by_skip_existing_on_a_local_ray(tmp_path, checkpoint):
-    """--ray-address local starts a Ray of the run's own, which ends with the driver."""
+def test_a_driver_killed_mid_run_is_finished_by_skip_existing(cluster, tmp_path, checkpoint):
     photos = _many_photos(tmp_path / "in", 12, size=256)
-    flags = ["--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--ray-address", "local", "--actors", 1]
-    run = _start(*flags, env=_clean_env())
+    flags = ["--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--actors", 1]
+    run = _start(*flags, env=cluster)
     masks = tmp_path / "out" / "masks"
     _wait_for(lambda: masks.is_dir() and len(list(masks.glob("*.png"))) >= 3, run, "three masks")
     run.kill()
     run.communicate(timeout=60)
     done = {p.name: p.stat().st_mtime_ns for p in masks.glob("*.png")}
     assert 3 <= len(done) < 12
-    again = _predict(*flags, "--skip-existing", env=_clean_env())
+    again = _predict(*flags, "--skip-existing", env=cluster)
     assert again.returncode == 0, again.stderr[-3000:]
     assert {name: (masks / name).stat().st_mtime_ns for name in done} == done  # not predicted again
     rows = {Path(row["path"]).stem: row["status"] for row in csv_rows(tmp_path / "out" / "predictions.csv")}
