@@ -336,6 +336,18 @@ def s3(s3_server, monkeypatch, tmp_path) -> S3Bucket:
     s3fs.S3FileSystem.clear_instance_cache()
 
 
+@pytest.fixture
+def staging(tmp_path, monkeypatch) -> Path:
+    """The temp folder, where predict and compare stage what goes to or comes from the store: to check that nothing
+    is left there."""
+    import tempfile
+
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
 @contextlib.contextmanager
 def s3_authentication(endpoint: str):
     """moto checks every request's credentials inside (it accepts any by default): test credentials are then unknown."""

@@ -6,26 +6,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import tempfile
 from contextlib import closing
 from pathlib import Path
-
-import pytest
 
 from conftest import cli_result
 import test_compare
 from test_compare import _rows
 
 two_visits = test_compare.two_visits  # its inspections, a fixture
-
-
-@pytest.fixture
-def staging(tmp_path, monkeypatch) -> Path:
-    """The folder compare stages in (the temp folder), to check that nothing is left there."""
-    folder = tmp_path / "tmp"
-    folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    return folder
 
 
 def _keys(s3, prefix: str) -> list[str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,6 @@ from crackseg.prediction.outputs import PredictionsFolder
 from crackseg.prediction.remote_out import LOCK_NAME
 
 FLAGS = ["--recursive", "--overlay", "--px-size", 0.5]
-
-
-@pytest.fixture
-def staging(tmp_path, monkeypatch) -> Path:
-    """The folder predict stages in (the temp folder), to check that nothing is left there."""
-    folder = tmp_path / "tmp"
-    folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    return folder
 
 
 def _download(s3, prefix: str, folder: Path) -> Path:
