@@ -13,7 +13,6 @@ from PIL import Image
 
 from crackseg.core.errors import InputError
 from crackseg.labels.formats.cvat import cvat_document
-from crackseg.model.checkpoint import save_model
 from crackseg.prediction.session import PredictionSession
 
 pytest.importorskip("cvat_sdk")
@@ -27,12 +26,9 @@ TASK_LABEL_ID = 41  # the task's own id for "crack", which the driver maps the f
 
 
 @pytest.fixture(scope="module")
-def photo(model, tmp_path_factory) -> tuple[Path, Path, float]:
+def photo(checkpoint, tmp_path_factory) -> tuple[Path, Path, float]:
     """(checkpoint, photo, a threshold that marks about half the photo)."""
     folder = tmp_path_factory.mktemp("cvat")
-    checkpoint = folder / "model.pt"
-    model.threshold = 0.5
-    save_model(model, checkpoint)
     path = folder / "wall.png"
     Image.fromarray(pavement(80, 128, seed=5).transpose(1, 2, 0)).save(path)
     threshold = float(np.quantile(PredictionSession(checkpoint).probabilities(Image.open(path)), 0.7))

@@ -20,7 +20,6 @@ from conftest import cli_result, pavement
 from PIL import Image
 
 from crackseg.integrations.label_studio import read_config
-from crackseg.model.checkpoint import save_model
 from crackseg.prediction.session import PredictionSession
 
 httpx = pytest.importorskip("httpx")
@@ -70,11 +69,8 @@ class FakeLabelStudio:
 
 
 @pytest.fixture(scope="module")
-def photo(model, tmp_path_factory) -> dict:
+def photo(checkpoint, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("ls")
-    checkpoint = folder / "best.pt"
-    model.threshold = 0.5
-    save_model(model, checkpoint)
     path = folder / "wall.png"
     Image.fromarray(pavement(80, 128, seed=4).transpose(1, 2, 0)).save(path)
     threshold = float(np.median(PredictionSession(checkpoint).probabilities(Image.open(path))))  # about half is crack
@@ -141,7 +137,7 @@ def _task(task_id: int, url: str, key: str = "image") -> dict:
 def test_health_setup_metrics_and_webhook(backends):
     client = backends["token"]
     health = client.get("/health").json()
-    assert health["status"] == "UP" and health["model_class"] == "crackseg" and "best.pt@" in health["model_version"]
+    assert health["status"] == "UP" and health["model_class"] == "crackseg" and "model.pt@" in health["model_version"]
     assert client.get("/").json() == health and client.get("/metrics").json() == {}
     setup = client.post("/setup", json={"project": "1.1700000000", "schema": BRUSH, "hostname": "http://localhost:8080",
                                         "access_token": "x", "model_version": None, "extra_params": None})
