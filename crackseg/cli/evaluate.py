@@ -65,20 +65,19 @@ def add_commands(commands) -> None:
     evaluate.add_argument("--alarm-tile", type=checked(int, AT_LEAST_ONE), default=ALARM_TILE,
                           help=f"px (default {ALARM_TILE}): every image is cut into tiles this wide (the last ones partial); of the tiles "
                                "whose ground truth has no crack pixel, the share with a predicted crack pixel is reported")
-    evaluate.add_argument("--out", type=Path, default=None, help="folder for the report files")
+    evaluate.add_argument("--out", default=None, help="folder, or s3://bucket/prefix/, for the report files (each uploaded whole)")
     evaluate.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     add_inference_options(evaluate, "inference (with --checkpoint)")
     evaluate.set_defaults(handler=_cmd_evaluate)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from crackseg.core.files import ensure_writable_folder
-    from crackseg.evaluation.evaluate import Scoring, evaluate_checkpoint, evaluate_files, format_table, write_report
+    from crackseg.core.storage import display_url, is_url
+    from crackseg.evaluation.evaluate import Scoring, check_report_out, evaluate_checkpoint, evaluate_files, format_table, write_report
 
-    if args.out is not None and (args.out / "report.json").exists() and not args.overwrite:
-        raise InputError(f"{args.out / 'report.json'} already exists; choose another --out or pass --overwrite")
-    if args.out is not None:
-        ensure_writable_folder(args.out, "--out")
+    out = None if args.out is None else args.out if is_url(args.out) else Path(args.out)
+    if out is not None:
+        check_report_out(out, args.overwrite)
     inference = inference_options(args)
     scoring = Scoring(args.protocol, args.min_length, args.join_gap, args.alarm_distance, args.alarm_tile)
     if args.checkpoint is not None:
@@ -91,7 +90,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     else:
         raise InputError("give --pred DIR and --gt DIR, or --checkpoint FILE and --data ROOT")
     print(format_table(report))
-    if args.out is not None:
-        write_report(report, args.out)
-        print(f"report written to {args.out}")
+    if out is not None:
+        write_report(report, out)
+        print(f"report written to {display_url(out) if is_url(str(out)) else out}")
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,8 @@ from PIL import Image, ImageDraw
 
 from crackseg.core.config import ALARM_DISTANCE, ALARM_TILE, JOIN_GAP, MIN_LENGTH, InferenceOptions, parse_length
 from crackseg.core.errors import InputError
-from crackseg.core.files import write_atomic, write_csv
-from crackseg.core.storage import display_url, is_url
+from crackseg.core.files import ensure_writable_folder, write_atomic, write_csv
+from crackseg.core.storage import delete_file, display_url, is_url, list_keys, upload_file
 from crackseg.cracks.measure import find_cracks
 from crackseg.data.datasets import Folder, files_by_stem, open_dataset, read_stems
 from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, load_image, load_mask, read_probability
@@ -368,9 +369,37 @@ _TABLES = {"crackseg": _crackseg_table, "scsegamba": _scsegamba_table, "deepsegm
            "omnicrack": _omnicrack_table}
 
 
-def write_report(report: dict, out: Path) -> None:
+REPORT_FILES = ("report.json", "report.md", "per_image.csv", "pr_curve.csv", "pr_curve.png")
+
+
+def check_report_out(out: Path | str, overwrite: bool) -> None:
+    """Before any work: ``out`` is a folder that can be written, or an s3:// prefix (a missing bucket or a refused
+    request stops here), and holds no report unless ``overwrite``."""
+    if is_url(str(out)) and not str(out).startswith("s3://"):
+        raise InputError(f"--out {display_url(str(out))}: reports are written to a local folder or an s3://bucket/prefix/ URL")
+    prefix = str(out).rstrip("/")
+    found = "report.json" in list_keys(f"{prefix}/") if is_url(prefix) else (Path(out) / "report.json").exists()
+    if found and not overwrite:
+        raise InputError(f"{display_url(prefix) if is_url(prefix) else out}/report.json already exists; choose another --out or pass --overwrite")
+    if not is_url(prefix):
+        ensure_writable_folder(Path(out), "--out")
+
+
+def write_report(report: dict, out: Path | str) -> None:
     """report.json, report.md, per_image.csv (worst first) in ``out``; pr_curve.csv and pr_curve.png where the
-    protocol has a precision-recall curve (a curve left from another protocol is removed)."""
+    protocol has a precision-recall curve (a curve left from another protocol is removed). An s3:// ``out`` gets them
+    written in a temporary folder, then uploaded each whole (and a curve left there removed)."""
+    if is_url(str(out)):
+        prefix = str(out).rstrip("/")
+        existing = set(list_keys(f"{prefix}/"))
+        with tempfile.TemporaryDirectory(prefix="crackseg-report-") as folder:
+            write_report(report, Path(folder))
+            for name in REPORT_FILES:
+                if (Path(folder) / name).exists():
+                    upload_file(Path(folder) / name, f"{prefix}/{name}")
+                elif name in existing:
+                    delete_file(f"{prefix}/{name}")
+        return
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {key: value for key, value in report.items() if key not in ("per_image", "pr_curve")}

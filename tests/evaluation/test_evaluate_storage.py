@@ -55,3 +55,29 @@ def test_a_missing_bucket_or_prefix_is_one_line_naming_the_url(model, dataset, s
         assert code == 2 and err.count("\n") == 1 and url.rstrip("/") in err, err
         assert S3_KEY_ID not in err and S3_SECRET not in err
     assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_a_report_goes_to_the_store_whole_and_is_not_replaced_unless_asked(model, dataset, s3, tmp_path, staging):
+    save_model(model, tmp_path / "m.pt")
+    out = s3.url("reports/cfd/")
+    assert _evaluate(tmp_path / "m.pt", str(dataset), tmp_path / "local") == (0, "")
+    assert _evaluate(tmp_path / "m.pt", str(dataset), out) == (0, "")
+    keys = sorted(item["Key"] for item in s3.client.list_objects_v2(Bucket=s3.name, Prefix="reports/cfd/")["Contents"])
+    assert keys == [f"reports/cfd/{name}" for name in sorted(("per_image.csv", "pr_curve.csv", "pr_curve.png", "report.json", "report.md"))]
+    for key in keys:
+        assert s3.client.get_object(Bucket=s3.name, Key=key)["Body"].read() == (tmp_path / "local" / key.rsplit("/", 1)[1]).read_bytes()
+    code, err = _evaluate(tmp_path / "m.pt", str(dataset), out)
+    assert (code, err) == (2, f"crackseg: error: {out}report.json already exists; choose another --out or pass --overwrite\n")
+    code, err = cli_result(["evaluate", "--checkpoint", tmp_path / "m.pt", "--data", dataset, "--split", "test", "--device", "cpu",
+                            "--protocol", "omnicrack", "--out", out, "--overwrite"])  # a protocol without a curve: the old one goes
+    assert code == 0, err
+    keys = sorted(item["Key"] for item in s3.client.list_objects_v2(Bucket=s3.name, Prefix="reports/cfd/")["Contents"])
+    assert keys == [f"reports/cfd/{name}" for name in ("per_image.csv", "report.json", "report.md")] and not any(staging.iterdir())
+    assert not (Path.cwd() / "s3:").exists()
+
+
+def test_an_http_out_is_one_line(model, dataset, tmp_path):
+    save_model(model, tmp_path / "m.pt")
+    code, err = _evaluate(tmp_path / "m.pt", str(dataset), "https://example.org/reports/")
+    assert (code, err) == (2, "crackseg: error: --out https://example.org/reports/: reports are written to a local folder or an "
+                              "s3://bucket/prefix/ URL\n")
