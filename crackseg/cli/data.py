@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from crackseg.cli.options import HelpFormatter, add_data_options, checked, image_size
+from crackseg.cli.options import HelpFormatter, add_data_options, checked, image_size, local_path
 from crackseg.core.config import AT_LEAST_ONE, FRACTION, NON_NEGATIVE
 
 CRACK_FREE_DEFAULT = 0.15  # crackseg.data.synth.CRACK_FREE_FRACTION, not imported here: the CLI loads numpy only inside a command
@@ -25,7 +25,7 @@ def add_commands(commands) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    synth.add_argument("out", type=Path, help="output folder (created if missing)")
+    synth.add_argument("out", type=local_path, help="output folder (created if missing)")
     synth.add_argument("--count", type=checked(int, AT_LEAST_ONE), default=64, help="number of images")
     synth.add_argument("--size", type=image_size, default="256", help="image size in px: N or HxW (height x width)")
     synth.add_argument("--seed", type=checked(int, NON_NEGATIVE), default=0, help="random seed")
@@ -38,7 +38,7 @@ def add_commands(commands) -> None:
                             "watermark bars and vignetting; masks still label crack pixels only")
     synth.add_argument("--workers", type=checked(int, AT_LEAST_ONE), default=1, help="processes generating images in parallel")
     synth.add_argument("--overwrite", action="store_true", help="replace files already in OUT")
-    synth.add_argument("--later-visit", type=Path, metavar="EARLIER", help="instead, write a later inspection of the spots of EARLIER (a dataset written by crackseg synth) under the same names: the camera moved a little, some cracks grew wider or longer, some were repaired, now and then a new one appeared; OUT/truth.json lists these true changes per image (--count, --size, --truth, --crack-free and --hard-negatives do not apply)")
+    synth.add_argument("--later-visit", type=local_path, metavar="EARLIER", help="instead, write a later inspection of the spots of EARLIER (a dataset written by crackseg synth) under the same names: the camera moved a little, some cracks grew wider or longer, some were repaired, now and then a new one appeared; OUT/truth.json lists these true changes per image (--count, --size, --truth, --crack-free and --hard-negatives do not apply)")
     synth.set_defaults(handler=_cmd_synth)
 
     inspect = commands.add_parser(

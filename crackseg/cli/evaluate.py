@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from crackseg.cli.options import HelpFormatter, add_inference_options, checked, inference_options
+from crackseg.cli.options import HelpFormatter, add_inference_options, checked, inference_options, local_path
 from crackseg.core.config import (
     ALARM_DISTANCE,
     ALARM_TILE,
@@ -38,9 +38,9 @@ def add_commands(commands) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    evaluate.add_argument("--pred", type=Path, help="folder of predicted masks or probability maps (<stem>.png)")
-    evaluate.add_argument("--gt", type=Path, help="folder of ground-truth masks (<stem>.*)")
-    evaluate.add_argument("--checkpoint", "--model", dest="checkpoint", type=Path,
+    evaluate.add_argument("--pred", type=local_path, help="folder of predicted masks or probability maps (<stem>.png)")
+    evaluate.add_argument("--gt", type=local_path, help="folder of ground-truth masks (<stem>.*)")
+    evaluate.add_argument("--checkpoint", "--model", dest="checkpoint", type=local_path,
                           help="predict with this checkpoint (or safetensors folder, .onnx, .xml) instead of reading --pred")
     evaluate.add_argument("--data", help="dataset root for --checkpoint: a folder, or s3://bucket/prefix/ holding images/, masks/ "
                                           "and the split files (read file by file, never copied; see docs/evaluate.md)")

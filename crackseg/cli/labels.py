@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from crackseg.cli.options import HelpFormatter, checked
+from crackseg.cli.options import HelpFormatter, checked, local_path
 from crackseg.core.config import AT_LEAST_ONE, FRACTION
 from crackseg.labels.formats.reading import LABEL_FORMATS
 
@@ -36,11 +35,11 @@ def add_commands(commands) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    imports.add_argument("annotations", type=Path, help="COCO .json, labelme .json file or folder of them, CVAT for images 1.1 .xml, "
+    imports.add_argument("annotations", type=local_path, help="COCO .json, labelme .json file or folder of them, CVAT for images 1.1 .xml, "
                          "or Label Studio JSON export")
     imports.add_argument("--format", required=True, choices=LABEL_FORMATS, help="the annotation file's format")
-    imports.add_argument("--images", type=Path, required=True, help="folder holding the photos the file names (sub-folders searched)")
-    imports.add_argument("--out", type=Path, required=True, help="dataset folder to write")
+    imports.add_argument("--images", type=local_path, required=True, help="folder holding the photos the file names (sub-folders searched)")
+    imports.add_argument("--out", type=local_path, required=True, help="dataset folder to write")
     imports.add_argument("--line-width", type=checked(int, AT_LEAST_ONE), default=None,
                          help="px: width to draw lines (CVAT polylines, labelme lines and linestrips) with; required when the "
                               "file has lines; a CVAT polyline's own 'width' attribute wins")
@@ -62,9 +61,9 @@ def add_commands(commands) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    exports.add_argument("predictions", type=Path, help="folder written by crackseg predict")
+    exports.add_argument("predictions", type=local_path, help="folder written by crackseg predict")
     exports.add_argument("--format", required=True, choices=LABEL_FORMATS, help="the labelling tool's format")
-    exports.add_argument("--out", type=Path, required=True, help="file to write (a folder for labelme)")
+    exports.add_argument("--out", type=local_path, required=True, help="file to write (a folder for labelme)")
     shapes = exports.add_mutually_exclusive_group()
     shapes.add_argument("--polygons", dest="rle", action="store_false", default=False, help="crack outlines as polygons, editable by vertex (the default)")
     shapes.add_argument("--rle", dest="rle", action="store_true", help="crack pixels exactly, as masks / brushes")
@@ -83,7 +82,7 @@ def add_commands(commands) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    rank.add_argument("predictions", type=Path, help="folder written by crackseg predict --save-prob 8|16")
+    rank.add_argument("predictions", type=local_path, help="folder written by crackseg predict --save-prob 8|16")
     rank.add_argument("--top", type=checked(int, AT_LEAST_ONE), default=10, help="photos to print; rank.csv lists all")
     rank.add_argument("--threshold", type=checked(float, FRACTION), default=None,
                       help="decision threshold on crack probability (default: the one predict used, from summary.json)")

@@ -45,6 +45,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"crackseg: error: {message} (see {self.prog} --help)\n")
 
 
+def local_path(text: str) -> Path:
+    """An argparse ``type`` for a path on this machine: a URL (s3://, https://) would become a local folder named after its
+    scheme (pathlib folds the slashes), so it is refused; predict, evaluate and compare take object storage where they can."""
+    from crackseg.core.storage import display_url, is_url
+
+    if is_url(text):
+        raise argparse.ArgumentTypeError(f"{display_url(text)}: a local path is needed here (object storage is read and written "
+                                         "by predict, evaluate and compare; docs/predict.md)")
+    return Path(text)
+
+
 def image_size(text: str) -> tuple[int, int]:
     """N or HxW px -> (height, width)."""
     from crackseg.data.synth import parse_size
@@ -118,7 +129,7 @@ def add_option(group, item: dataclasses.Field, kind: type) -> None:
 def add_data_options(parser: argparse.ArgumentParser) -> None:
     """The dataset flags of crackseg inspect: a root folder and the TrainConfig fields that find and split its files."""
     group = parser.add_argument_group("dataset")
-    group.add_argument("root", type=Path, nargs="?", help="dataset folder holding images/ and masks/ (see data/README.md)")
+    group.add_argument("root", type=local_path, nargs="?", help="dataset folder holding images/ and masks/ (see data/README.md)")
     for item, kind in option_fields():
         if item.name in ("images", "masks", "mask_pattern", "val_fraction", "seed"):
             add_option(group, item, kind)

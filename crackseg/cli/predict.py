@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
 from crackseg.cli.options import (
     HelpFormatter,
@@ -12,6 +11,7 @@ from crackseg.cli.options import (
     checked,
     inference_options,
     length,
+    local_path,
     width_classes,
     width_classes_help,
 )
@@ -48,7 +48,7 @@ def add_commands(commands) -> None:
     )
     predict.add_argument("inputs", nargs="+", help="image files, folders or glob patterns (quote them); photos in object storage: "
                          "s3://bucket/prefix/, s3://bucket/key.jpg, s3://bucket/photos/*.jpg or http(s)://host/photo.jpg (docs/predict.md)")
-    predict.add_argument("--checkpoint", "--model", dest="checkpoint", type=Path, required=True,
+    predict.add_argument("--checkpoint", "--model", dest="checkpoint", type=local_path, required=True,
                          help="crackseg checkpoint or model file: best.pt, a converted classic file, a safetensors folder, "
                               "or an exported model.onnx / model.xml (see crackseg export)")
     predict.add_argument("--out", required=True, help="output folder: local, or s3://bucket/prefix/ (each file uploaded whole "
@@ -115,10 +115,10 @@ def add_commands(commands) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    export.add_argument("checkpoint", type=Path, help="crackseg checkpoint, model file or safetensors folder")
+    export.add_argument("checkpoint", type=local_path, help="crackseg checkpoint, model file or safetensors folder")
     export.add_argument("--format", required=True, choices=EXPORT_FORMATS, help="onnx (pip install 'crackseg[onnx]'), openvino "
                         "(float32 IR, pip install 'crackseg[openvino]') or safetensors")
-    export.add_argument("--out", type=Path, required=True, help="model.onnx, model.xml (model.bin is written beside it) or a folder for safetensors")
+    export.add_argument("--out", type=local_path, required=True, help="model.onnx, model.xml (model.bin is written beside it) or a folder for safetensors")
     export.add_argument("--overwrite", action="store_true", help="replace --out if it exists (by default an existing --out is an error)")
     export.set_defaults(handler=_cmd_export)
 
@@ -134,8 +134,8 @@ def add_commands(commands) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    report.add_argument("predictions", type=Path, help="folder written by crackseg predict")
-    report.add_argument("--evaluation", type=Path, default=None, help="folder written by crackseg evaluate --out: adds scores, the PR curve and the worst images (default: none, predictions only)")
+    report.add_argument("predictions", type=local_path, help="folder written by crackseg predict")
+    report.add_argument("--evaluation", type=local_path, default=None, help="folder written by crackseg evaluate --out: adds scores, the PR curve and the worst images (default: none, predictions only)")
     report.set_defaults(handler=_cmd_report)
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-from pathlib import Path
 
-from crackseg.cli.options import HelpFormatter, add_inference_options, checked, inference_options
+from crackseg.cli.options import HelpFormatter, add_inference_options, checked, inference_options, local_path
 from crackseg.core.config import AT_LEAST_ONE, FRACTION, POSITIVE, Range
 from crackseg.core.errors import InputError
 
@@ -44,7 +43,7 @@ def add_commands(commands) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    studio.add_argument("--checkpoint", type=Path, required=True, help="model file: a .pt, safetensors folder, .onnx or .xml")
+    studio.add_argument("--checkpoint", type=local_path, required=True, help="model file: a .pt, safetensors folder, .onnx or .xml")
     studio.add_argument("--threshold", type=checked(float, FRACTION), default=None,
                         help="crack probability threshold (default: the checkpoint's best validation F1 threshold)")
     studio.add_argument("--host", default="127.0.0.1",

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from crackseg.cli.options import HelpFormatter, add_option, checked
+from crackseg.cli.options import HelpFormatter, add_option, checked, local_path
 from crackseg.core.config import CLASSIC_ENCODERS, FRACTION, GROUPS, option_fields
 
 
@@ -21,9 +20,9 @@ def add_commands(commands) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    convert.add_argument("classic", type=Path, help="classic checkpoint, e.g. model_best.pt or model_epoch_N.pt")
+    convert.add_argument("classic", type=local_path, help="classic checkpoint, e.g. model_best.pt or model_epoch_N.pt")
     convert.add_argument("--arch", required=True, choices=tuple(CLASSIC_ENCODERS), help="architecture it holds")
-    convert.add_argument("--out", type=Path, required=True, help="crackseg model file to write")
+    convert.add_argument("--out", type=local_path, required=True, help="crackseg model file to write")
     convert.add_argument("--threshold", type=checked(float, FRACTION), default=0.2, help="decision threshold on crack probability stored in the file (the classic inference default)")
     convert.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     convert.set_defaults(handler=_cmd_convert)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crackseg.core.errors import InputError
+from crackseg.core.storage import display_url, is_url
 
 CLASSIC_ENCODERS = {"unet16": "vgg16", "unet_resnet34": "resnet34", "unet_resnet101": "resnet101", "unet_resnet152": "resnet152"}
 ARCHS = ("unet", *CLASSIC_ENCODERS)
@@ -299,6 +300,11 @@ def check_options(config: TrainConfig) -> None:
                 problem = str(error)
         if problem:
             raise InputError(f"{flag(item.name)} {problem}")
+    for name in ("run", "data", "images", "masks", "init"):  # pathlib would fold s3://b/x into a local folder s3:/b/x
+        value = getattr(config, name)
+        if value is not None and is_url(value):
+            raise InputError(f"{flag(name)} {display_url(value)}: a local path is needed here (training reads and writes "
+                             "local folders; object storage is read and written by predict, evaluate and compare)")
     if config.data is None and (config.images is None or config.masks is None):
         raise InputError("give --data ROOT, or both --images DIR and --masks DIR")
     implied = CLASSIC_ENCODERS.get(config.arch)

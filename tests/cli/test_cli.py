@@ -58,6 +58,19 @@ def test_a_mistake_caught_while_parsing_is_one_line_not_the_usage(args, named):
     assert result.stderr.startswith("crackseg: error: ") and named in result.stderr and "--help" in result.stderr
 
 
+@pytest.mark.parametrize("args", [
+    ["export", "m.pt", "--format", "onnx", "--out", "s3://bucket/m.onnx"],
+    ["labels", "import", "a.json", "--format", "coco", "--images", "photos", "--out", "s3://bucket/data/"],
+    ["train", "--run", "s3://bucket/runs/x", "--data", "d"],
+    ["synth", "https://example.org/data"],
+])
+def test_a_url_where_a_local_path_is_needed_is_one_line_and_makes_no_folder(tmp_path, args):
+    """pathlib folds s3://bucket/x into s3:/bucket/x: without the check, a local folder named s3: would be written."""
+    result = subprocess.run([sys.executable, "-m", "crackseg", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "a local path is needed here" in result.stderr and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("command", [["predict", "in", "--checkpoint", "m.pt", "--out", "o"], ["compare", "a", "b", "--out", "o"]])
 def test_width_classes_help_lists_every_preset_and_a_bad_name_is_one_line(command):
     import contextlib
