@@ -15,7 +15,7 @@ import json
 import sqlite3
 from collections.abc import Iterable
 from contextlib import closing
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from crackseg.core.errors import InputError
 from crackseg.core.files import ensure_writable_folder, remove_orphan_temps, write_atomic, write_csv
@@ -26,6 +26,23 @@ from crackseg.monitoring.report import STATUS_COLOURS, write_change_report
 
 CHANGE_COLUMNS = ["path_before", "path_after", "crack_before", "crack_after", "status", "length_px_before", "length_px_after",
                   "mean_width_px_before", "mean_width_px_after", "max_width_px_before", "max_width_px_after"]
+
+
+TABLES = ("changes.csv", "pairs.csv", "summary.json", "report.html")
+_LAYER_SUFFIXES = {suffix for _, suffix in FORMATS.values()} | {".qml"}  # a GeoJSON's style beside it
+
+
+def writes_at(key: str) -> bool:
+    """Whether compare writes at ``key``, a path below its folder in / form: a table, a change layer (or its style) in
+    vectors/, a pair's picture in report/. Where an earlier compare's outputs are looked for, on disk or in the store."""
+    path = PurePosixPath(key)
+    if any(part.startswith(".") or part == ".." for part in path.parts):
+        return False
+    if len(path.parts) == 1:
+        return key in TABLES
+    if path.parts[0] == "vectors":
+        return path.suffix in _LAYER_SUFFIXES
+    return len(path.parts) == 2 and path.parts[0] == "report" and path.match("pair*.jpg")
 
 
 class ComparisonFolder:
@@ -122,9 +139,7 @@ class ComparisonFolder:
             return False  # not a GeoPackage compare wrote
 
     def _outputs_here(self) -> list[Path]:
+        """The files where compare writes (:func:`writes_at`): tables first, then layers, then pictures."""
         tables = [path for path in (self.changes_csv, self.pairs_csv, self.summary_json, self.report_html) if path.exists()]
-        suffixes = {suffix for _, suffix in FORMATS.values()} | {".qml"}  # a GeoJSON's style beside it
-        layers = sorted(path for path in (self.root / "vectors").rglob("*")
-                        if path.suffix in suffixes and not path.name.startswith(".") and path.is_file())
-        pictures = sorted(path for path in (self.root / "report").glob("pair*.jpg") if path.is_file())
-        return tables + layers + pictures
+        below = [path for sub in ("vectors", "report") for path in sorted((self.root / sub).rglob("*"))]
+        return tables + [path for path in below if path.is_file() and writes_at(path.relative_to(self.root).as_posix())]

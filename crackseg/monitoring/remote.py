@@ -21,10 +21,8 @@ from crackseg.core.errors import InputError
 from crackseg.core.files import read_csv, write_atomic, write_csv
 from crackseg.core.locks import StoreLock
 from crackseg.core.storage import RemoteFile, StorageError, delete_file, display_url, is_url, list_keys, upload_file
-from crackseg.cracks.vectors import FORMATS
+from crackseg.monitoring.comparison_folder import writes_at
 
-_TABLES = ("changes.csv", "pairs.csv", "summary.json", "report.html")  # as ComparisonFolder names them
-_LAYER_SUFFIXES = {suffix for _, suffix in FORMATS.values()} | {".qml"}
 
 
 class Staging:
@@ -96,7 +94,7 @@ class Staging:
         self._lock = StoreLock(url, "compare", "write --out to a local folder and copy it up")
         existing = list_keys(f"{self._lock.prefix}/")  # a missing bucket or a refused request stops here
         self._lock.acquire(set(existing))
-        for key in (key for key in existing if _earlier_output(key)):
+        for key in (key for key in existing if writes_at(key)):
             write_atomic(folder / key, RemoteFile(f"{self._lock.prefix}/{key}").read_bytes())
             self._earlier[key] = _identity(folder / key)
         return folder
@@ -167,15 +165,3 @@ def _lock_object(key: str) -> bool:
 
 def _hidden(key: str) -> bool:
     return any(part.startswith(".") for part in key.split("/"))
-
-
-def _earlier_output(key: str) -> bool:
-    """Whether ``key`` below --out is where compare writes (ComparisonFolder decides if it is an earlier compare's)."""
-    path = PurePosixPath(key)
-    if _hidden(key) or any(part in ("", "..") for part in key.split("/")):
-        return False
-    if len(path.parts) == 1:
-        return key in _TABLES
-    if path.parts[0] == "vectors":
-        return path.suffix in _LAYER_SUFFIXES
-    return len(path.parts) == 2 and path.parts[0] == "report" and path.match("pair*.jpg")
