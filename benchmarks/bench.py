@@ -65,8 +65,8 @@ from pathlib import Path
 
 import torch
 
-from crackseg.prediction.predict import default_workers
-from crackseg.data.synth import parse_size
+from crackseg.prediction.local_engine import default_workers
+from crackseg.core.options import parse_size
 from data_modes import bench_data, bench_evaluate, bench_synth
 from engine_modes import bench_engines
 from harness import RESULTS, write_report

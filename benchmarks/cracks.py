@@ -24,8 +24,10 @@ from PIL import Image
 from scipy import ndimage
 
 from crackseg.cracks.measure import CrackMeasure, find_cracks
-from crackseg.core.config import InferenceOptions
-from crackseg.prediction.predict import PredictOptions, predict_folder
+from crackseg.model.options import InferenceOptions
+from crackseg.prediction.options import PredictOptions
+from crackseg.prediction.outputs import OutputSpec
+from crackseg.prediction.predict import predict_folder
 from harness import RESULTS, write_report
 
 NEAR_PX = 3  # a found crack's pixel belongs to the true crack within this distance, if any
@@ -59,7 +61,7 @@ def count_cracks(checkpoint: Path, data: Path, device: str) -> list[dict]:
         stems = sorted(p.stem for p in (data / "truth").iterdir())
         for label, gap, shortest in settings:
             options = PredictOptions(out=out, **({"join_gap": gap, "min_length": shortest} if gap else {}))
-            spec = options.output_spec()
+            spec = OutputSpec.of(options)
             true_total = one = found = false = 0
             errors = []
             for stem in stems:

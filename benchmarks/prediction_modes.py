@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -17,12 +18,14 @@ import numpy as np
 import torch
 from PIL import Image
 
+from crackseg.core.errors import InputError
+from crackseg.data.synth import write_dataset
 from crackseg.model.checkpoint import save_model
-from crackseg.core.config import InferenceOptions
 from crackseg.model.distributed import resolve_amp
 from crackseg.model.networks import build_model
-from crackseg.prediction.predict import PredictOptions, predict_folder
-from crackseg.data.synth import write_dataset
+from crackseg.model.options import InferenceOptions
+from crackseg.prediction.options import PredictOptions
+from crackseg.prediction.predict import predict_folder
 from harness import compute_figures, device_sync, flops_per_image, median_rates, window_count
 
 
@@ -161,9 +164,14 @@ def bench_runtimes(args: argparse.Namespace) -> list[dict]:
             "openvino bf16": (tmp / "model.xml", dict(backend="openvino", amp="bf16")),
         }
         paths, masks = {}, {}
-        for name, (model_file, options) in runtimes.items():
+        for name, (model_file, options) in list(runtimes.items()):
             inference = InferenceOptions(device="cpu", **options)
-            runner = load_runtime(choose_runtime(model_file, inference)).model
+            try:
+                runner = load_runtime(choose_runtime(model_file, inference)).model
+            except InputError as error:  # bf16 on a CPU without it
+                print(f"{name}: left out ({error})", file=sys.stderr)
+                del runtimes[name]
+                continue
 
             @torch.inference_mode()
             def model_only(index: int, runner=runner, options=options) -> list[np.ndarray]:

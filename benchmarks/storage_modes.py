@@ -14,8 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from crackseg.core.config import InferenceOptions
-from crackseg.prediction.predict import PredictOptions, predict_folder
+from crackseg.model.options import InferenceOptions
+from crackseg.prediction.options import PredictOptions
+from crackseg.prediction.predict import predict_folder
 from harness import TESTS, median_rates, window_count
 from prediction_modes import photos_and_model
 

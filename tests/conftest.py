@@ -56,13 +56,20 @@ def isolated(test):
     def run(*args, **kwargs):
         if not _ISOLATED or _ISOLATED[0]._broken:
             _ISOLATED[:] = [ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))]
-        return _ISOLATED[0].submit(_call_unwrapped, test.__module__, test.__name__, args, kwargs).result()
+        skipped = _ISOLATED[0].submit(_call_unwrapped, test.__module__, test.__name__, args, kwargs).result()
+        if skipped is not None:
+            pytest.skip(skipped)
 
     return run
 
 
-def _call_unwrapped(module: str, name: str, args, kwargs):
-    return getattr(importlib.import_module(module), name).__wrapped__(*args, **kwargs)
+def _call_unwrapped(module: str, name: str, args, kwargs) -> str | None:
+    """Runs the test; a skip comes back as its reason (pytest's Skipped does not pickle)."""
+    try:
+        getattr(importlib.import_module(module), name).__wrapped__(*args, **kwargs)
+    except pytest.skip.Exception as skip:
+        return skip.msg
+    return None
 
 
 def dark_pixel_model(folder: Path) -> Path:

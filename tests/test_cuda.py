@@ -27,7 +27,8 @@ from torch.nn.parallel import DistributedDataParallel
 from conftest import isolated
 from crackseg.model import distributed
 from crackseg.model.checkpoint import load_model, read_checkpoint, save_model
-from crackseg.core.config import InferenceOptions, TrainConfig
+from crackseg.model.options import InferenceOptions
+from crackseg.training.options import TrainConfig
 from crackseg.data.datasets import open_dataset
 from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
 from crackseg.training.engine import StepContext, build_optimizer, raise_if_diverged, train_one_epoch, validate
@@ -36,10 +37,12 @@ from crackseg.evaluation.evaluate import evaluate_checkpoint
 from crackseg.model.export import export_model
 from crackseg.training.losses import CrackLoss
 from crackseg.model.networks import build_model, enable_activation_checkpointing
-from crackseg.prediction.predict import PredictOptions, predict_folder
+from crackseg.prediction.options import PredictOptions
+from crackseg.prediction.predict import predict_folder
 from crackseg.model.runtimes import choose_runtime, load_runtime
 from crackseg.data.synth import write_dataset
-from crackseg.training.train import build_training_model, fit
+from crackseg.training.setup import build_training_model
+from crackseg.training.train import fit
 from crackseg.training.transforms import PhotometricJitter, train_transform
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

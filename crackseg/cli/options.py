@@ -1,30 +1,19 @@
-"""What the command modules share: the help layout, one-line parse errors, argparse types and checks, flag groups.
+"""What the command modules share: the help layout, one-line parse errors, and the flags generated from option schemas.
 
-A flag group declared here (the dataset options, the inference options of predict and evaluate)
-is declared once; its defaults, choices and ranges come from :mod:`crackseg.core.config`.
+Every flag comes from a schema field (:mod:`crackseg.core.options`): its help, default, unit, range, choices and
+spelling are the field's; this module only turns them into argparse calls and parsed arguments back into the schema.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from crackseg.core.config import (
-    AMP_CHOICES,
-    AT_LEAST_ONE,
-    BACKENDS,
-    NON_NEGATIVE,
-    TILE,
-    TILE_OVERLAP,
-    TTA_CHOICES,
-    InferenceOptions,
-    Range,
-    flag,
-    option_fields,
-    parse_length,
-)
-from crackseg.cracks.widths import WIDTH_CLASS_PRESETS, WidthClasses
+from crackseg.core.options import Range, flag, local_path_problem, option_fields
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -46,52 +35,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def local_path(text: str) -> Path:
-    """An argparse ``type`` for a path on this machine: a URL (s3://, https://) would become a local folder named after its
-    scheme (pathlib folds the slashes), so it is refused; predict, evaluate and compare take object storage where they can."""
-    from crackseg.core.storage import display_url, is_url
-
-    if is_url(text):
-        raise argparse.ArgumentTypeError(f"{display_url(text)}: a local path is needed here (object storage is read and written "
-                                         "by predict, evaluate and compare; docs/predict.md)")
+    """An argparse ``type`` for a path on this machine: a URL is refused (see :func:`~crackseg.core.options.local_path_problem`)."""
+    problem = local_path_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return Path(text)
-
-
-def image_size(text: str) -> tuple[int, int]:
-    """N or HxW px -> (height, width)."""
-    from crackseg.data.synth import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def length(text: str) -> str:
-    """A length like 12px or 3mm, checked and kept as text."""
-    try:
-        parse_length(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
-
-
-def width_classes(text: str) -> str:
-    """A preset of :data:`~crackseg.cracks.widths.WIDTH_CLASS_PRESETS` or increasing edges in mm, checked by their owner
-    and kept as text."""
-    try:
-        WidthClasses.parse(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
-
-
-def width_classes_help(what: str) -> str:
-    """--width-classes' help for predict and compare: ``what`` they do with the classes, then every preset with its
-    standard, edges and graded width, from the presets themselves."""
-    presets = ", ".join(f"{name} ({preset.title}: {', '.join(f'{edge:g}' for edge in preset.edges_mm)} mm, {preset.graded} width)"
-                        for name, preset in WIDTH_CLASS_PRESETS.items())
-    return (f"{what}: {presets}; or your own edges in mm, e.g. 0.1,0.2,0.3,1.0 (max width, a width on an edge in the lower "
-            "class). docs/predict.md gives each standard's classes and source; needs a pixel size, see --px-size")
 
 
 def checked(kind: type, valid: Range | None, parse=None):
@@ -103,7 +51,7 @@ def checked(kind: type, valid: Range | None, parse=None):
         except ValueError as error:
             expected = {int: "an integer", float: "a number"}.get(kind, kind.__name__)
             raise argparse.ArgumentTypeError(str(error) if parse is not None else f"must be {expected}, got {text!r}") from None
-        problem = valid.problem(value) if valid is not None else None
+        problem = valid.problem(value) if valid is not None and not isinstance(value, str) else None
         if problem:
             raise argparse.ArgumentTypeError(problem)
         return value
@@ -111,51 +59,85 @@ def checked(kind: type, valid: Range | None, parse=None):
     return convert
 
 
-def add_option(group, item: dataclasses.Field, kind: type) -> None:
-    """The flag of one TrainConfig field: default, choices, range and help all come from crackseg.core.config."""
-    meta = item.metadata
-    text = meta["help"].replace("%", "%%")
+def add_options(parser: argparse.ArgumentParser, schema: type, title: str | None = None, helps: dict[str, str] | None = None) -> None:
+    """One flag per field of ``schema``, groups of flags under their titles; a schema that lists ``sections`` has its
+    fields shown in the argument group their ``section`` names. ``helps``: the command's own help for some fields."""
+    target = parser.add_argument_group(title) if title else parser
+    sections = {name: parser.add_argument_group(name) for name in getattr(schema, "sections", ())}
+    for item, kind in option_fields(schema):
+        meta = item.metadata
+        if "group" in meta:
+            add_options(target if meta["title"] is None else parser, meta["group"], meta["title"], meta["helps"])
+            continue
+        _add_flag(sections.get(meta["flag"].get("section"), target), item, kind, (helps or {}).get(item.name, meta["help"]))
+
+
+def options_from(schema: type, args: argparse.Namespace):
+    """The ``schema`` made from parsed arguments: a flag left out (None) takes its field's default."""
+    values = {}
+    for item, _ in option_fields(schema):
+        if "group" in item.metadata:
+            values[item.name] = options_from(item.metadata["group"], args)
+            continue
+        value = getattr(args, item.name)
+        if isinstance(value, list):
+            value = tuple(value)
+        if value is not None or item.default is dataclasses.MISSING:
+            values[item.name] = value
+    return schema(**values)
+
+
+def _add_flag(group, item: dataclasses.Field, kind: type, help: str) -> None:
+    """The argparse argument of one field (its ``flag`` metadata: see :func:`crackseg.core.options.option`)."""
+    meta, spelling = item.metadata, item.metadata["flag"]
+    text = help.replace("%", "%%")
+    names = spelling.get("flags", (flag(item.name),))
+    default = None if item.default is dataclasses.MISSING else item.default
     if kind is bool:
-        group.add_argument(flag(item.name), action="store_true", help=text)
+        if "off" in spelling:  # a pair of switches, the default's first
+            pair = group.add_mutually_exclusive_group()
+            off_flag, off_help = spelling["off"]
+            pair.add_argument(off_flag, dest=item.name, action="store_false", default=default, help=off_help)
+            pair.add_argument(*names, dest=item.name, action="store_true", help=text)
+            return
+        group.add_argument(*names, dest=item.name, action="store_false" if default else "store_true", help=text)
         return
-    required = item.default is dataclasses.MISSING
-    group.add_argument(
-        flag(item.name), type=checked(kind, meta["valid"], meta["flag_type"]), choices=meta["choices"],
-        default=None if required else item.default, required=required, help=text,
-        metavar=None if meta["choices"] else item.name.upper(),
-    )
+    if "env" in spelling:
+        default = os.environ.get(spelling["env"])
+    arguments = {"help": text, "type": _converter(item, kind), "choices": meta["choices"],
+                 "metavar": spelling.get("metavar", None if meta["choices"] or spelling.get("positional") else item.name.upper())}
+    if spelling.get("positional"):
+        group.add_argument(item.name, nargs=spelling.get("nargs"), default=default, **arguments)
+        return
+    if spelling.get("repeat"):
+        group.add_argument(*names, dest=item.name, action="append", default=None, **arguments)
+        return
+    # a default shown as text (e.g. a size "256") is parsed by argparse like a flag's text
+    group.add_argument(*names, dest=item.name, default=spelling.get("shown", default),
+                       required=item.default is dataclasses.MISSING, **arguments)
 
 
-def add_data_options(parser: argparse.ArgumentParser) -> None:
-    """The dataset flags of crackseg inspect: a root folder and the TrainConfig fields that find and split its files."""
-    group = parser.add_argument_group("dataset")
-    group.add_argument("root", type=local_path, nargs="?", help="dataset folder holding images/ and masks/ (see data/README.md)")
-    for item, kind in option_fields():
-        if item.name in ("images", "masks", "mask_pattern", "val_fraction", "seed"):
-            add_option(group, item, kind)
+def _converter(item: dataclasses.Field, kind: type):
+    meta = item.metadata
+    if kind is Path or meta["flag"].get("local"):
+        return local_path if kind is Path else _local_text
+    if kind in (int, float) or meta["parse"] is not None:
+        return checked(kind, meta["valid"], meta["parse"])
+    return None
 
 
-def add_inference_options(parser: argparse.ArgumentParser, title: str) -> None:
-    """The flags of crackseg.core.config.InferenceOptions, declared once for predict and evaluate."""
-    group = parser.add_argument_group(title)
-    group.add_argument("--tile", type=checked(int, AT_LEAST_ONE), default=TILE, help="tile side in px; larger images run as overlapping tiles")
-    group.add_argument("--overlap", type=checked(int, NON_NEGATIVE), default=TILE_OVERLAP,
-                       help="overlap between neighbouring tiles in px, blended smoothly (less than --tile)")
-    group.add_argument("--batch-size", type=checked(int, AT_LEAST_ONE), default=None,
-                       help="tiles per forward pass; tiles of several images share a batch (default 8 on a GPU, 1 on CPU, where batches ran slower)")
-    group.add_argument("--tta", choices=TTA_CHOICES, default="none", help="average probabilities over a horizontal flip, or all 8 flips and rotations")
-    group.add_argument("--resize", type=image_size, default=None,
-                       help="resize every image to N or HxW px first (for models trained on resized data); masks come back at the input size")
-    group.add_argument("--backend", choices=BACKENDS, default="auto",
-                       help="runtime of the forward pass; auto: torch for checkpoints and safetensors folders, "
-                            "onnxruntime for .onnx, openvino for .xml (openvino also runs .onnx)")
-    group.add_argument("--device", default="auto", help="auto (CUDA when present), cuda or cpu; exported models run on the CPU")
-    group.add_argument("--amp", choices=AMP_CHOICES, default="auto",
-                       help="mixed precision; auto = bf16 on GPUs that support it; bf16 also speeds up --backend openvino "
-                            "on CPUs with bfloat16 (docs/benchmarks.md)")
-    group.add_argument("--channels-last", action="store_true",
-                       help="NHWC memory layout for --backend torch (on tensor cores; on the CPU it was slower end to end, docs/benchmarks.md)")
+def _local_text(text: str) -> str:
+    """A local path kept as text (training's paths, saved in config.json as given)."""
+    local_path(text)
+    return text
 
 
-def inference_options(args: argparse.Namespace) -> InferenceOptions:
-    return InferenceOptions(**{item.name: getattr(args, item.name) for item in dataclasses.fields(InferenceOptions)})
+def add_command(commands, name: str, summary: str, description: str, schema: type | None = None,
+                run: Callable[[Any], int] | None = None, title: str | None = None) -> argparse.ArgumentParser:
+    """The command ``name``: its --help (``summary`` in the list of commands, ``description`` on its own page), a flag per
+    field of ``schema`` (under ``title``, if given), and ``run``, which gets the schema made from the parsed arguments."""
+    parser = commands.add_parser(name, help=summary, description=description, formatter_class=HelpFormatter)
+    if schema is not None:
+        add_options(parser, schema, title)
+        parser.set_defaults(handler=lambda args: run(options_from(schema, args)))
+    return parser

@@ -2,30 +2,25 @@
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import os
 
-from crackseg.cli.options import HelpFormatter, add_inference_options, checked, inference_options, local_path
-from crackseg.core.config import AT_LEAST_ONE, FRACTION, POSITIVE, Range
-from crackseg.core.errors import InputError
-
-DEFAULT_PORT = 9090  # label-studio-ml-backend's port
+from crackseg.cli.options import add_command
+from crackseg.integrations.options import ServeOptions
 
 
 def add_commands(commands) -> None:
-    serve = commands.add_parser(
-        "serve", help="serve a model to a labelling tool: a Label Studio ML backend",
-        description=(
+    serve = add_command(
+        commands, "serve", "serve a model to a labelling tool: a Label Studio ML backend",
+        (
             "Serve a model to a labelling tool, which then shows crackseg's cracks as pre-annotations.\n\n"
             "  crackseg serve label-studio --checkpoint best.pt     (on 127.0.0.1:9090 by default)"
         ),
-        formatter_class=HelpFormatter,
     )
     tools = serve.add_subparsers(dest="tool", metavar="TOOL", required=True)
-    studio = tools.add_parser(
-        "label-studio", help="a Label Studio ML backend: cracks drawn on each task as it opens",
-        description=(
+    add_command(
+        tools, "label-studio", "a Label Studio ML backend: cracks drawn on each task as it opens",
+        (
             "Serve CHECKPOINT as a Label Studio ML backend (/health, /setup, /predict, /webhook). In\n"
             "Label Studio: Project > Settings > Model > Connect Model, Backend URL http://HOST:PORT (the\n"
             "URL this command prints; from Label Studio in Docker on this machine:\n"
@@ -41,31 +36,11 @@ def add_commands(commands) -> None:
             "Environment: LABEL_STUDIO_URL, LABEL_STUDIO_API_KEY, BASIC_AUTH_USER and BASIC_AUTH_PASS\n"
             "(as label-studio-ml-backend reads them). Needs pip install 'crackseg[label-studio]'."
         ),
-        formatter_class=HelpFormatter,
+        ServeOptions, _cmd_serve_label_studio,
     )
-    studio.add_argument("--checkpoint", type=local_path, required=True, help="model file: a .pt, safetensors folder, .onnx or .xml")
-    studio.add_argument("--threshold", type=checked(float, FRACTION), default=None,
-                        help="crack probability threshold (default: the checkpoint's best validation F1 threshold)")
-    studio.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on; 0.0.0.0 for Label Studio on another machine or in Docker (then set basic auth)")
-    studio.add_argument("--port", type=checked(int, Range(0, 65535)), default=DEFAULT_PORT,
-                        help="port to listen on; 0 picks a free one (printed)")
-    studio.add_argument("--label-studio-url", default=os.environ.get("LABEL_STUDIO_URL"),
-                        help="Label Studio's address, for the images it serves (default: $LABEL_STUDIO_URL)")
-    studio.add_argument("--basic-auth-user", default=os.environ.get("BASIC_AUTH_USER"),
-                        help="basic-auth user every request must give, with the password in $BASIC_AUTH_PASS "
-                             "(default: $BASIC_AUTH_USER); enter both in Label Studio's model settings")
-    studio.add_argument("--max-request-mb", type=checked(float, POSITIVE), default=16.0,
-                        help="MiB: largest request body taken; larger ones get 413")
-    studio.add_argument("--max-image-mb", type=checked(float, POSITIVE), default=64.0,
-                        help="MiB: largest image file fetched; a larger one is an error for its task")
-    studio.add_argument("--concurrency", type=checked(int, AT_LEAST_ONE), default=2,
-                        help="tasks fetched, decoded and predicted at once, across requests (each holds an image in memory)")
-    add_inference_options(studio, "inference")
-    studio.set_defaults(handler=_cmd_serve_label_studio)
 
 
-def _cmd_serve_label_studio(args: argparse.Namespace) -> int:
+def _cmd_serve_label_studio(options: ServeOptions) -> int:
     from crackseg.core.errors import require
 
     for module in ("starlette", "uvicorn", "httpx"):
@@ -73,16 +48,13 @@ def _cmd_serve_label_studio(args: argparse.Namespace) -> int:
     from crackseg.integrations.server import MIB, ServerSettings, build_app, listen, model_version, serve
     from crackseg.prediction.session import PredictionSession
 
-    password = os.environ.get("BASIC_AUTH_PASS")
-    if bool(args.basic_auth_user) != bool(password):
-        raise InputError("basic auth needs both a user (--basic-auth-user or $BASIC_AUTH_USER) and $BASIC_AUTH_PASS")
     settings = ServerSettings(
-        label_studio_url=args.label_studio_url or None, api_key=os.environ.get("LABEL_STUDIO_API_KEY") or None,
-        basic_auth=(args.basic_auth_user, password) if password else None, max_request_bytes=int(args.max_request_mb * MIB),
-        max_image_bytes=int(args.max_image_mb * MIB), concurrency=args.concurrency)
-    listener = listen(args.host, args.port)  # a port in use fails before the model loads
-    session = PredictionSession(args.checkpoint, inference_options(args), args.threshold)
-    app = build_app(session, settings, model_version(args.checkpoint))
+        label_studio_url=options.label_studio_url or None, api_key=os.environ.get("LABEL_STUDIO_API_KEY") or None,
+        basic_auth=options.basic_auth(os.environ.get("BASIC_AUTH_PASS")), max_request_bytes=int(options.max_request_mb * MIB),
+        max_image_bytes=int(options.max_image_mb * MIB), concurrency=options.concurrency)
+    listener = listen(options.host, options.port)  # a port in use fails before the model loads
+    session = PredictionSession(options.checkpoint, options.inference, options.threshold)
+    app = build_app(session, settings, model_version(options.checkpoint))
     print(_connect_line(listener, settings.basic_auth is not None, session.threshold), flush=True)
     serve(app, listener)
     return 0

@@ -64,6 +64,12 @@ def is_url(text: str) -> bool:
     return _URL.match(str(text)) is not None
 
 
+def shown_location(text: str) -> str:
+    """A local path or a URL as a run's last line names where it wrote: a URL as :func:`display_url` shows it, without
+    its trailing slash."""
+    return display_url(text).rstrip("/") if is_url(text) else str(Path(text))
+
+
 def display_url(url: str) -> str:
     """``url`` as logs, tables and errors show it: without user and password, and for http(s) without the query and
     fragment (a presigned URL's signature, access key id and session token). s3:// keys may hold ``?`` and ``#``."""

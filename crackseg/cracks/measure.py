@@ -15,7 +15,8 @@ Measuring works on the crack pixels alone, not on whole-image arrays (one scan o
 the images returned aside): a 12-megapixel photo with a few cracks costs about what its cracks
 cost. The results are, bit for bit, those of the whole-image operations they stand for:
 scipy.ndimage's 8-connected labels and Euclidean distance transform, and scikit-image's
-skeletonize (Zhang and Suen's thinning, with scikit-image's table).
+skeletonize (Zhang and Suen's thinning, with scikit-image's table), done on pixel sets
+(:mod:`crackseg.cracks.pixel_sets`).
 Pieces that one crack joins are tracked by scipy's DisjointSet (here and across raster bands).
 """
 
@@ -26,15 +27,13 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
-from scipy import ndimage
 from scipy.cluster.hierarchy import DisjointSet
-from scipy.sparse import coo_array
-from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
 from skimage.draw import line as draw_line
+
+from crackseg.cracks.pixel_sets import Pixels, components, distances, thin
 
 ORTHOGONAL, DIAGONAL, CORNER = 0.980, 1.406, 0.091
 _COS_30 = math.cos(math.radians(30))
@@ -124,15 +123,15 @@ def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(
     mask = np.asarray(mask, bool)
     rows = np.zeros(mask.shape[0], bool)
     rows[counted] = True
-    cracks = _Pixels.of(mask)
-    pieces = _components(cracks)
-    distance = _distances(cracks)
-    skeleton = _thin(cracks)
+    cracks = Pixels.of(mask)
+    pieces = components(cracks)
+    distance = distances(cracks)
+    skeleton = thin(cracks)
     bridges = _join_pieces(cracks, pieces, distance, skeleton, join_gap) if join_gap > 0 and len(cracks.index) else []
     joined, labels = cracks, pieces
     if bridges:
         joined = cracks.union(np.concatenate([pixels for _, _, pixels in bridges]))
-        labels, skeleton = _components(joined), _thin(joined)
+        labels, skeleton = components(joined), thin(joined)
     total = int(labels.max(initial=0))
     mine = np.where(rows[joined.points[:, 0]], labels, 0)  # labels of the counted rows only: other pixels add to the background
     skeleton_mine = mine[skeleton.in_parent]  # the skeleton was thinned from the joined pixels
@@ -156,163 +155,12 @@ def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(
                       _anchors(skeleton, labels[skeleton.in_parent], total), skeleton.image(True, bool))
 
 
-class _Pixels:
-    """Some pixels of an (H, W) image, in scan order, as flat indices into the image padded with one
-    pixel of background: a neighbour is a fixed offset away and the image's border needs no check.
-    Values per pixel are arrays in the same order. A subset finds pixels through the set it was
-    taken from, so only a whole mask's set holds an image-sized table.
-    """
-
-    def __init__(self, shape: tuple[int, int], index: np.ndarray, parent: _Pixels | None = None,
-                 in_parent: np.ndarray | None = None):
-        self.shape, self.index = shape, index
-        self.stride = shape[1] + 2
-        self.parent, self.in_parent = parent, in_parent  # in_parent: the pixels' positions in the parent set
-
-    @classmethod
-    def of(cls, mask: np.ndarray) -> _Pixels:
-        rows, cols = np.divmod(np.flatnonzero(mask), mask.shape[1])
-        return cls(mask.shape, (rows + 1) * (mask.shape[1] + 2) + cols + 1)
-
-    def index_of(self, rows, cols):
-        return (rows + 1) * self.stride + cols + 1
-
-    @cached_property
-    def points(self) -> np.ndarray:
-        """(n, 2) row, col in the image, as np.argwhere gives them."""
-        rows, cols = np.divmod(self.index, self.stride)
-        return np.stack([rows - 1, cols - 1], axis=1)
-
-    def find(self, index: np.ndarray) -> np.ndarray:
-        """Position of each padded flat index among the pixels, -1 where it is not one."""
-        if self.parent is None:
-            return self._slots[index] - 1
-        return self._from_parent[self.parent.find(index)]
-
-    @cached_property
-    def _slots(self) -> np.ndarray:
-        """1 + each pixel's position over the padded image, 0 elsewhere."""
-        slots = np.zeros((self.shape[0] + 2) * self.stride, np.int32)
-        slots[self.index] = np.arange(1, len(self.index) + 1)
-        return slots
-
-    @cached_property
-    def _from_parent(self) -> np.ndarray:
-        """Position in this set of each pixel of the parent set, -1 for the others and, last, for -1."""
-        where = np.full(len(self.parent.index) + 1, -1, np.int32)
-        where[self.in_parent] = np.arange(len(self.index))
-        return where
-
-    @cached_property
-    def neighbours(self) -> np.ndarray:
-        """(n, 8) positions of each pixel's neighbours, in _RING order, -1 where a neighbour is not in the set."""
-        if self.parent is not None:
-            return self._from_parent[self.parent.neighbours[self.in_parent]]
-        return np.stack([self.find(self.index + row * self.stride + col) for row, col in _RING], axis=1)
-
-    def subset(self, keep: np.ndarray) -> _Pixels:
-        positions = np.flatnonzero(keep)
-        return _Pixels(self.shape, self.index[positions], self, positions)
-
-    def union(self, index: np.ndarray) -> _Pixels:
-        """A new set of these pixels and those at the padded flat indices ``index`` (a few)."""
-        extra = np.unique(index[self.find(index) < 0])
-        return _Pixels(self.shape, np.insert(self.index, np.searchsorted(self.index, extra), extra))
-
-    def image(self, values, dtype) -> np.ndarray:
-        """An (H, W) array of ``values`` at the pixels, 0 elsewhere."""
-        image = np.zeros(self.shape, dtype)
-        image[self.points[:, 0], self.points[:, 1]] = values
-        return image
-
-
-# a pixel's 8 neighbours (row, col offsets) NW N NE E SE S SW W: bits 0 to 7 of its neighbourhood code
-_RING = np.array([(-1, -1), (-1, 0), (-1, 1), (0, 1), (1, 1), (1, 0), (1, -1), (0, -1)])
-# scikit-image's table for Zhang and Suen's thinning (skeletonize), one digit per neighbourhood code:
-# 1 = the pixel goes in the first sub-pass, 2 = in the second, 3 = in either
-_THINNING = np.array([int(digit) for digit in (
-    "0001001300311013000000002020303300000000300000000000000020003022"
-    "0000000000000000000000000000000020000000200020003000000030003020"
-    "0031001300000001000000000000000131000000000000002000000000000000"
-    "2313001300000001000000000000000023010001000000003301000022002000")], np.uint8)
-
-
-def _components(pixels: _Pixels) -> np.ndarray:
-    """The 8-connected component of each pixel, numbered from 1 in scan order of their first pixels, as ndimage.label numbers them."""
-    count = len(pixels.index)
-    forward = pixels.neighbours[:, 3:7]  # E, SE, S, SW: each link once, from its upper or left pixel
-    heads, which = np.nonzero(forward >= 0)
-    graph = coo_array((np.ones(len(heads), np.int8), (heads, forward[heads, which])), shape=(count, count))
-    found, component = connected_components(graph, directed=False)
-    first = np.full(found, count)
-    np.minimum.at(first, component, np.arange(count))
-    number = np.empty(found, np.int64)
-    number[np.argsort(first)] = np.arange(1, found + 1)
-    return number[component]
-
-
-def _distances(pixels: _Pixels) -> np.ndarray:
-    """ndimage.distance_transform_edt at each pixel: the distance to the nearest background pixel in the image.
-
-    That is 1 beside the background and sqrt(2) where only a corner touches it; inside a crack, the
-    nearest background pixel is one along its edges (a step from any other towards the pixel would
-    land on background nearer to it).
-    """
-    height, width = pixels.shape
-    background = pixels.neighbours < 0
-    rows, cols = pixels.points.T
-    border = np.flatnonzero((rows == 0) | (rows == height - 1) | (cols == 0) | (cols == width - 1))
-    around_rows, around_cols = rows[border, None] + _RING[:, 0], cols[border, None] + _RING[:, 1]
-    background[border] &= (around_rows >= 0) & (around_rows < height) & (around_cols >= 0) & (around_cols < width)
-    distance = np.where(background[:, 1::2].any(axis=1), 1.0, np.sqrt(2.0))  # odd places of the ring: N, E, S, W
-    inside = ~background.any(axis=1)
-    if inside.any():
-        pixel, place = np.nonzero(background)
-        around = pixels.index[pixel] + _RING[place, 0] * pixels.stride + _RING[place, 1]
-        edge = _once(around, np.zeros((height + 2) * pixels.stride, np.int32))
-        if not len(edge):  # the whole image is crack: scipy then measures to the pixel above the top-left corner
-            return ndimage.distance_transform_edt(np.ones(pixels.shape, bool)).ravel()
-        distance[inside] = cKDTree(_Pixels(pixels.shape, edge).points).query(pixels.points[inside])[0]
-    return distance
-
-
-def _thin(pixels: _Pixels) -> _Pixels:
-    """skimage.morphology.skeletonize of the pixels: Zhang and Suen's parallel thinning with scikit-image's
-    table, outside the image being background as there.
-
-    A sub-pass looks again only at the pixels beside one removed since that sub-pass last looked:
-    the others, with the same neighbours, would stay again.
-    """
-    neighbours = pixels.neighbours
-    present = np.ones(len(pixels.index) + 1, np.uint8)
-    present[-1] = 0  # where a neighbour is not in the set (-1)
-    seen = np.zeros(len(present), np.int64)
-    due = [np.arange(len(pixels.index)), np.arange(len(pixels.index))]
-    while len(due[0]) or len(due[1]):
-        for sub_pass in (0, 1):
-            look = due[sub_pass][present[due[sub_pass]] == 1]
-            kind = _THINNING[np.packbits(present[neighbours[look]], axis=1, bitorder="little")[:, 0]]
-            removed = look[(kind == 3) | (kind == sub_pass + 1)]
-            present[removed] = 0
-            beside = neighbours[removed].ravel()
-            beside = _once(beside[beside >= 0], seen)
-            due[sub_pass], due[1 - sub_pass] = beside, _once(np.concatenate([due[1 - sub_pass], beside]), seen)
-    return pixels.subset(present[:-1] == 1)
-
-
-def _once(values: np.ndarray, seen: np.ndarray) -> np.ndarray:
-    """``values`` without repeats, in no particular order, in time linear in their number (``seen``: scratch indexed by value)."""
-    order = np.arange(len(values), dtype=seen.dtype)
-    seen[values] = order
-    return values[seen[values] == order]
-
-
-def _ends(skeleton: _Pixels) -> np.ndarray:
+def _ends(skeleton: Pixels) -> np.ndarray:
     """Whether each skeleton pixel has exactly one skeleton neighbour."""
     return (skeleton.neighbours >= 0).sum(axis=1) == 1
 
 
-def _join_pieces(cracks: _Pixels, pieces: np.ndarray, distance: np.ndarray, skeleton: _Pixels,
+def _join_pieces(cracks: Pixels, pieces: np.ndarray, distance: np.ndarray, skeleton: Pixels,
                  join_gap: float) -> list[tuple[tuple[int, int], float, np.ndarray]]:
     """A one-pixel bridge across each gap a skeleton end points over: (row, col) of its start, the gap, its pixels' padded indices."""
     points, owner, depth = skeleton.points, pieces[skeleton.in_parent], distance[skeleton.in_parent]
@@ -337,7 +185,7 @@ def _join_pieces(cracks: _Pixels, pieces: np.ndarray, distance: np.ndarray, skel
     return bridges
 
 
-def _aimed_at(skeleton: _Pixels, owner: np.ndarray, depth: np.ndarray, reach: float,
+def _aimed_at(skeleton: Pixels, owner: np.ndarray, depth: np.ndarray, reach: float,
               join_gap: float) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Each skeleton end that has candidates, in scan order: the end, its unit direction (away from its own piece's
     skeleton within 10 px) and the other pieces' skeleton pixels it may point at across a gap, in the tree's order
@@ -374,7 +222,7 @@ def _within(tree: cKDTree, centres: np.ndarray, radius: float) -> tuple[np.ndarr
     return np.repeat(np.arange(len(found)), sizes), np.fromiter(itertools.chain.from_iterable(found), np.intp, sizes.sum())
 
 
-def _anchors(skeleton: _Pixels, labels: np.ndarray, count: int) -> dict[int, tuple[int, int]]:
+def _anchors(skeleton: Pixels, labels: np.ndarray, count: int) -> dict[int, tuple[int, int]]:
     """A skeleton pixel per label, the middle one of its pixels in scan order (on the crack, not beside it)."""
     order = np.argsort(labels, kind="stable")
     points, owners = skeleton.points[order], labels[order]
@@ -393,7 +241,7 @@ def _boxes(points: np.ndarray, labels: np.ndarray, shape: tuple[int, int], count
     return box
 
 
-def _chain_length_by_label(skeleton: _Pixels, labels: np.ndarray, count: int) -> np.ndarray:
+def _chain_length_by_label(skeleton: Pixels, labels: np.ndarray, count: int) -> np.ndarray:
     """Corner-count chain length per label (``labels``: one per skeleton pixel).
 
     Diagonal links count only where no orthogonal path joins the pair (staircases are
@@ -410,7 +258,7 @@ def _chain_length_by_label(skeleton: _Pixels, labels: np.ndarray, count: int) ->
     return total[1:]
 
 
-def _max_width_by_label(cracks: _Pixels, distance: np.ndarray, skeleton: _Pixels, ends: np.ndarray, labels: np.ndarray,
+def _max_width_by_label(cracks: Pixels, distance: np.ndarray, skeleton: Pixels, ends: np.ndarray, labels: np.ndarray,
                         count: int) -> np.ndarray:
     """Largest full width along each skeleton, away from the rounded caps at its ends where possible.
 

@@ -1,4 +1,4 @@
-"""Crack datasets on disk: pairing by file stem, validation, splits, crack pixel weight; no torch.
+"""Crack datasets on disk: pairing by file stem, validation, crack pixel weight; no torch (splits: :mod:`crackseg.data.splits`).
 
 A dataset is a folder of photos and a folder of masks whose files share stems
 (``images/001.jpg`` <-> ``masks/001.png``). Pairs are made by stem, never by position
@@ -15,8 +15,6 @@ of the pairs and the split; :mod:`crackseg.data.negatives` makes them a training
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import re
@@ -29,7 +27,6 @@ from pathlib import Path
 import numpy as np
 
 from crackseg.core.errors import InputError
-from crackseg.core.files import write_atomic
 from crackseg.core.storage import RemoteFile, display_url, is_url, list_files
 from crackseg.data.images import (
     CRACK_THRESHOLD,
@@ -42,12 +39,11 @@ from crackseg.data.images import (
     open_picture,
     orientation,
 )
+from crackseg.data.splits import SPLITS, read_stems
 
-SPLITS = ("train", "val", "test")
 NEGATIVES_FILE = "negatives.txt"  # stems of crack-free photos in ROOT/images/, masks optional (and empty)
 Folder = Path | str  # a local folder, or an s3:// prefix as text (Path would fold s3:// into s3:/)
 File = Path | RemoteFile
-CRACK_FREE_ENTRIES = ("negatives", "negative_files")  # split.json: negatives.txt's stems, --negatives' file names
 
 
 @dataclass(frozen=True)
@@ -313,68 +309,6 @@ def open_dataset(
         found.problems += [Problem(path, f"lists {stem!r}, which has no image/mask pair") for stem in stems if stem not in paired]
         found.listed[name] = [stem for stem in stems if stem in usable]
     return found
-
-
-def read_stems(path: File) -> list[str]:
-    """The stems a split file lists, one per line (blank lines ignored); empty files and repeats are errors."""
-    if isinstance(path, RemoteFile):
-        text = path.read_bytes().decode()
-    else:
-        path = Path(path)
-        if not path.is_file():
-            raise InputError(f"{path}: no such split file (one stem per line)")
-        text = path.read_text()
-    stems = [line.strip() for line in text.splitlines() if line.strip()]
-    if not stems:
-        raise InputError(f"{path}: lists no stems (one per line)")
-    repeated = [stem for stem, count in Counter(stems).items() if count > 1]
-    if repeated:
-        raise InputError(f"{path}: lists {repeated[0]!r} more than once ({len(repeated)} repeated stems); list each stem once")
-    return stems
-
-
-def make_split(
-    stems: list[str], val_fraction: float, seed: int, listed: dict[str, list[str]] | None = None
-) -> dict[str, list[str]]:
-    """Train / val / test stems: from split files where given (usable stems only), else a seeded draw by stem.
-
-    A stem's place in the draw depends only on (seed, stem), so neither listing order nor
-    new files reshuffle it. Without ``val.txt``, validation is carved from the training
-    stems (``train.txt`` or all stems not in ``test.txt``).
-    """
-    if not 0.0 <= val_fraction < 1.0:
-        raise InputError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    listed = listed or {}
-    available = set(stems)
-    test = sorted(listed.get("test", []))
-    if "val" in listed:
-        val = sorted(listed["val"])
-        train = sorted(listed.get("train", available - set(val) - set(test)))
-    else:
-        pool = sorted(listed.get("train", available - set(test)))
-        count = round(len(pool) * val_fraction)
-        if val_fraction > 0 and len(pool) >= 2:
-            count = min(max(count, 1), len(pool) - 1)
-        ranked = sorted(pool, key=lambda stem: hashlib.sha256(f"{seed}:{stem}".encode()).hexdigest())
-        val = sorted(ranked[:count])
-        train = sorted(set(pool) - set(val))
-    overlap = (set(train) & set(val)) | (set(train) & set(test)) | (set(val) & set(test))
-    if overlap:
-        raise InputError(f"split files list {len(overlap)} stems in more than one split: {', '.join(sorted(overlap)[:5])}")
-    return {"train": train, "val": val, "test": test}
-
-
-def save_split(path: Path, split: dict[str, list[str]]) -> None:
-    write_atomic(path, json.dumps(split, indent=1) + "\n")
-
-
-def load_split(path: Path) -> dict[str, list[str]]:
-    try:
-        split = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise InputError(f"{path}: cannot read the saved split ({error})") from None
-    crack_free = {name: list(split[name]) for name in CRACK_FREE_ENTRIES if name in split}
-    return {name: list(split.get(name, [])) for name in SPLITS} | crack_free
 
 
 def crack_pixel_weight(masks: list[MaskInfo]) -> float:

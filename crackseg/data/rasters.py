@@ -1,4 +1,4 @@
-"""Large rasters by windows: TIFF / GeoTIFF inputs of any size in, georeferenced GeoTIFF outputs.
+"""Large rasters by windows: TIFF / GeoTIFF inputs of any size in (outputs: :mod:`crackseg.data.raster_sink`).
 
 Reading goes through rasterio (GDAL) a window at a time, so a gigapixel orthomosaic is
 never whole in memory. What predict needs from a raster:
@@ -23,7 +23,6 @@ Needs the geo extra: ``pip install 'crackseg[geo]'``.
 
 from __future__ import annotations
 
-import errno
 import math
 import warnings
 from dataclasses import dataclass
@@ -33,16 +32,14 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from PIL import Image
 
-from crackseg.core.config import MAX_PIXELS
 from crackseg.core.errors import InputError, require
-from crackseg.core.files import PendingFile
 from crackseg.core.storage import RemoteFile, StorageError, gdal_options, gdal_path, scrubbed
 from crackseg.data.images import DECODE_ERRORS
+from crackseg.data.options import MAX_PIXELS, STREAM_ABOVE
 
 if TYPE_CHECKING:
     import torch
 
-BLOCK = 512  # px: the side of an output GeoTIFF's tiles
 READ_AHEAD = 4096  # px: columns read from a raster at once (a run of 1024 rows holds 16 MB)
 GEOTIFF_TAGS = frozenset({33550, 33922, 34264, 34735})  # ModelPixelScale, ModelTiepoint, ModelTransformation, GeoKeyDirectory
 _UNDECODABLE = ("not recognized as being in a supported file format", "TIFF header", "Not a TIFF")  # GDAL read the bytes
@@ -271,101 +268,6 @@ def map_facts(path: Path, dataset, max_pixels: int = MAX_PIXELS) -> MapFacts:
         return MapFacts(source.width, source.height, tuple(source.transform)[:6], source.crs.to_string(), source.px_size_mm()[0])
 
 
-class RasterSink:
-    """A Cloud-Optimized GeoTIFF written by bands of rows: the whole of ``source``'s extent, or its ``rows`` (start, stop).
-
-    The rows go to a tiled scratch GeoTIFF as they come; :meth:`commit` copies it into a COG (GDAL's COG driver) under
-    a temporary name and moves that into place. A COG is read by windows over HTTP (object storage, GIS software), and
-    its layout depends on the pixels alone, so outputs written in one pass, joined from parts (torchrun, Ray) or
-    written from any band order are the same bytes. BigTIFF when the file may pass 4 GB; the CRS and geotransform of
-    ``source``; invalid pixels in an internal mask band, so GIS software shows them as nodata.
-    """
-
-    def __init__(self, path: Path, source: RasterSource, dtype: str, rows: tuple[int, int] | None = None):
-        rio = rasterio()
-        start, stop = rows or (0, source.height)
-        self.path = Path(path)
-        self._file = PendingFile(self.path)
-        self._scratch = PendingFile(self.path, ".tif")  # never committed: copied into the COG, then removed
-        profile = dict(
-            driver="GTiff", width=source.width, height=stop - start, count=1, dtype=dtype, crs=source.crs,
-            transform=source.transform @ rio.Affine.translation(0, start), tiled=True, blockxsize=BLOCK, blockysize=BLOCK,
-            compress="deflate", predictor=2, bigtiff="IF_SAFER",
-        )
-        self._dataset = rio.open(self._scratch.temp, "w", **profile)
-        self._width = source.width
-        self._written = 0  # rows in the file
-        # Finished rows not yet a whole row of GeoTIFF tiles, then the band being filled block by block.
-        self._values = np.zeros((0, source.width), dtype)
-        self._valid = np.zeros((0, source.width), bool)
-        self._held = 0  # finished rows
-
-    def write_block(self, top: int, left: int, values: np.ndarray, valid: np.ndarray) -> None:
-        """One block of a band of rows, in row-major order; whole rows of GeoTIFF tiles go to the file.
-
-        Writing only complete tiles keeps each compressed tile written once. The rows wait in
-        one buffer of fewer than BLOCK rows plus a band, so nothing of the width is copied twice.
-        """
-        rows, cols = values.shape
-        if self._held + rows > len(self._values):
-            self._values, self._valid = (np.concatenate([held[: self._held], np.zeros((BLOCK - 1 + rows - self._held, self._width), held.dtype)])
-                                         for held in (self._values, self._valid))
-        self._values[self._held : self._held + rows, left : left + cols] = values
-        self._valid[self._held : self._held + rows, left : left + cols] = valid
-        if left + cols == self._width:
-            self._held += rows
-            self._flush(whole_tiles=True)
-
-    def _flush(self, whole_tiles: bool) -> None:
-        rows = self._held // BLOCK * BLOCK if whole_tiles else self._held
-        if rows:
-            window = rasterio().windows.Window(0, self._written, self._width, rows)
-            self._dataset.write(self._values[None, :rows], window=window)
-            self._dataset.write_mask(self._valid[:rows], window=window)
-            self._written += rows
-            self._held -= rows
-            self._values[: self._held] = self._values[rows : rows + self._held]
-            self._valid[: self._held] = self._valid[rows : rows + self._held]
-
-    def commit(self, overviews: bool = False) -> Path:
-        """Finish the file as a COG (with overviews, halving down to one tile, if asked) and move it into place."""
-        self._flush(whole_tiles=False)
-        self._close()
-        copy = require("rasterio.shutil", "geo", "writing GeoTIFFs").copy
-        try:
-            copy(self._scratch.temp, self._file.temp, driver="COG", BLOCKSIZE=BLOCK, COMPRESS="DEFLATE", PREDICTOR="YES",
-                 BIGTIFF="IF_SAFER", OVERVIEWS="AUTO" if overviews else "NONE", RESAMPLING="NEAREST")
-        except Exception as error:  # GDAL's CPLE_* errors, raised by the copy, have no public base class
-            raise OSError(errno.EIO, f"{self.path}: the GeoTIFF was not written whole (is the disk full?): {gdal_reason(error)}") from None
-        finally:
-            self._scratch.abort()
-        self._check_written()
-        return self._file.commit()
-
-    def _check_written(self) -> None:
-        """Decode every tile of the closed file: libtiff reports a failed write (a full disk) on stderr
-        only, and a torn GeoTIFF must never take the output's name."""
-        rio = rasterio()
-        try:
-            with rio.open(self._file.temp) as written:
-                for top in range(0, written.height, BLOCK):
-                    window = rio.windows.Window(0, top, written.width, min(BLOCK, written.height - top))
-                    written.read(1, window=window)
-                    written.dataset_mask(window=window)
-        except rio.errors.RasterioIOError as error:
-            raise OSError(errno.EIO, f"{self.path}: the GeoTIFF was not written whole (is the disk full?): {gdal_reason(error)}") from None
-
-    def abort(self) -> None:
-        self._close()
-        self._scratch.abort()
-        self._file.abort()
-
-    def _close(self) -> None:
-        if not self._dataset.closed:
-            self._dataset.close()
-
-
-
 def gdal_settings():
     """GDAL as predict uses it: mask bands inside the GeoTIFF, a block cache of fixed size (GDAL's
     default, 5% of RAM, would let memory grow with the raster up to that), no .aux.xml files
@@ -376,3 +278,47 @@ def gdal_settings():
 
     return rasterio().Env(GDAL_TIFF_INTERNAL_MASK=True, GDAL_CACHEMAX=64, GDAL_PAM_ENABLED="NO",
                           GDAL_NUM_THREADS=str(torch.get_num_threads()), **gdal_options())
+
+
+def open_if_streamed(path: Path | RemoteFile, max_pixels: int = MAX_PIXELS) -> RasterSource | None:
+    """The open source of ``path`` when it is predicted by windows: a TIFF that is georeferenced (a
+    CRS or a geotransform), has a nodata value (pixels outside the survey, which a photo would
+    predict) or is larger than STREAM_ABOVE; None for other images, which are decoded whole, as photos.
+    A TIFF in object storage is told apart by GDAL reading its header there (run under ``gdal_settings``).
+
+    Without the geo extra, such a TIFF is a one-line error naming it: read whole it would lose
+    its georeferencing, or its size. Too many pixels or an unsupported pixel type is a one-line
+    error too, before any work, as is a remote TIFF the store does not serve (a StorageError).
+    """
+    if path.suffix.lower() not in (".tif", ".tiff"):
+        return None
+    try:
+        rio = rasterio()
+    except InputError as error:
+        if isinstance(path, RemoteFile) or _geotiff_or_large(path):
+            raise InputError(f"{path}: a GeoTIFF or a TIFF over {STREAM_ABOVE / 1e6:.0f} megapixels is read by windows "
+                             f"(and a TIFF in object storage is told apart by GDAL); {error}") from None
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rio.errors.NotGeoreferencedWarning)  # a plain TIFF: read as a photo
+            dataset = open_raster(path)
+    except rio.errors.RasterioIOError as error:
+        failure = unreadable_in_store(path, error)
+        if failure:
+            raise failure from None
+        return None  # not a TIFF GDAL reads: the photo path reports what is wrong with it
+    placed = dataset.crs is not None or not dataset.transform.is_identity  # a CRS, or a geotransform without one
+    if not (placed or dataset.nodata is not None or dataset.width * dataset.height > STREAM_ABOVE):
+        dataset.close()
+        return None
+    return RasterSource(path, max_pixels, dataset)
+
+
+def _geotiff_or_large(path: Path) -> bool:
+    """From the TIFF header alone (Pillow, nothing decoded): georeferencing tags, or more pixels than STREAM_ABOVE."""
+    try:
+        with Image.open(path) as image:
+            return bool(GEOTIFF_TAGS & set(getattr(image, "tag_v2", {}))) or image.width * image.height > STREAM_ABOVE
+    except (OSError, ValueError):  # not a TIFF Pillow reads: the photo path reports what is wrong with it
+        return False

@@ -30,9 +30,9 @@ from scipy import ndimage, special
 from crackseg.core.errors import InputError
 from crackseg.core.files import ensure_writable_folder, remove_orphan_temps, write_atomic
 from crackseg.data.distractors import add_look_alikes
+from crackseg.data.options import CRACK_FREE_FRACTION, SynthOptions
 from crackseg.data.noise import smooth_noise
 
-CRACK_FREE_FRACTION = 0.15
 LOOK_ALIKE_STREAM = 0x100CA  # third seed word of the look-alikes' own generator, apart from the sample's
 SYNTH_NAME = re.compile(r"images/\d{5,}\.jpg|(masks|truth)/\d{5,}\.png|truth\.json")
 MAX_CRACK_WIDTH = 10.0
@@ -57,26 +57,6 @@ class SynthSample:
     labels: np.ndarray  # (H, W) uint8: 0 background, k on the pixels of cracks[k - 1]
     cracks: list[Crack] = field(default_factory=list)
     look_alikes: list[str] = field(default_factory=list)  # kinds of crackseg.data.distractors drawn, in order
-
-
-@dataclass(frozen=True)
-class SynthOptions:
-    """What a synthetic dataset holds besides its count, size and seed; the defaults give the demo data."""
-
-    truth: bool = False  # also write truth.json and truth/<stem>.png
-    crack_free: float = CRACK_FREE_FRACTION  # chance of an image without cracks, in [0, 1]
-    hard_negatives: bool = False  # 1-4 crack look-alikes on every image, never labelled
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """``"256"`` -> (256, 256); ``"320x480"`` -> (320, 480) as (height, width)."""
-    parts = text.lower().split("x")
-    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
-        raise ValueError(f"size must be N or HxW in pixels, got {text!r}")
-    height, width = int(parts[0]), int(parts[-1])
-    if min(height, width) < 16:
-        raise ValueError(f"size must be at least 16 px, got {text!r}")
-    return height, width
 
 
 def make_sample(

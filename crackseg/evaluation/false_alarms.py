@@ -27,11 +27,6 @@ from scipy import ndimage
 
 from crackseg.evaluation.metrics import bin_of, threshold_index
 
-# The defaults (crackseg.core.config, for the command line too). ALARM_DISTANCE, 10 px: crack benchmarks accept a
-# predicted pixel within 2 to 5 px of a true one, and labels are 2 to 11 px wide: a prediction twice as wide as the
-# widest label, or shifted by such a tolerance, stays within about 6 px of the label. Shadows, joints and stems beside
-# a crack lie further off, so 10 px keeps the figure to alarms a user would call false. ALARM_TILE, 256 px: about
-# what one look at a large photo on a screen takes in.
 DEFINITION = (
     "far alarm pixels: predicted crack pixels (the mask at the operating threshold the other figures use) lying more than "
     "distance_px px (Euclidean) from every true crack pixel, summed over images, per megapixel of all scored images "

@@ -58,10 +58,12 @@ Where crackseg's input differs from the reference's, what is done is stated here
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
-PROTOCOLS = ("crackseg", "scsegamba", "deepsegmentor", "omnicrack")
-REFERENCES = {
+_REFERENCES = {
     "scsegamba": "github.com/Karl1109/SCSegamba @ cc74c4606f03 (test.py, eval/evaluate.py; MixerCSeg's eval/evaluate.py is the same)",
     "deepsegmentor": "github.com/yhlleo/DeepSegmentor @ 57164e680801 (models/deepcrack_model.py, util/util.py, "
                      "eval/prf_metrics.py, eval/segment_metrics.py)",
@@ -73,7 +75,7 @@ TP, FP, FN, TN = range(4)
 # (100, 256): whether 8-bit level L counts as crack at GRID[k], compared in float64 as the references compare.
 _CRACK_AT = ((np.arange(256) / 255)[None, :] > GRID[:, None]).astype(np.int64)
 
-DEFINITIONS = {
+_DEFINITIONS = {
     "scsegamba": {
         "maps": "each image's probability map divided by its maximum and stored as 8 bits: 255 * (p / max p) in float32, "
                 "rounded to nearest, ties to even (OpenCV's imwrite of SCSegamba's test.py); an all-zero map stays 0",
@@ -153,16 +155,27 @@ def centreline_counts(mask: np.ndarray, truth: np.ndarray, tolerance: int = CENT
     return np.array([found, false, int(true.sum()) - found], np.int64)
 
 
+@dataclass(frozen=True)
+class Protocol:
+    """One protocol: what --help says of it; for a literature protocol, one image's counts, the figures summed from
+    every image's (figures, per-image figures, precision-recall curve), the reference code it reproduces, each
+    figure's definition and the per-image figures that put the worst images first. crackseg's own figures come from
+    :mod:`crackseg.evaluation.metrics`."""
+
+    summary: str
+    counts: Callable[[np.ndarray, np.ndarray, float], np.ndarray] | None = None
+    scores: Callable[[list], tuple[dict, list[dict], list[dict] | None]] | None = None
+    reference: str | None = None
+    definitions: dict[str, str] | None = None
+    worst_first: tuple[str, ...] = ()
+
+
 def image_counts(protocol: str, prob, truth, threshold: float) -> np.ndarray:
-    """One image's counts under ``protocol``: (100, 4) for scsegamba and deepsegmentor, (3,) for omnicrack."""
-    prob = np.asarray(prob, np.float32)
-    if protocol == "scsegamba":
-        return grid_counts(scsegamba_levels(prob), truth)
-    if protocol == "deepsegmentor":
-        return grid_counts(deepsegmentor_levels(prob), truth)
-    if protocol == "omnicrack":
-        return centreline_counts(prob >= threshold, truth)
-    raise ValueError(f"no protocol {protocol!r}; one of {', '.join(PROTOCOLS[1:])}")
+    """One image's counts under a literature ``protocol``: (100, 4) for scsegamba and deepsegmentor, (3,) for omnicrack."""
+    counts = PROTOCOLS[protocol].counts if protocol in PROTOCOLS else None
+    if counts is None:
+        raise ValueError(f"no protocol {protocol!r}; one of {', '.join(name for name, p in PROTOCOLS.items() if p.counts)}")
+    return counts(np.asarray(prob, np.float32), truth, threshold)
 
 
 def _ratio(top, bottom) -> np.ndarray:
@@ -239,4 +252,18 @@ def omnicrack_scores(per_image: list[np.ndarray]) -> tuple[dict, list[dict], Non
     return figures, rows, None
 
 
-SCORES = {"scsegamba": scsegamba_scores, "deepsegmentor": deepsegmentor_scores, "omnicrack": omnicrack_scores}
+PROTOCOLS = {
+    "crackseg": Protocol("the figures listed above"),
+    "scsegamba": Protocol(
+        "SCSegamba / MixerCSeg: each map divided by its maximum, per-image F1 averaged for ODS, mIoU per image",
+        lambda prob, truth, threshold: grid_counts(scsegamba_levels(prob), truth), scsegamba_scores,
+        _REFERENCES["scsegamba"], _DEFINITIONS["scsegamba"], ("f1", "best_f1")),
+    "deepsegmentor": Protocol(
+        "DeepCrack: counts summed over images, I/U, G, C at the best of 100 thresholds",
+        lambda prob, truth, threshold: grid_counts(deepsegmentor_levels(prob), truth), deepsegmentor_scores,
+        _REFERENCES["deepsegmentor"], _DEFINITIONS["deepsegmentor"], ("f1", "recall")),
+    "omnicrack": Protocol(
+        "OmniCrack30k: centreline IoU within 4 px",
+        lambda prob, truth, threshold: centreline_counts(prob >= threshold, truth), omnicrack_scores,
+        _REFERENCES["omnicrack"], _DEFINITIONS["omnicrack"], ("cliou",)),
+}

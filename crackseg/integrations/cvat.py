@@ -43,7 +43,7 @@ class CrackDetector:
 
     def __init__(self, checkpoint: Path, threshold: float | None, inference: dict):
         self._cvataa = require("cvat_sdk.auto_annotation", "cvat", "the CVAT auto-annotation function")
-        from crackseg.core.config import InferenceOptions
+        from crackseg.prediction.options import InferenceOptions
         from crackseg.prediction.session import PredictionSession  # loads torch: only once CVAT runs the function
 
         self._session = PredictionSession(checkpoint, InferenceOptions(**inference), threshold)

@@ -22,15 +22,14 @@ import io
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 from PIL import Image
 
-from crackseg.core.version import __version__
 from crackseg.core.errors import InputError, require
 from crackseg.core.files import ensure_writable_folder, link_atomic, temp_path, write_atomic, write_csv
+from crackseg.core.version import __version__
 from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, displayed_size, orientation, read_probability
 from crackseg.labels.formats.coco import coco_document
 from crackseg.labels.formats.cvat import cvat_document
@@ -38,16 +37,10 @@ from crackseg.labels.formats.label_studio import labelstudio_document, stored_up
 from crackseg.labels.formats.labelme import embedded_photo, labelme_document
 from crackseg.labels.formats.reading import read_annotations
 from crackseg.labels.formats.shapes import LabelledImage, paint_all
+from crackseg.labels.options import ImportOptions
 from crackseg.prediction.outputs import PredictionsFolder, read_saved_mask, uncertainty, write_png
 
 DRAWN = ("polygon", "line", "mask")  # shape kinds that become crack pixels; others (rectangles, points) are counted
-
-
-@dataclass(frozen=True)
-class ImportOptions:
-    line_width: int | None = None  # px, for lines without a width of their own; needed when the file has such lines
-    labels: tuple[str, ...] = ("crack",)  # label names that are crack, compared case-insensitively
-    overwrite: bool = False
 
 
 def import_labels(annotations: Path, fmt: str, images: Path, out: Path, options: ImportOptions = ImportOptions()) -> dict:

@@ -14,8 +14,8 @@ weights only) is refused with the command that re-saves it.
 
 Any such file (``best.pt``, ``last.pt``, ``epoch_NNNN.pt``, a converted classic file) is
 enough for :func:`load_model`. Classic crack-segmentation checkpoints are imported by
-:func:`convert_classic`, and torchvision-format encoder files by :func:`load_encoder_weights`.
-Every ``.pt`` file is read by :func:`_load_torch_file`.
+:func:`crackseg.model.classic.convert_classic`, and torchvision-format encoder files by :func:`load_encoder_weights`.
+Every ``.pt`` file is read by :func:`load_torch_file`.
 """
 
 from __future__ import annotations
@@ -24,16 +24,17 @@ import hashlib
 import json
 import math
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from crackseg.core.config import ARCHS, CLASSIC_ENCODERS, OFFLINE_IMAGENET_ENCODERS
 from crackseg.core.errors import InputError
 from crackseg.core.files import ensure_writable_folder, write_atomic
 from crackseg.core.version import __version__
-from crackseg.model.networks import CrackSegModel, build_model, model_from_config
+from crackseg.model.architectures import ARCHITECTURES, CLASSIC, OFFLINE_IMAGENET_ENCODERS
+from crackseg.model.networks import CrackSegModel, model_from_config
 
 FORMAT = "crackseg"
 VERSION = 2  # 2: the checksum covers the model's settings as well as its weights (1: the weights only)
@@ -91,7 +92,7 @@ def read_checkpoint(path: Path, *, resaving: bool = False) -> dict:
             f"{path}: {_EXPORTED[path.suffix.lower()]}, not a crackseg checkpoint; "
             "give the checkpoint (.pt) or safetensors folder it was exported from"
         )
-    payload = _read_pretrained(path) if path.is_dir() else _load_torch_file(path, "checkpoint")
+    payload = _read_pretrained(path) if path.is_dir() else load_torch_file(path, "checkpoint")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         if isinstance(payload, dict) and isinstance(payload.get("model"), dict) and "epoch" in payload:
             raise InputError(f"{path}: a classic crack-segmentation checkpoint; convert it first: crackseg convert {path} --arch ARCH --out model.pt")
@@ -138,9 +139,9 @@ def _config_problem(config: dict) -> str | None:
     if missing or unknown:
         return "model config " + "; ".join(f"{label} {', '.join(keys)}" for label, keys in (("lacks", missing), ("has unknown settings", unknown)) if keys)
     arch, encoder, divisor, threshold = config["arch"], config["encoder"], config["size_divisor"], config["threshold"]
-    if arch not in ARCHS:
-        return f"arch {_short(arch)} is not one of {', '.join(ARCHS)}"
-    implied = CLASSIC_ENCODERS.get(arch)
+    if arch not in ARCHITECTURES:
+        return f"arch {_short(arch)} is not one of {', '.join(ARCHITECTURES)}"
+    implied = CLASSIC.get(arch)
     if implied and encoder != implied:
         return f"encoder {_short(encoder)} is not {implied}, the encoder of {arch}"
     if not implied:
@@ -170,7 +171,7 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _load_torch_file(path: Path, what: str):
+def load_torch_file(path: Path, what: str):
     """The one loader of ``.pt`` files: CPU, ``weights_only=True``, one-line errors naming the file."""
     path = Path(path)
     if not path.is_file():
@@ -306,7 +307,7 @@ def load_encoder_weights(model: CrackSegModel, path: str | Path) -> None:
     Classifier tensors (``fc.*``, ``classifier.*``) that the encoder lacks are ignored;
     anything else missing, unexpected or of another shape is an error naming the file.
     """
-    state = _load_torch_file(path, "encoder weights")
+    state = load_torch_file(path, "encoder weights")
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -328,68 +329,45 @@ def load_encoder_weights(model: CrackSegModel, path: str | Path) -> None:
     encoder.load_state_dict({key: state[key] for key in expected}, strict=True)
 
 
-def training_state(optimizer: torch.optim.Optimizer, scheduler, scaler: torch.amp.GradScaler) -> dict:
-    """What a resume needs besides the weights: optimizer, learning-rate schedule, AMP scaler."""
-    return {
+@dataclass
+class RunRecord:
+    """What a training checkpoint records of its run besides the model: where the run stands and how it was set up."""
+
+    global_step: int
+    best: dict  # {"metric", "score", "epoch"}
+    metrics: dict | None  # the epoch's validation figures, None without validation
+    options: dict  # TrainConfig, as given
+    resolved: dict  # the values derived from it
+    split: dict[str, list[str]]
+    seed: int
+
+
+def training_state(optimizer: torch.optim.Optimizer, scheduler, scaler: torch.amp.GradScaler, record: RunRecord,
+                   averaged: tuple[nn.Module, nn.Module] | None = None) -> dict:
+    """What a resume needs besides the model entry: optimizer, learning-rate schedule, AMP scaler, the ``record``; with
+    ``averaged`` = (EMA, the model being trained), the trained weights too, since the model entry holds the average."""
+    state = {
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+        "global_step": record.global_step,
+        "best": record.best,
+        "metrics": record.metrics,
+        "config": {"options": record.options, "resolved": record.resolved},
+        "split": record.split,
+        "rng": {"scheme": "torch, numpy and random seeded per epoch from (seed, epoch, rank)", "seed": record.seed},
     }
+    if averaged is not None:
+        ema, live = averaged
+        state |= {"live_weights": {k: v.detach().cpu() for k, v in live.state_dict().items()}, "ema_updates": int(ema.n_averaged)}
+    return state
 
 
-def restore_training_state(payload: dict, optimizer: torch.optim.Optimizer, scheduler, scaler: torch.amp.GradScaler) -> None:
-    """Put back what :func:`training_state` saved."""
+def restore_training_state(payload: dict, optimizer: torch.optim.Optimizer, scheduler,
+                           scaler: torch.amp.GradScaler) -> tuple[int, int, dict]:
+    """Put back what :func:`training_state` saved; returns the epoch to start at, the global step and the best score."""
     optimizer.load_state_dict(payload["optimizer"])
     scheduler.load_state_dict(payload["scheduler"])
     if payload.get("scaler"):
         scaler.load_state_dict(payload["scaler"])
-
-
-def convert_classic(source: Path, arch: str, out: Path, threshold: float = 0.2, overwrite: bool = False) -> CrackSegModel:
-    """Turn a classic ``{'model': state_dict, 'epoch', 'valid_loss', ...}`` file into a crackseg model file.
-
-    Every tensor must match ``arch`` by name and shape. ``threshold`` defaults to 0.2, the
-    classic inference script's default.
-    """
-    if arch not in CLASSIC_ENCODERS:
-        raise InputError(f"--arch must be a classic architecture ({', '.join(CLASSIC_ENCODERS)}), got {arch!r}")
-    if Path(out).is_dir():
-        raise InputError(f"--out {out}: is a folder; give the model file's name, e.g. {Path(out) / 'model.pt'}")
-    if Path(out).exists() and not overwrite:
-        raise InputError(f"{out} already exists; choose another --out or pass --overwrite")
-    ensure_writable_folder(Path(out).parent, "--out")
-    classic = _load_torch_file(source, "checkpoint")
-    if isinstance(classic, dict) and classic.get("format") == FORMAT:
-        read_checkpoint(source)  # an older or damaged one: the error that says what to do with it
-        raise InputError(f"{source}: already a crackseg model file; predict, evaluate and --init take it as it is")
-    state = classic.get("model") if isinstance(classic, dict) else None
-    if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
-        raise InputError(f"{source}: not a classic checkpoint (no 'model' state dict of tensors inside)")
-    state = {key.removeprefix("module."): value for key, value in state.items()}
-
-    model = build_model(arch=arch)
-    expected = model.net.state_dict()
-    if state.keys() != expected.keys() or any(state[k].shape != expected[k].shape for k in expected):
-        holds = next((name for name in CLASSIC_ENCODERS if _classic_shapes(name) == {k: v.shape for k, v in state.items()}), None)
-        if holds:
-            raise InputError(f"{source}: holds a {holds} model, not the {arch} that was asked for (--arch {holds})")
-        missing = sorted(expected.keys() - state.keys())
-        detail = f"; missing e.g. {missing[0]}" if missing else ""
-        raise InputError(f"{source}: its {len(state)} tensors do not match {arch} ({len(expected)} tensors) by name and shape{detail}")
-    model.net.load_state_dict(state, strict=True)
-    model.threshold = threshold
-    source_info = {key: _plain(value) for key, value in classic.items() if key != "model"}
-    save_model(model, Path(out), converted_from={"path": str(source), **source_info})
-    return model.eval()
-
-
-def _classic_shapes(arch: str) -> dict:
-    with torch.device("meta"):  # shapes only: no memory, no initialization
-        return {key: value.shape for key, value in build_model(arch=arch).net.state_dict().items()}
-
-
-def _plain(value):
-    """Tensors in classic metadata (e.g. ``train_loss``) become numbers or lists."""
-    if isinstance(value, torch.Tensor):
-        return value.item() if value.numel() == 1 else value.tolist()
-    return value
+    return payload["epoch"] + 1, payload["global_step"], payload["best"]

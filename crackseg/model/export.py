@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from crackseg.core.config import EXPORT_FORMATS
 from crackseg.core.errors import InputError, require
 from crackseg.core.files import PendingFile, ensure_writable_folder, write_atomic
 from crackseg.core.version import __version__
 from crackseg.model.checkpoint import load_model, save_pretrained
 from crackseg.model.networks import CrackSegModel
+from crackseg.model.options import EXPORT_FORMATS
 from crackseg.model.runtimes import CHECKSUM, INPUT, OUTPUT, exported_digest
 
 OPSET = 17
@@ -56,17 +56,11 @@ def export_model(checkpoint: Path, fmt: str, out: Path, overwrite: bool = False)
 def write_exported(model: CrackSegModel, fmt: str, out: Path) -> Path:
     """Write an in-memory model as ``fmt`` to ``out`` (replacing it); see :func:`export_model`."""
     out = Path(out)
-    if fmt == "safetensors":
-        save_pretrained(model, out)
-        return out
-    if out.is_dir():
-        raise InputError(f"--out {out}: is a folder; give the file's name, e.g. {out / ('model.onnx' if fmt == 'onnx' else 'model.xml')}")
-    ensure_writable_folder(out.parent, "--out")
-    onnx_bytes = _onnx_bytes(model)
-    if fmt == "onnx":
-        write_atomic(out, onnx_bytes)
-    else:
-        _write_openvino(onnx_bytes, model, out)
+    if fmt != "safetensors":
+        if out.is_dir():
+            raise InputError(f"--out {out}: is a folder; give the file's name, e.g. {out / ('model.onnx' if fmt == 'onnx' else 'model.xml')}")
+        ensure_writable_folder(out.parent, "--out")
+    _WRITERS[fmt](model, out)
     return out
 
 
@@ -117,10 +111,14 @@ def _onnx_bytes(model: CrackSegModel) -> bytes:
     return graph.SerializeToString()
 
 
-def _write_openvino(onnx_bytes: bytes, model: CrackSegModel, out: Path) -> None:
+def _write_onnx(model: CrackSegModel, out: Path) -> None:
+    write_atomic(out, _onnx_bytes(model))
+
+
+def _write_openvino(model: CrackSegModel, out: Path) -> None:
     """IR stored in float32 (``compress_to_fp16=False``): the precision it computes in is chosen when loading (``--amp``)."""
     ov = require("openvino", "openvino")
-    converted = ov.convert_model(io.BytesIO(onnx_bytes))
+    converted = ov.convert_model(io.BytesIO(_onnx_bytes(model)))
     info = metadata(model)
     for key, value in info.items():
         converted.set_rt_info(value, ["crackseg", key])
@@ -139,3 +137,9 @@ def _write_openvino(onnx_bytes: bytes, model: CrackSegModel, out: Path) -> None:
         except BaseException:
             weights.abort()
             raise
+
+
+# EXPORT_FORMATS' writers: (model, out) -> the files at ``out``
+_WRITERS = {"onnx": _write_onnx, "openvino": _write_openvino, "safetensors": save_pretrained}
+if set(_WRITERS) != set(EXPORT_FORMATS):  # model.options names them for --format, this table writes them
+    raise ImportError("crackseg.model.export's writers and crackseg.model.options.EXPORT_FORMATS disagree")

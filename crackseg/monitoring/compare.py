@@ -14,7 +14,7 @@ Written to ``--out`` (:mod:`crackseg.monitoring.comparison_folder`): ``changes.c
 crack), ``pairs.csv`` (a row per pair, and per image present on one side only), ``summary.json``;
 with ``--vectors`` a change layer per pair, with ``--report`` report.html; with ``--register``
 the site's crack register (:mod:`crackseg.monitoring.history`) is extended. What can be refused
-is refused before any work. BEFORE, AFTER and ``--out`` may be s3:// prefixes (:mod:`crackseg.monitoring.remote`): the
+is refused before any work. BEFORE, AFTER and ``--out`` may be s3:// prefixes (:mod:`crackseg.core.staging`): the
 run works on local copies, and what it writes names the URLs.
 """
 
@@ -27,17 +27,19 @@ from pathlib import Path
 from tqdm import tqdm
 
 from crackseg.core.errors import InputError, require
-from crackseg.core.storage import is_url
+from crackseg.core.files import read_csv, write_csv
+from crackseg.core.staging import StagedFolder, StagedSources, inside
+from crackseg.core.storage import shown_location
 from crackseg.cracks.widths import WidthClasses
 from crackseg.monitoring import changes, history
-from crackseg.monitoring.comparison_folder import ComparisonFolder
+from crackseg.monitoring.comparison_folder import ComparisonFolder, writes_at
 from crackseg.monitoring.options import CompareOptions
 from crackseg.monitoring.pair import FAILED, PAIR_FAILURES, PairOutcome, RegisterRecords, compare_pair, map_facts_of
 from crackseg.monitoring.registration import UNREGISTERED
-from crackseg.monitoring.remote import Staging, refuse_out_in_inspection_urls
 from crackseg.monitoring.visits import Shot, pair_shots, read_visit, survey_dates
 
 ONLY_BEFORE, ONLY_AFTER = "only before", "only after"
+_INSPECTION = "an inspection (a predict output folder or a dataset)"
 
 
 @dataclass
@@ -55,52 +57,68 @@ class Comparison:
             self.register.extend(outcome.register)
 
 
-def compare_inspections(before: Path | str, after: Path | str, out: Path | str, options: CompareOptions) -> dict:
-    """Compare two inspections and write the outputs to ``out``; returns the summary. Each of the three may be an s3://
-    prefix (:mod:`crackseg.monitoring.remote`: staged locally, the outputs naming the URLs)."""
+def compare_inspections(options: CompareOptions) -> dict:
+    """Compare two inspections and write the outputs to ``options.out``; returns the summary. BEFORE, AFTER and --out
+    may each be an s3:// prefix: staged locally (:mod:`crackseg.core.staging`), the outputs naming the URLs."""
     _require_geo(options)
-    if is_url(str(out)):
-        refuse_out_in_inspection_urls(str(out), str(before), str(after))
-    elif not is_url(str(before)) or not is_url(str(after)):
-        _refuse_out_in_inspections(Path(out), [(flag, Path(side)) for flag, side in (("BEFORE", before), ("AFTER", after))
-                                               if not is_url(str(side))])
-    with Staging(str(before), str(after), str(out), options.overwrite) as staged:
+    for flag, side in (("BEFORE", options.before), ("AFTER", options.after)):
+        if inside(options.out, side):
+            raise InputError(f"--out {shown_location(options.out)}: lies in the {flag} inspection {shown_location(side)}, whose "
+                             "summary.json and report.html it would replace; choose one outside both inspections")
+    out = StagedFolder(options.out, "compare", "comparisons", without_lock="write --out to a local folder and copy it up")
+    with out, StagedSources("compare") as sources:
+        def shown(text: str) -> str:
+            return sources.shown(out.shown_text(text))
+
         try:
-            summary = _compare(staged.before, staged.after, staged.out, options, staged.shown)
-            staged.upload()
+            out.prepare(writes_at)  # the lock, and in a store its listing, before any download
+            before, after = (sources.folder(side, flag, _INSPECTION, lambda copy: _stage_photos(copy, sources))
+                             for flag, side in (("BEFORE", options.before), ("AFTER", options.after)))
+            summary = _compare(before, after, ComparisonFolder(out, options.vectors, options.register), options, shown)
+            out.finish()
         except InputError as error:  # a message naming a staged copy names its URL
-            if staged.shown(str(error)) == str(error):
+            if shown(str(error)) == str(error):
                 raise
-            raise InputError(staged.shown(str(error))) from None
+            raise InputError(shown(str(error))) from None
     return summary
 
 
-def _compare(before: Path, after: Path, out: Path, options: CompareOptions, shown: Callable[[str], str]) -> dict:
+def _stage_photos(inspection: Path, sources: StagedSources) -> None:
+    """The photos a staged predictions folder names by URL (predict read them from the store), downloaded, and the staged
+    predictions.csv pointed at them. A GeoTIFF is not: compare places a raster by its mask and never reads its pixels
+    (it would be downloaded whole), so it keeps its URL, which names it in the outputs."""
+    table = inspection / "predictions.csv"
+    if not table.is_file():
+        return
+    rows = read_csv(table)
+    for row in rows:
+        if row.get("path"):
+            row["path"] = str(sources.file(row["path"], lambda name: Path(name).suffix.lower() not in (".tif", ".tiff")))
+    write_csv(table, rows)
+
+
+def _compare(before: Path, after: Path, outputs: ComparisonFolder, options: CompareOptions, shown: Callable[[str], str]) -> dict:
     """The run on local folders; ``shown`` names a staged folder by its URL in what is written."""
-    classes = WidthClasses.parse(options.width_classes) if options.width_classes else None
+    classes = options.scale.classes()
     visits = read_visit(before, "BEFORE"), read_visit(after, "AFTER")
     paired, alone = pair_shots(*visits, options.pairs)
-    known = _require_pixel_sizes(paired) if classes is not None and options.px_size is None else {}
+    known = _require_pixel_sizes(paired) if classes is not None and options.scale.px_size is None else {}
     surveys = _surveys(before, after, visits, options, _register_crs(paired, known), shown) if options.register else None
-    outputs = ComparisonFolder(out, options.vectors, options.register)
     outputs.prepare(options.overwrite, [shot.name for _, shot in paired])
-    try:
-        found = Comparison()
-        for index, pair in enumerate(tqdm(paired, desc="compare", unit="pair", disable=len(paired) < 2)):
-            found.add(compare_pair(index, pair, options, classes, outputs, known))
-        for side, shot in alone:
-            found.pairs.append({"pair": len(found.pairs), f"name_{side}": shot.name, f"path_{side}": str(shot.photo or shot.mask),
-                                "status": ONLY_BEFORE if side == "before" else ONLY_AFTER})
-        for row in found.pairs + found.changes:
-            row.update({key: shown(value) for key, value in row.items() if isinstance(value, str)})
-        summary = _summary(shown(str(before)), shown(str(after)), found, options, classes)
-        outputs.write_tables(found.pairs, found.changes, summary, options.report)
-        outputs.remove_stale()
-        if options.register:
-            summary["register"] = _append_to_register(options.register, surveys, found, summary["registered"], classes)
-            outputs.write_summary(summary)
-    finally:
-        outputs.release()
+    found = Comparison()
+    for index, pair in enumerate(tqdm(paired, desc="compare", unit="pair", disable=len(paired) < 2)):
+        found.add(compare_pair(index, pair, options, classes, outputs, known))
+    for side, shot in alone:
+        found.pairs.append({"pair": len(found.pairs), f"name_{side}": shot.name, f"path_{side}": str(shot.photo or shot.mask),
+                            "status": ONLY_BEFORE if side == "before" else ONLY_AFTER})
+    for row in found.pairs + found.changes:
+        row.update({key: shown(value) for key, value in row.items() if isinstance(value, str)})
+    summary = _summary(shown(str(before)), shown(str(after)), found, options, classes)
+    outputs.write_tables(found.pairs, found.changes, summary, options.report)
+    outputs.remove_stale()
+    if options.register:
+        summary["register"] = _append_to_register(options.register, surveys, found, summary["registered"], classes)
+        outputs.write_summary(summary)
     return summary
 
 
@@ -110,17 +128,6 @@ def _require_geo(options: CompareOptions) -> None:
     if flag:
         for module in ("shapely", "pyogrio"):
             require(module, "geo", flag)
-
-
-def _refuse_out_in_inspections(out: Path, inspections: list[tuple[str, Path]]) -> None:
-    """--out inside an inspection would mix with its files: a predictions folder's summary.json and report.html are replaced.
-    ``inspections``: (flag, folder) of BEFORE and AFTER, those of them that are local folders."""
-    target = out.resolve()
-    for flag, folder in inspections:
-        inspection = Path(folder).resolve()
-        if target == inspection or target.is_relative_to(inspection):
-            raise InputError(f"--out {out}: lies in the {flag} inspection {folder}, whose summary.json and report.html it would "
-                             "replace; choose a folder outside both inspections")
 
 
 def _require_pixel_sizes(paired: list[tuple[Shot, Shot]]) -> dict[Path, bool]:
@@ -175,7 +182,7 @@ def _summary(before: str, after: str, found: Comparison, options: CompareOptions
         "only_before": names(ONLY_BEFORE, "before"),
         "only_after": names(ONLY_AFTER),
         "cracks": changes.count_statuses(row["status"] for row in found.changes),
-        "px_size_mm": options.px_size,
+        "px_size_mm": options.scale.px_size,
         "transform": options.transform,
     }
     if classes is not None:  # changes.csv's class columns are those of the width the standard grades

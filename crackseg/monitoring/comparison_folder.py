@@ -2,8 +2,9 @@
 
 ``changes.csv`` (a row per crack), ``pairs.csv`` (a row per pair, and per image present on one side
 only), ``summary.json``; with ``--vectors`` a change layer per pair under ``vectors/`` (styled for QGIS by status), with
-``--report`` report.html and its pictures under ``report/``. One compare at a time (its
-:class:`~crackseg.core.locks.FolderLock`), nothing of an earlier compare replaced unasked, and with
+``--report`` report.html and its pictures under ``report/``. It is written through a
+:class:`~crackseg.core.staging.StagedFolder` (one compare at a time; an --out in object storage staged locally, the
+earlier compare's outputs downloaded to be decided on as local ones), nothing of an earlier compare replaced unasked, and with
 ``--overwrite`` none of the earlier compare's files left beside the new ones. Only compare's own files are
 claimed: a crack register kept in the folder (named by ``--register`` or not) and any other GeoPackage that is
 not a change layer are never replaced or removed.
@@ -18,8 +19,8 @@ from contextlib import closing
 from pathlib import Path, PurePosixPath
 
 from crackseg.core.errors import InputError
-from crackseg.core.files import ensure_writable_folder, remove_orphan_temps, write_atomic, write_csv
-from crackseg.core.locks import FolderLock
+from crackseg.core.files import remove_orphan_temps, write_atomic, write_csv
+from crackseg.core.staging import StagedFolder
 from crackseg.cracks.styles import categorized_style
 from crackseg.cracks.vectors import FORMATS, layer_files, write_features
 from crackseg.monitoring.report import STATUS_COLOURS, write_change_report
@@ -48,36 +49,31 @@ def writes_at(key: str) -> bool:
 class ComparisonFolder:
     """The files of a comparison folder, their writing, and the folder's preparation."""
 
-    def __init__(self, root: Path, vectors: str | None, register: Path | None = None):
-        self.root = Path(root)
+    def __init__(self, staged: StagedFolder, vectors: str | None, register: Path | None = None):
+        self.staged, self.root = staged, staged.root
         self.register = register  # the site's crack register (--register), which may lie in the folder: never this folder's
         self.changes_csv, self.pairs_csv = self.root / "changes.csv", self.root / "pairs.csv"
         self.summary_json, self.report_html = self.root / "summary.json", self.root / "report.html"
         self.vectors_format = vectors
         self.written: set[Path] = set()
         self._earlier: list[Path] = []  # outputs of an earlier compare found by prepare
-        self._lock = FolderLock(self.root, "comparison", "--out")
 
     def prepare(self, overwrite: bool, layers: Iterable[str] = ()) -> None:
-        """Before any work: refuse a register that is one of the files this compare writes (``layers``: the names of the
-        change layers it may write), take the folder's lock, refuse an earlier compare's outputs unless ``overwrite``,
-        clear the temp files an interrupted compare left. The caller calls :meth:`release` at the end."""
-        self._refuse_register_among_outputs(layers)
-        ensure_writable_folder(self.root, "--out")
-        self._lock.acquire()
+        """Before any work, in the prepared staged folder (locked; an earlier compare's outputs in a store downloaded, see
+        :func:`writes_at`): refuse a register that is one of the files this compare writes (``layers``: the names of the
+        change layers it may write), refuse an earlier compare's outputs unless ``overwrite``, clear the temp files an
+        interrupted compare left. The caller releases the staged folder at the end."""
         try:
+            self._refuse_register_among_outputs(layers)
             self._earlier = [path for path in self._outputs_here() if self._claims(path)]
             if self._earlier and not overwrite:
-                raise InputError(f"{self._earlier[0]} already exists; choose another --out or pass --overwrite")
+                raise InputError(f"{self.staged.shown(self._earlier[0])} already exists; choose another --out or pass --overwrite")
             below = [path for sub in ("vectors", "report") for path in (self.root / sub, *(self.root / sub).rglob("*"))]
             for folder in [self.root, *(path for path in below if path.is_dir())]:
                 remove_orphan_temps(folder)
         except BaseException:
-            self._lock.release()
+            self.staged.release()
             raise
-
-    def release(self) -> None:
-        self._lock.release()
 
     def write_layer(self, name: str, rows: list[dict], geometries: list, crs: str | None) -> None:
         path = self._layer_path(name)

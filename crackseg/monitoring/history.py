@@ -23,9 +23,10 @@ The register is extended in place, in one SQLite write transaction (BEGIN IMMEDI
 client writes it, so QGIS may hold it open (WAL mode or not) and an error, a kill or a power loss leaves it as it
 was. Rows are written as GDAL writes them (GeoPackage geometry blobs; the R-tree kept by the file's own triggers,
 whose ST_* functions :mod:`crackseg.cracks.vectors` defines), gpkg_contents and gpkg_ogr_contents kept right; a new register is built
-under a temporary name, then renamed. Another program's write transaction is waited for :data:`BUSY_TIMEOUT_S`,
-then reported busy; a second compare is kept out by a lock file beside the register (``.<name>.lock``,
-:class:`crackseg.core.locks.FileLock`), taken over when the compare that left it was killed on this host.
+under a temporary name, then renamed. Another program's write transaction is waited for
+:data:`crackseg.monitoring.register_file.BUSY_TIMEOUT_S`, then reported busy; a second compare is kept out by a lock
+file beside the register, taken over when the compare that left it was killed on this host (the file's lock, checks
+and transaction: :mod:`crackseg.monitoring.register_file`).
 
 Needs the geo extra: ``pip install 'crackseg[geo]'``.
 """
@@ -36,30 +37,25 @@ import math
 import os
 import re
 import sqlite3
-import stat
-import tempfile
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import date as calendar_date
-from glob import escape
 from pathlib import Path
 
 import numpy as np
 
 from crackseg.core.errors import InputError, require
-from crackseg.core.files import TEMP_MARK, PendingFile, cell_number, readable, temp_path
+from crackseg.core.files import PendingFile, cell_number, readable
 from crackseg.core.locks import FileLock
 from crackseg.cracks.styles import width_class_style
-from crackseg.cracks.vectors import define_gpkg_functions, gpkg_envelope, gpkg_geometry_blob, write_layer, write_styles
+from crackseg.cracks.vectors import gpkg_envelope, gpkg_geometry_blob, write_layer, write_styles
 from crackseg.cracks.widths import WidthClasses
+from crackseg.monitoring.register_file import APPENDING, BUSY_TIMEOUT_S, check_writable, locked, register_error, transaction
 
-BUSY_TIMEOUT_S = 5.0  # how long another program's write transaction is waited for before the register is reported busy
 _MEASURES = ("length_px", "mean_width_px", "max_width_px", "length_mm", "mean_width_mm", "max_width_mm")
 _CLASSES = ("max_width_class", "mean_width_class")  # a crack has the one of the width its standard grades
 _TABLES = ("surveys", "cracks", "links")
 _SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
-_APPENDING = "another crackseg compare is appending to it"
 
 # Parameters :date (YYYY-MM-DD), :image and :crack name the crack in the survey of that date; the rows are that
 # crack and its successors in every later survey (a split crack has several on a date), with the change since
@@ -107,11 +103,11 @@ def append_comparison(register: Path, before: Survey, after: Survey, cracks: tup
     """
     register = Path(register)
     _check_dates(before, after)
-    _check_writable(register)
-    with _locked(register):
+    check_writable(register)
+    with locked(register):
         if not register.exists():
             return _create(register, (before, after), cracks, links, crs, classes)
-        with _transaction(register, register) as db:
+        with transaction(register, register) as db:
             return _append(db, register, (before, after), cracks, links, crs)
 
 
@@ -126,10 +122,10 @@ def check_append(register: Path, before: Survey, after: Survey, crs: frozenset |
     if len(crs) > 1:
         raise InputError(f"--register {register}: the pairs lie in several CRSs or mix photos and rasters "
                          f"({', '.join(sorted(map(str, crs)))}); a register holds one site in one CRS")
-    _check_writable(register)
-    FileLock(register, _APPENDING).check()
+    check_writable(register)
+    FileLock(register, APPENDING).check()
     if register.exists():
-        with _transaction(register, register, write=False) as db:  # takes the write lock: a busy register is told now
+        with transaction(register, register, write=False) as db:  # takes the write lock: a busy register is told now
             _check_surveys(register, _registered_surveys(db), before, after)
             for one in crs:
                 _check_crs(register, _registered_crs(db), one)
@@ -144,76 +140,7 @@ def width_history(register: Path, date: str, image: str, crack: int) -> list[dic
             db.row_factory = sqlite3.Row
             return [dict(row) for row in db.execute(WIDTH_HISTORY, {"date": date, "image": image, "crack": crack})]
     except sqlite3.DatabaseError as error:
-        raise _register_error(register, error) from None
-
-
-@contextmanager
-def _locked(register: Path) -> Iterator[None]:
-    """Hold ``.<name>.lock`` beside ``register`` while appending (taking over one that a dead process left), and remove
-    the temporary registers a killed compare left (a new one being built, an older crackseg's working copy)."""
-    register.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(register, _APPENDING)
-    lock.acquire()
-    try:
-        prefix = temp_path(register, "", ".gpkg").name[:-len(f"{TEMP_MARK}.gpkg")]  # ".<name, cut as temp_path cuts it>."
-        for leftover in register.parent.glob(f"{escape(prefix)}*{TEMP_MARK}.gpkg*"):
-            leftover.unlink(missing_ok=True)
-        yield
-    finally:
-        lock.release()
-
-
-def _check_writable(register: Path) -> None:
-    """The register is extended in place and SQLite writes its journal (or WAL) beside it: both must be writable."""
-    if register.exists() and not register.is_file():
-        raise InputError(f"--register {register}: is not a file; give a GeoPackage file")
-    folder = next(parent for parent in register.parents if parent.exists())
-    try:
-        with tempfile.TemporaryFile(dir=folder):  # a read-only mount, or a folder without write permission
-            pass
-    except OSError as error:
-        raise InputError(f"{register}: its folder {folder} cannot be written ({error.strerror or error}), and SQLite writes its "
-                         "journal beside the register; give a register in a writable folder") from None
-    mode = stat.S_IMODE(register.stat().st_mode) if register.exists() else None
-    if mode is not None and (not mode & 0o222 or not os.access(register, os.W_OK)):  # no write bit: read-only even for root
-        who = "" if not mode & 0o222 else ", not writable by this user"
-        raise InputError(f"{register}: is read-only (mode {mode:04o}{who}); the register is extended in place: make it writable "
-                         "(chmod u+w) or give another --register")
-
-
-@contextmanager
-def _transaction(path: Path, register: Path, write: bool = True) -> Iterator[sqlite3.Connection]:
-    """A write transaction on the GeoPackage ``path`` (BEGIN IMMEDIATE, then COMMIT, or ROLLBACK on an error or
-    when not ``write``); SQLite's errors name ``register``, "database is locked" as busy."""
-    try:
-        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=rw", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-    except sqlite3.Error as error:
-        raise _register_error(register, error) from None
-    with closing(db):
-        define_gpkg_functions(db)
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            yield db
-            db.execute("COMMIT" if write else "ROLLBACK")
-        except BaseException as error:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            if isinstance(error, sqlite3.Error):
-                raise _register_error(register, error) from None
-            raise
-
-
-def _register_error(register: Path, error: sqlite3.Error) -> Exception:
-    """SQLite's error as the user's: busy (another program writes), unwritable, or not a register; a full disk is the machine's."""
-    code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF  # the primary result code
-    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-        return InputError(f"{register}: busy: another program is writing to it (SQLite: {error}, after {BUSY_TIMEOUT_S:g} s); "
-                          "wait until it has saved its edits (QGIS: save or discard the layer's edits) and run again")
-    if code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM):
-        return InputError(f"{register}: cannot be written ({error}); give a register in a writable file and folder")
-    if code in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR):
-        return OSError(f"{register}: {error}")
-    return InputError(f"{register}: not a crack register ({error}); give a register written by crackseg compare, or a new file name")
+        raise register_error(register, error) from None
 
 
 def _check_dates(before: Survey, after: Survey) -> None:
@@ -244,7 +171,7 @@ def _create(register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[d
         write_layer(pending.temp, "cracks", _crack_columns([]), np.array([], dtype=object), crs, append=True, named=register)
         write_layer(pending.temp, "links", _link_columns([], {}, {}), append=True, named=register)
         write_styles(pending.temp, {"cracks": width_class_style(classes)}, named=register)
-        with _transaction(pending.temp, register) as db:
+        with transaction(pending.temp, register) as db:
             added = _append(db, register, surveys, cracks, links, crs, check_crs=False)  # made in crs
         with open(pending.temp, "rb") as file:
             os.fsync(file.fileno())

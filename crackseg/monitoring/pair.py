@@ -30,7 +30,7 @@ from crackseg.cracks.vectors import centrelines, skeleton_links
 from crackseg.cracks.widths import WidthClasses, in_mm
 from crackseg.data.images import DECODE_ERRORS, crack_mask, crack_pixels, describe_error, displayed_size, image_pixels
 from crackseg.data.rasters import MapFacts, map_facts, open_on_map
-from crackseg.monitoring import changes
+from crackseg.monitoring import changes, date_cracks
 from crackseg.monitoring.options import CompareOptions
 from crackseg.monitoring.registration import UNREGISTERED, Alignment, align_by_map, register_photo_files
 from crackseg.monitoring.report import STATUS_COLOURS, change_picture
@@ -53,12 +53,12 @@ class Side:
     mask: np.ndarray
     georef: tuple[tuple, str] | None = None  # (geotransform, CRS)
     own_mm: float | None = None  # mm per pixel from the raster's georeferencing; None for photos and rasters without a scale
-    cracks: changes.DateCracks | None = None
+    cracks: date_cracks.DateCracks | None = None
 
     def measure(self) -> None:
         """Measure the cracks as predict measured them, so that ids are those of its cracks.csv."""
-        self.cracks = changes.measure_date(self.mask, self._px(self.shot.join_gap_px, self.shot.join_gap_mm),
-                                           self._px(self.shot.min_length_px, self.shot.min_length_mm))
+        self.cracks = date_cracks.measure_date(self.mask, self._px(self.shot.join_gap_px, self.shot.join_gap_mm),
+                                               self._px(self.shot.min_length_px, self.shot.min_length_mm))
 
     def _px(self, px: float | None, mm: float | None) -> float:
         if px is not None:
@@ -149,10 +149,10 @@ def _registered_pair(row: dict, sides: tuple[Side, Side], alignment: Alignment, 
     after.measure()
     tolerance = changes.MATCH_TOLERANCE_PX + alignment.error_px
     matched = changes.match(before.cracks, after.cracks, alignment, tolerance)
-    rows = [_change_row(row, change, sides, options.px_size, classes) for change in matched]
+    rows = [_change_row(row, change, sides, options.scale.px_size, classes) for change in matched]
     row = row | {"tolerance_px": round(tolerance, 3)} | changes.count_statuses(row["status"] for row in rows) | {
         "length_px_before": round(sum(c.length_px for c in before.cracks.cracks), 2),
-        "length_px_after": round(sum(c.length_px for c in after.cracks.cracks), 2)} | _pair_growth(matched, after, options.px_size)
+        "length_px_after": round(sum(c.length_px for c in after.cracks.cracks), 2)} | _pair_growth(matched, after, options.scale.px_size)
     lines = (before.lines(), after.lines()) if options.vectors or options.register else None
     try:
         if options.report:
@@ -162,7 +162,7 @@ def _registered_pair(row: dict, sides: tuple[Side, Side], alignment: Alignment, 
     except OSError as error:  # writing --out (a full disk): not this pair's doing, and every later pair would fail alike
         where = f"{error.filename}: " if error.filename else ""
         raise RunError(f"{where}{error.strerror or error}") from None
-    register = _register_records(sides, matched, lines, options.px_size, classes) if options.register else None
+    register = _register_records(sides, matched, lines, options.scale.px_size, classes) if options.register else None
     return PairOutcome(row, [change | {"pair": row["pair"]} for change in rows], register)
 
 

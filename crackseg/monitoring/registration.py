@@ -17,15 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import skimage.transform
 from PIL import Image
 from scipy import ndimage
 from skimage.feature import ORB, match_descriptors
 from skimage.measure import ransac
-from skimage.transform import AffineTransform, ProjectiveTransform, SimilarityTransform
 
 from crackseg.core.errors import InputError
 from crackseg.data.images import DECODE_ERRORS, describe_error, orientation
 from crackseg.data.rasters import rasterio
+from crackseg.monitoring.options import TRANSFORMS
 
 REGISTERED, UNREGISTERED = "registered", "unregistered"
 
@@ -56,12 +57,6 @@ SCALE_RANGE = (0.5, 2.0)  # AFTER px per BEFORE px on the reduced copies: the ca
 # photo more than the other: up to 1.5x (a camera turned about 50 degrees further from the surface's normal).
 MAX_OBLIQUITY = 1.5
 
-_MODELS = {  # name -> transform, matches that determine it
-    "similarity": (SimilarityTransform, 2),
-    "affine": (AffineTransform, 3),
-    "homography": (ProjectiveTransform, 4),
-}
-_NAMES = {transform_class: name for name, (transform_class, _) in _MODELS.items()}
 # EXIF orientation -> how stored (x, y) turn into displayed (x', y'), the linear part; see _display_matrix
 _ORIENTATIONS = {1: ((1, 0), (0, 1)), 2: ((-1, 0), (0, 1)), 3: ((-1, 0), (0, -1)), 4: ((1, 0), (0, -1)),
                  5: ((0, 1), (1, 0)), 6: ((0, -1), (1, 0)), 7: ((0, -1), (-1, 0)), 8: ((0, 1), (-1, 0))}
@@ -161,8 +156,8 @@ def register_photos(before: np.ndarray, after: np.ndarray, model: str = "similar
     The matrix maps BEFORE (col, row) to AFTER (col, row) in these arrays' pixels; an unreliable
     result comes back ``unregistered`` with the reason, never as a wrong alignment.
     """
-    if model not in _MODELS:
-        raise InputError(f"registration model {model!r}: choose one of {', '.join(_MODELS)}")
+    if model not in TRANSFORMS:
+        raise InputError(f"registration model {model!r}: choose one of {', '.join(TRANSFORMS)}")
     method = f"orb-{model}"
     found = [_features(grey) for grey in (before, after)]
     fewest = min(len(points) for points, _ in found)
@@ -173,7 +168,7 @@ def register_photos(before: np.ndarray, after: np.ndarray, model: str = "similar
     if len(pairs) < MIN_INLIERS:
         return _unregistered(method, f"{len(pairs)} feature matches, {MIN_INLIERS} needed")
     source, target = points_before[pairs[:, 0]], points_after[pairs[:, 1]]
-    transform_class, samples = _MODELS[model]
+    transform_class, samples = getattr(skimage.transform, TRANSFORMS[model].skimage_class), TRANSFORMS[model].samples
     fitted, agree = ransac((source, target), transform_class, min_samples=samples, residual_threshold=RANSAC_THRESHOLD,
                            max_trials=RANSAC_TRIALS, stop_probability=0.999, rng=0)
     count = int(agree.sum()) if agree is not None else 0
@@ -230,7 +225,7 @@ def _doubt(fitted, share: float, residual: float, disagreement: float, shape: tu
     if implausible:
         return implausible
     if disagreement > MAX_DISAGREEMENT:
-        return (f"the matches do not pin the {_NAMES[type(fitted)]} down: halves of them place points "
+        return (f"the matches do not pin the {_transform_name(fitted)} down: halves of them place points "
                 f"{disagreement:.1f} px apart, {MAX_DISAGREEMENT} px allowed")
     return ""
 
@@ -352,3 +347,7 @@ def _same_crs(first: str | None, second: str | None) -> bool:
 
 def _one_line(crs: str | None) -> str:
     return " ".join(str(crs).split()) if crs else "no CRS"
+
+
+def _transform_name(fitted) -> str:
+    return next(name for name, transform in TRANSFORMS.items() if type(fitted).__name__ == transform.skimage_class)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from crackseg.core.config import JOIN_GAP, MIN_LENGTH, parse_length
 from crackseg.core.errors import InputError
+from crackseg.cracks.options import JOIN_GAP, MIN_LENGTH
 from crackseg.data.images import DECODE_ERRORS
 from crackseg.prediction.outputs import PredictionsFolder
 
@@ -57,7 +57,7 @@ def read_visit(folder: Path, flag: str) -> list[Shot]:
             find_samples,  # data loads torch, which compare needs for dataset folders only
         )
 
-        gap, shortest = parse_length(JOIN_GAP)[0], parse_length(MIN_LENGTH)[0]
+        gap, shortest = JOIN_GAP.value, MIN_LENGTH.value
         shots = [Shot(sample.stem, sample.mask, sample.image, gap, shortest) for sample in find_samples(folder / "images", folder / "masks")[0]]
     else:
         raise InputError(f"{flag} {folder}: neither a predictions folder (predictions.csv) nor a dataset (images/ and masks/)")
@@ -94,7 +94,7 @@ def _predicted_lengths(folder: PredictionsFolder) -> dict:
         if px is None and mm is None:
             if f"{key}_px" in summary:
                 unknown.append(f"{key}_px")
-            px = parse_length(default)[0]
+            px = default.value
         lengths |= {f"{key}_px": None if px is None else float(px), f"{key}_mm": None if px is not None or mm is None else float(mm)}
     if unknown:
         print(f"crackseg: warning: {folder.summary_json}: {' and '.join(unknown)} null (lengths in mm for rasters of several "

@@ -29,8 +29,7 @@ from skimage.morphology import skeletonize
 from tqdm import tqdm
 
 from crackseg.core.errors import InputError
-from crackseg.core.files import ensure_writable_folder, read_csv, remove_orphan_temps, write_atomic, write_csv
-from crackseg.core.locks import FolderLock
+from crackseg.core.files import read_csv, remove_orphan_temps, write_atomic, write_csv
 from crackseg.cracks.measure import CrackMeasure, find_cracks
 from crackseg.cracks.vectors import FORMATS, centrelines, layer_files, skeleton_links, write_vectors
 from crackseg.cracks.widths import WidthClasses, in_mm
@@ -38,6 +37,9 @@ from crackseg.data.images import crack_mask
 
 if TYPE_CHECKING:
     import torch
+
+    from crackseg.core.staging import StagedFolder
+    from crackseg.prediction.options import PredictOptions
 
 _TINT = np.array([255.0, 30.0, 30.0], np.float32)
 
@@ -55,6 +57,17 @@ class OutputSpec:
     width_classes: WidthClasses | None = None
     vectors: str | None = None  # geojson or gpkg: crack centrelines per image
 
+    @classmethod
+    def of(cls, options: PredictOptions, image_px_size: float | None = None) -> OutputSpec:
+        """An image's outputs, lengths in pixels: mm are converted with --px-size, else with the image's own scale.
+
+        Without either, a length in mm stays None: such an image is never measured.
+        """
+        scale = options.scale
+        px_size = scale.px_size if scale.px_size is not None else image_px_size
+        return cls(options.save_prob, options.overlay, options.measure, px_size, options.join_gap.pixels(px_size),
+                   options.min_length.pixels(px_size), scale.classes(), options.vectors)
+
 
 class PredictionsFolder:
     """The layout of a predictions folder: every path predict, report and the raster code use, its preparation,
@@ -69,7 +82,7 @@ class PredictionsFolder:
         self.report_html = self.root / "report.html"
         self.report_pictures = self.root / "report"
         self.rank_csv = self.root / "rank.csv"  # crackseg labels rank
-        self._lock = FolderLock(self.root, "prediction", "--out")
+        self.tables = [self.predictions_csv, self.cracks_csv, self.errors_csv, self.summary_json, self.report_html, self.rank_csv]
 
     def mask(self, name: str, raster: bool = False) -> Path:
         return self.root / "masks" / f"{name}{'.tif' if raster else '.png'}"
@@ -99,36 +112,25 @@ class PredictionsFolder:
         masks = self.root / "masks"
         return mask.relative_to(masks).with_suffix("").as_posix() if mask.is_relative_to(masks) else mask.stem
 
-    def prepare(self, outputs: list[list[Path]], overwrite: bool, skip_existing: bool) -> None:
-        """Before any work: take the folder's lock (one predict at a time), check that nothing is replaced
-        unless asked, and clear what an interrupted run left. The caller calls :meth:`release` at the end."""
+    def prepare(self, staged: StagedFolder, outputs: list[list[Path]], overwrite: bool, skip_existing: bool) -> set[str]:
+        """Before any work: ``staged`` (this folder's) prepared: its lock taken, on a store listed and the tables
+        downloaded, to be written again as a local run writes them (errors.csv kept, rank.csv removed); nothing replaced
+        unless asked; what an interrupted run left cleared. Returns the store's listing. The caller releases ``staged``."""
         if overwrite and skip_existing:
             raise InputError("--overwrite and --skip-existing contradict each other; choose one")
-        ensure_writable_folder(self.root, "--out")
-        self._lock.acquire()
+        listed = staged.prepare(lambda key: self.root / key in self.tables)
         try:
-            if not (overwrite or skip_existing):
-                self._refuse_existing(outputs)
+            wanted = [] if overwrite or skip_existing else [*(path for paths in outputs for path in paths), *self.tables]
+            existing = [path for path in wanted if staged.existed(path)]
+            if existing:
+                raise InputError(f"{len(existing)} outputs already exist in {staged.shown()} (e.g. {staged.shown(existing[0])}); "
+                                 "pass --skip-existing to keep them and finish the rest, or --overwrite to replace them")
         except BaseException:
-            self._lock.release()
+            staged.release()
             raise
         for folder in [self.root, *(path for path in self.root.rglob("*") if path.is_dir())]:
             remove_orphan_temps(folder)
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def _refuse_existing(self, outputs: list[list[Path]]) -> None:
-        existing = [path for paths in outputs for path in paths if path.exists()]
-        if existing:
-            raise InputError(
-                f"{len(existing)} outputs already exist in {self.root} (e.g. {existing[0]}); "
-                "pass --skip-existing to keep them and finish the rest, or --overwrite to replace them"
-            )
-        tables = [self.predictions_csv, self.cracks_csv, self.errors_csv, self.summary_json, self.report_html, self.rank_csv]
-        for table in tables:
-            if table.exists():
-                raise InputError(f"{table} already exists; pass --skip-existing or --overwrite")
+        return listed
 
     def write_tables(self, records: Records, spec: OutputSpec, warnings: list[str], overwrite: bool,
                      threshold: float | None = None) -> dict:

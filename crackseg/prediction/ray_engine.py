@@ -24,41 +24,59 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
-from crackseg.core.config import InferenceOptions
-from crackseg.core.version import __version__
 from crackseg.core.errors import InputError, RunError, require
 from crackseg.core.files import write_atomic
 from crackseg.core.storage import StorageError
+from crackseg.core.version import __version__
 from crackseg.data.images import describe_error, load_image
 from crackseg.data.rasters import RasterSource, gdal_settings, open_raster
+from crackseg.model import distributed
 from crackseg.model.inference import Predictor
+from crackseg.model.options import InferenceOptions
 from crackseg.model.runtimes import choose_runtime, load_runtime
 from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, summarize_existing, write_image_outputs
 from crackseg.prediction.streamed import RasterRun, band_paths, join_raster, predict_raster, raster_outputs
-from crackseg.prediction.work import Plan, Work, work_list
+from crackseg.prediction.work import Job, Plan, Work, work_list
 
 if TYPE_CHECKING:
     from crackseg.model.runtimes import RuntimeChoice
+    from crackseg.prediction.options import PredictOptions
 
 RETRIES = 3  # times an item is run again after its actor died running it
 
 
-@dataclass(frozen=True)
-class RayPool:
-    """Where and how many actors run: ``address`` of a running cluster, or ``local`` for a Ray of the run's own (None:
-    RAY_ADDRESS, else a cluster started on this machine, else a local Ray), ``actors`` (None: one per GPU, else one per ``cpus_per_actor`` CPUs), ``gpus_per_actor`` (None: 1 on a
-    cluster with GPUs, else 0), and ``cpus_per_actor``: the threads of each actor's model (a CPU model's last bits
-    depend on them)."""
+class RayEngine:
+    """The work list on a pool of Ray actors (--ray-address, --actors, --gpus-per-actor, --cpus-per-actor); the driver
+    loads the model on the CPU and stays the one writer."""
 
-    address: str | None = None
-    actors: int | None = None
-    gpus_per_actor: float | None = None
-    cpus_per_actor: int = 1
+    def check(self, env: distributed.Environment) -> None:
+        _require_ray()
+        if env.distributed:
+            raise InputError("--engine ray spreads the work over Ray's actors; start it as one process, without torchrun")
+
+    def model_device(self, env: distributed.Environment) -> torch.device:
+        return torch.device("cpu")  # Ray's actors load their own
+
+    def run(self, job: Job) -> None:
+        """Predict the plan's inputs on Ray actors into ``run.folder`` (and ``plan.staged``), adding their rows to ``records``."""
+        plan, run, options, records = job.plan, job.run, job.options, job.records
+        ray = _require_ray()
+        _connect(ray, options.ray_address)
+        try:
+            actors, gpus = _pool_size(ray, options, job.choice)
+            work = _unfinished(plan, run, work_list(plan, actors), records)
+            if work:
+                spec = _Job([ray.put(_model_files(job.choice.path))], job.choice.path.name, job.choice.options,
+                            options.cpus_per_actor or 1, run.threshold, plan.spec, run.save_prob, run.overviews, options.max_pixels)
+                _run(ray, spec, (min(actors, len(work)), gpus), work, _Collector(plan, run, records))
+        finally:
+            ray.shutdown()
 
 
-def require_ray():
+def _require_ray():
     """Ray, or a one-line error naming the extra that installs it."""
     ray = require("ray", "ray", "--engine ray")
     require("ray.data", "ray", "--engine ray")
@@ -146,21 +164,6 @@ def _contents(folder: PredictionsFolder, paths: list[Path]) -> dict[str, bytes]:
     return {path.relative_to(folder.root).as_posix(): path.read_bytes() for path in paths}
 
 
-def predict_on_ray(plan: Plan, run: RasterRun, choice: RuntimeChoice, pool: RayPool, max_pixels: int, records: Records) -> None:
-    """Predict the plan's inputs on Ray actors into ``run.folder`` (and ``plan.remote``), adding their rows to ``records``."""
-    ray = require_ray()
-    _connect(ray, pool.address)
-    try:
-        actors, gpus = _pool_size(ray, pool, choice)
-        work = _unfinished(plan, run, work_list(plan, actors), records)
-        if work:
-            job = _Job([ray.put(_model_files(choice.path))], choice.path.name, choice.options, pool.cpus_per_actor,
-                       run.threshold, plan.spec, run.save_prob, run.overviews, max_pixels)
-            _run(ray, job, (min(actors, len(work)), gpus), work, _Collector(plan, run, records))
-    finally:
-        ray.shutdown()
-
-
 def _connect(ray, address: str | None) -> None:
     logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # an actor's death is retried, and reported in errors.csv
     try:  # None: RAY_ADDRESS, else a cluster started on this machine (ray start), else a local Ray, as Ray resolves it
@@ -175,23 +178,26 @@ def _connect(ray, address: str | None) -> None:
     context.max_errored_blocks = -1  # an item whose actor died RETRIES + 1 times is an error row; the others go on
 
 
-def _pool_size(ray, pool: RayPool, choice: RuntimeChoice) -> tuple[int, float]:
-    """(actors, GPUs per actor) from the flags and what the cluster has."""
+def _pool_size(ray, options: PredictOptions, choice: RuntimeChoice) -> tuple[int, float]:
+    """(actors, GPUs per actor) from the flags and what the cluster has: --actors (None: one per GPU, else one per
+    --cpus-per-actor CPUs), --gpus-per-actor (None: 1 on a cluster with GPUs, else 0), --cpus-per-actor (None: 1, the
+    threads of each actor's model, on which a CPU model's last bits depend)."""
+    cpus_per_actor = options.cpus_per_actor or 1
     resources = ray.cluster_resources()
     gpus = resources.get("GPU", 0.0)
     nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
-    per_actor = pool.gpus_per_actor
+    per_actor = options.gpus_per_actor
     if per_actor is None:
         per_actor = 1.0 if gpus and choice.device != "cpu" else 0.0
     if not gpus and per_actor:
         raise InputError(f"--gpus-per-actor {per_actor:g}: the Ray cluster has 0 GPUs; pass --gpus-per-actor 0 for CPU actors")
-    for flag, wanted, kind in (("--gpus-per-actor", per_actor, "GPU"), ("--cpus-per-actor", pool.cpus_per_actor, "CPU")):
+    for flag, wanted, kind in (("--gpus-per-actor", per_actor, "GPU"), ("--cpus-per-actor", cpus_per_actor, "CPU")):
         largest = max((node.get(kind, 0.0) for node in nodes), default=0.0)
         if wanted > largest:  # no node could ever host an actor: Ray would wait for one for ever
             raise InputError(f"{flag} {wanted:g}: the largest node of the Ray cluster has {largest:g} {kind}s")
     if per_actor == 0 and choice.device.startswith("cuda"):
         raise InputError(f"--device {choice.device} needs GPU actors: pass --gpus-per-actor (e.g. 1)")
-    actors = pool.actors or (int(gpus // per_actor) if per_actor else int(resources.get("CPU", 1) // pool.cpus_per_actor))
+    actors = options.actors or (int(gpus // per_actor) if per_actor else int(resources.get("CPU", 1) // cpus_per_actor))
     return max(1, actors), per_actor
 
 

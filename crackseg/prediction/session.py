@@ -1,7 +1,7 @@
 """A model loaded once for callers that predict one picture at a time: annotation tools and servers.
 
 The mask is predict's: the same decoding (:func:`crackseg.data.images.picture_pixels`), the same
-:class:`crackseg.model.inference.Predictor` under the same :class:`crackseg.core.config.InferenceOptions`,
+:class:`crackseg.model.inference.Predictor` under the same :class:`crackseg.model.options.InferenceOptions`,
 and the same threshold rule (``>=`` the model's threshold unless one is given).
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from crackseg.core.config import InferenceOptions
+from crackseg.model.options import InferenceOptions
 from crackseg.core.errors import InputError
 from crackseg.data.images import picture_pixels
 from crackseg.model.inference import Predictor

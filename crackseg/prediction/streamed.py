@@ -10,7 +10,7 @@ left out of the counts. Under torchrun every process predicts a share of each ra
 tile rows and rank 0 joins the parts (:func:`join_raster`), then measures the mask a band of rows at
 a time; with ``--engine ray`` each band is an actor's item and the driver joins them alike.
 
-Each input raster is opened once per process, by :func:`open_if_streamed` when the run is
+Each input raster is opened once per process, by :func:`crackseg.data.rasters.open_if_streamed` when the run is
 planned, and that source serves predicting and joining.
 """
 
@@ -19,84 +19,31 @@ from __future__ import annotations
 import dataclasses
 import math
 import resource
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image
 from scipy.cluster.hierarchy import DisjointSet
 from tqdm import tqdm
 
-from crackseg.core.config import MAX_PIXELS, STREAM_ABOVE
 from crackseg.core.errors import InputError
 from crackseg.core.files import temp_path
 from crackseg.core.storage import RemoteFile
 from crackseg.cracks.measure import CrackMeasure, crack_measure, crack_parts
 from crackseg.cracks.vectors import centrelines, skeleton_links, write_vectors
 from crackseg.data.images import CRACK_THRESHOLD
-from crackseg.data.rasters import (
-    BLOCK,
-    GEOTIFF_TAGS,
-    RasterSink,
-    RasterSource,
-    gdal_settings,
-    on_map,
-    open_raster,
-    rasterio,
-    unreadable_in_store,
-)
+from crackseg.data.raster_sink import BLOCK, RasterSink
+from crackseg.data.rasters import RasterSource, gdal_settings, on_map, rasterio
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor, part_rows
 from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, probability_levels, table_rows
 
+if TYPE_CHECKING:
+    from crackseg.core.staging import StagedFolder
+
 HALO = 64  # px above and below each measured band: cracks narrower than this are measured as on the whole mask
-
-
-def open_if_streamed(path: Path | RemoteFile, max_pixels: int = MAX_PIXELS) -> RasterSource | None:
-    """The open source of ``path`` when it is predicted by windows: a TIFF that is georeferenced (a
-    CRS or a geotransform), has a nodata value (pixels outside the survey, which a photo would
-    predict) or is larger than STREAM_ABOVE; None for other images, which are decoded whole, as photos.
-    A TIFF in object storage is told apart by GDAL reading its header there (run under ``gdal_settings``).
-
-    Without the geo extra, such a TIFF is a one-line error naming it: read whole it would lose
-    its georeferencing, or its size. Too many pixels or an unsupported pixel type is a one-line
-    error too, before any work, as is a remote TIFF the store does not serve (a StorageError).
-    """
-    if path.suffix.lower() not in (".tif", ".tiff"):
-        return None
-    try:
-        rio = rasterio()
-    except InputError as error:
-        if isinstance(path, RemoteFile) or _geotiff_or_large(path):
-            raise InputError(f"{path}: a GeoTIFF or a TIFF over {STREAM_ABOVE / 1e6:.0f} megapixels is read by windows "
-                             f"(and a TIFF in object storage is told apart by GDAL); {error}") from None
-        return None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", rio.errors.NotGeoreferencedWarning)  # a plain TIFF: read as a photo
-            dataset = open_raster(path)
-    except rio.errors.RasterioIOError as error:
-        failure = unreadable_in_store(path, error)
-        if failure:
-            raise failure from None
-        return None  # not a TIFF GDAL reads: the photo path reports what is wrong with it
-    placed = dataset.crs is not None or not dataset.transform.is_identity  # a CRS, or a geotransform without one
-    if not (placed or dataset.nodata is not None or dataset.width * dataset.height > STREAM_ABOVE):
-        dataset.close()
-        return None
-    return RasterSource(path, max_pixels, dataset)
-
-
-def _geotiff_or_large(path: Path) -> bool:
-    """From the TIFF header alone (Pillow, nothing decoded): georeferencing tags, or more pixels than STREAM_ABOVE."""
-    try:
-        with Image.open(path) as image:
-            return bool(GEOTIFF_TAGS & set(getattr(image, "tag_v2", {}))) or image.width * image.height > STREAM_ABOVE
-    except (OSError, ValueError):  # not a TIFF Pillow reads: the photo path reports what is wrong with it
-        return False
 
 
 def allow_open_rasters(count: int) -> None:
@@ -129,21 +76,14 @@ class RasterRun:
     overviews: bool = False
 
 
-class PartCarrier(Protocol):
-    """How the processes' parts of a raster reach rank 0 when they do not share a folder (an --out in object storage)."""
-
-    def send_part(self, paths: list[Path]) -> None: ...
-
-    def fetch_parts(self, paths: list[Path]) -> None: ...
-
-
 def predict_rasters(rasters: list[Raster], run: RasterRun, env: distributed.Environment, records: Records,
                     kept: set[int] = frozenset(), finished: Callable[[int], None] | None = None,
-                    carrier: PartCarrier | None = None) -> None:
+                    carrier: StagedFolder | None = None) -> None:
     """Predict each raster (every process its share of the tile rows), join the parts on rank 0 and measure them there;
     rank 0's ``records`` get the rows, and the errors of rasters that failed. ``kept``: the keys of rasters whose outputs
     an earlier run wrote (``--skip-existing``); ``finished`` is called on rank 0 with the key of each raster predicted;
-    ``carrier`` takes the parts to rank 0 where the processes write into folders of their own."""
+    ``carrier``, the run's staged folder, takes the parts to rank 0 where the processes write into folders of their own
+    (an --out in object storage)."""
     for raster in rasters:
         try:
             _predict_one(raster, run, env, records, raster.key in kept, carrier)
@@ -154,19 +94,19 @@ def predict_rasters(rasters: list[Raster], run: RasterRun, env: distributed.Envi
 
 
 def _predict_one(raster: Raster, run: RasterRun, env: distributed.Environment, records: Records, kept: bool,
-                 carrier: PartCarrier | None) -> None:
+                 carrier: StagedFolder | None) -> None:
     parts = None
     if not kept:
         written = raster_outputs(run.folder, raster.name, run.save_prob)
         part = _predict_part(raster.source, written, run, env)
         if carrier and env.distributed and not env.is_main and part[0] is None:
             try:
-                carrier.send_part(part_paths(written, env.rank))
+                carrier.hand_over(part_paths(written, env.rank))
             except (InputError, OSError) as error:  # a StorageError is an InputError
                 part = (f"sending the part of process {env.rank}: {error}", (0, 0))
         parts = distributed.gather_objects(part, env)
         if carrier and env.distributed and env.is_main:
-            carrier.fetch_parts([path for index, (error, _) in enumerate(parts) if index and error is None
+            carrier.take_over([path for index, (error, _) in enumerate(parts) if index and error is None
                                  for path in part_paths(written, index)])
     if env.is_main:
         join_raster(raster, run, parts, records)

@@ -18,11 +18,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
-from crackseg.core.config import InferenceOptions
 from crackseg.core.errors import RunError
 from crackseg.evaluation.metrics import BINS, best_f1, scores_at, threshold_histograms
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor
+from crackseg.model.options import InferenceOptions
 from crackseg.training.losses import CrackLoss
 from crackseg.training.transforms import PhotometricJitter
 
@@ -92,83 +92,106 @@ def train_one_epoch(
 ) -> tuple[float, int]:
     """One pass over ``loader``; returns the exact epoch loss (all processes) and the global step.
 
-    Micro-batches are grouped by ``grad_accum``: the loss of each is divided by the weight
-    sum of the whole global batch, computed before any backward pass, and all but the last
-    backward run under ``no_sync``. A non-finite loss is recorded on the device (no host
-    sync per step) and raises at the next log point, naming its step. Every ``log_every``
-    steps rank 0 calls ``context.on_log(global_step, {"loss", "lr", "images_per_s"})``.
+    Micro-batches are grouped by ``grad_accum`` into one optimizer step (:func:`_optimizer_step`). A non-finite loss is
+    recorded on the device (no host sync per step) and raises at the next log point, naming its step. Every
+    ``log_every`` steps rank 0 calls ``context.on_log(global_step, {"loss", "lr", "images_per_s"})``.
     ``epoch`` and ``global_step`` are where the run stands when the epoch starts.
     """
-    env, loss_fn = context.env, context.loss_fn
-    scaler = context.scaler or torch.amp.GradScaler(env.device.type, enabled=False)
+    env = context.env
     model.train()
-    device = env.device
-    loss_total = torch.zeros((), dtype=torch.float64, device=device)
-    weight_total = torch.zeros((), dtype=torch.float64, device=device)
-    window_loss = torch.zeros((), dtype=torch.float64, device=device)
-    window_weight = torch.zeros((), dtype=torch.float64, device=device)
-    first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
+    epoch_sums, window = _LossSums(env.device), _LossSums(env.device)
+    first_bad_step = torch.full((), -1, dtype=torch.long, device=env.device)
     steps = len(loader) // context.grad_accum
     bar = tqdm(total=steps, desc=f"epoch {epoch}/{context.epochs}", disable=None if env.is_main else True, leave=False, dynamic_ncols=True)
-    window_start, window_images = time.perf_counter(), 0
     micro_batches = []
     step = 0
     for images, masks in loader:
         images = context.to_device(images)
         if context.jitter is not None:
             images = context.jitter(images)
-        micro_batches.append((context.model_input(images), masks.to(device, non_blocking=True)))
+        micro_batches.append((context.model_input(images), masks.to(env.device, non_blocking=True)))
         if len(micro_batches) < context.grad_accum:
             continue
         step += 1
         global_step += 1
-        local_weight = sum(loss_fn.weight_sum(m) for _, m in micro_batches)
-        global_weight = distributed.all_reduce_sum(local_weight.clone())
-        scale = env.world_size / global_weight  # DDP averages gradients over processes
-        step_loss = torch.zeros((), dtype=torch.float64, device=device)
-        for index, (batch_images, batch_masks) in enumerate(micro_batches):
-            last = index == len(micro_batches) - 1
-            sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
-            with sync:
-                with context.autocast():
-                    logits = model(batch_images)
-                bce_sum = loss_fn.weighted_bce_sum(logits, batch_masks)
-                loss = (bce_sum * scale).float()
-                if loss_fn.dice:
-                    loss = loss + loss_fn.dice_loss(logits, batch_masks) / context.grad_accum
-                scaler.scale(loss).backward()
-            step_loss += bce_sum.detach()
+        step_loss, weight = _optimizer_step(model, micro_batches, optimizer, scheduler, context)
         first_bad_step = torch.where((first_bad_step < 0) & ~torch.isfinite(step_loss), global_step, first_bad_step)
-        if context.clip_grad:
-            scaler.unscale_(optimizer)
-            nn.utils.clip_grad_norm_(model.parameters(), context.clip_grad)
-        scaler.step(optimizer)
-        scaler.update()
-        if context.ema is not None:
-            context.ema.update_parameters(model.module if isinstance(model, (DistributedDataParallel, nn.DataParallel)) else model)
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_total += step_loss
-        weight_total += local_weight
-        window_loss += step_loss
-        window_weight += local_weight
-        window_images += sum(len(i) for i, _ in micro_batches) * env.world_size
+        epoch_sums.add(step_loss, weight)
+        window.add(step_loss, weight, sum(len(i) for i, _ in micro_batches) * env.world_size)
         micro_batches.clear()
         bar.update()
         if step % context.log_every == 0 or step == steps:
             raise_if_diverged(first_bad_step, epoch, global_step - step)
             if env.is_main:
-                rate = window_images / (time.perf_counter() - window_start)
-                loss_value = (window_loss / window_weight).item()
-                bar.set_postfix(loss=f"{loss_value:.4f}", img_s=f"{rate:.1f}")
-                if context.on_log is not None:
-                    context.on_log(global_step, {"loss": loss_value, "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate})
-            window_loss.zero_()
-            window_weight.zero_()
-            window_start, window_images = time.perf_counter(), 0
+                _report(window, bar, optimizer, context, global_step)
+            window.reset()
     bar.close()
-    sums = distributed.all_reduce_sum(torch.stack([loss_total, weight_total]))
+    sums = distributed.all_reduce_sum(torch.stack([epoch_sums.loss, epoch_sums.weight]))
     return (sums[0] / sums[1]).item(), global_step
+
+
+def _optimizer_step(model: nn.Module, micro_batches: list, optimizer: torch.optim.Optimizer,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler, context: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step over ``micro_batches``; returns this process's weighted BCE sum and pixel weight sum.
+
+    The loss of each micro-batch is divided by the weight sum of the whole global batch, computed before any backward
+    pass, and all but the last backward run under ``no_sync``.
+    """
+    env, loss_fn = context.env, context.loss_fn
+    scaler = context.scaler or torch.amp.GradScaler(env.device.type, enabled=False)
+    local_weight = sum(loss_fn.weight_sum(m) for _, m in micro_batches)
+    global_weight = distributed.all_reduce_sum(local_weight.clone())
+    scale = env.world_size / global_weight  # DDP averages gradients over processes
+    step_loss = torch.zeros((), dtype=torch.float64, device=env.device)
+    for index, (batch_images, batch_masks) in enumerate(micro_batches):
+        last = index == len(micro_batches) - 1
+        sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
+        with sync:
+            with context.autocast():
+                logits = model(batch_images)
+            bce_sum = loss_fn.weighted_bce_sum(logits, batch_masks)
+            loss = (bce_sum * scale).float()
+            if loss_fn.dice:
+                loss = loss + loss_fn.dice_loss(logits, batch_masks) / context.grad_accum
+            scaler.scale(loss).backward()
+        step_loss += bce_sum.detach()
+    if context.clip_grad:
+        scaler.unscale_(optimizer)
+        nn.utils.clip_grad_norm_(model.parameters(), context.clip_grad)
+    scaler.step(optimizer)
+    scaler.update()
+    if context.ema is not None:
+        context.ema.update_parameters(model.module if isinstance(model, (DistributedDataParallel, nn.DataParallel)) else model)
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return step_loss, local_weight
+
+
+class _LossSums:
+    """Weighted loss and weight summed on the device (read only at log points), and the images seen since ``reset``."""
+
+    def __init__(self, device: torch.device):
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.weight = torch.zeros((), dtype=torch.float64, device=device)
+        self.reset()
+
+    def add(self, loss: torch.Tensor, weight: torch.Tensor, images: int = 0) -> None:
+        self.loss += loss
+        self.weight += weight
+        self.images += images
+
+    def reset(self) -> None:
+        self.loss.zero_()
+        self.weight.zero_()
+        self.started, self.images = time.perf_counter(), 0
+
+
+def _report(window: _LossSums, bar: tqdm, optimizer: torch.optim.Optimizer, context: StepContext, global_step: int) -> None:
+    rate = window.images / (time.perf_counter() - window.started)
+    loss_value = (window.loss / window.weight).item()
+    bar.set_postfix(loss=f"{loss_value:.4f}", img_s=f"{rate:.1f}")
+    if context.on_log is not None:
+        context.on_log(global_step, {"loss": loss_value, "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate})
 
 
 def raise_if_diverged(first_bad_step: torch.Tensor, epoch: int, epoch_start_step: int) -> None:

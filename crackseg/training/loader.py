@@ -10,15 +10,22 @@ from __future__ import annotations
 import math
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, SequentialSampler, Subset
 from torchvision import tv_tensors
 
 from crackseg.core.errors import InputError
 from crackseg.data.datasets import Sample, decoding_threads
 from crackseg.data.images import DECODE_ERRORS, describe_error, load_image, load_mask
 from crackseg.training.seeding import mix_seed
+from crackseg.training.transforms import train_transform
+
+if TYPE_CHECKING:
+    from crackseg.model import distributed
+    from crackseg.training.options import TrainConfig
+    from crackseg.training.setup import Prepared
 
 
 class CrackDataset(torch.utils.data.Dataset):
@@ -180,3 +187,23 @@ def make_loader(
         collate_fn=collate_fn,
         generator=torch.Generator().manual_seed(0),
     )
+
+
+def run_loaders(config: TrainConfig, env: distributed.Environment, prepared: Prepared):
+    """Training loader (shuffled, sharded, last partial batch dropped) and this process's validation shard."""
+    by_stem = {sample.stem: sample for sample in prepared.samples}
+    split, workers, pin = prepared.split, prepared.resolved.workers, env.device.type == "cuda"
+    positives, share = [by_stem[stem] for stem in split["train"]], prepared.resolved.negative_share
+    negatives = prepared.negatives if share > 0 else []  # at share 0 the epochs are those of a run without any
+    train_set = CrackDataset(positives + negatives, train_transform(config.crop_size), seed=config.seed, cache=config.cache)
+    val_set = CrackDataset([by_stem[stem] for stem in split["val"]], cache=config.cache)  # crack images only, as without negatives
+    if negatives:
+        train_sampler = NegativeMixSampler(len(positives), len(negatives), share, config.seed, env.world_size, env.rank)
+    else:
+        train_sampler = EpochSampler(
+            DistributedSampler(train_set, env.world_size, env.rank, shuffle=True, seed=config.seed, drop_last=True)
+        )
+    train_loader = make_loader(train_set, config.batch_size, train_sampler, workers, pin, drop_last=True)
+    val_shard = Subset(val_set, list(range(env.rank, len(val_set), env.world_size)))  # every image once, no padding
+    val_loader = make_loader(val_shard, None, SequentialSampler(val_shard), workers, pin)  # one whole image at a time
+    return train_sampler, train_loader, val_loader

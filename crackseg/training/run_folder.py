@@ -30,7 +30,7 @@ from torch import nn
 from crackseg.core.errors import InputError, RunError
 from crackseg.core.files import ensure_writable_folder, link_atomic, remove_orphan_temps, write_atomic
 from crackseg.core.locks import FolderLock
-from crackseg.data.datasets import load_split, save_split
+from crackseg.data.splits import load_split, save_split
 from crackseg.evaluation.metrics import counts_by_threshold, threshold_index
 from crackseg.model import distributed
 from crackseg.model.checkpoint import read_checkpoint, save_model

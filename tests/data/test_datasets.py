@@ -16,12 +16,10 @@ from crackseg.data import datasets as data
 from crackseg.data.datasets import (
     crack_pixel_weight,
     find_samples,
-    load_split,
-    make_split,
     open_dataset,
-    save_split,
     usable_samples,
 )
+from crackseg.data.splits import load_split, make_split, save_split
 from crackseg.data.images import load_image, load_mask, read_probability
 
 

@@ -10,7 +10,8 @@ from PIL import Image
 
 from crackseg.cli.main import main
 from crackseg.core.errors import InputError
-from crackseg.data.datasets import inspection_report, load_split, make_split, open_dataset, save_split
+from crackseg.data.datasets import inspection_report, open_dataset
+from crackseg.data.splits import load_split, make_split, save_split
 from crackseg.data.negatives import folder_negatives, negative_pool
 
 

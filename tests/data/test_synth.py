@@ -8,7 +8,8 @@ from PIL import Image
 from scipy import ndimage
 
 from crackseg.core.errors import InputError
-from crackseg.data.synth import SynthOptions, make_sample, parse_size, write_dataset
+from crackseg.core.options import parse_size
+from crackseg.data.synth import SynthOptions, make_sample, write_dataset
 
 
 def _files(root):

@@ -11,9 +11,10 @@ from PIL import Image
 
 from crackseg.model.checkpoint import save_model
 from crackseg.cli.main import main
-from crackseg.core.config import InferenceOptions
+from crackseg.model.options import InferenceOptions
 from crackseg.core.errors import InputError
-from crackseg.evaluation.evaluate import Scoring, evaluate_checkpoint, evaluate_files
+from crackseg.evaluation.evaluate import evaluate_checkpoint, evaluate_files
+from crackseg.evaluation.options import Scoring
 from crackseg.model.networks import build_model
 
 
@@ -276,5 +277,5 @@ def test_tolerance_belongs_to_the_crackseg_protocol(tmp_path, capsys):
         main(["evaluate", "--pred", str(tmp_path / "gt"), "--gt", str(tmp_path / "gt"), "--protocol", "scsegamba", "--tolerance", "2"])
     error = capsys.readouterr().err
     assert exit.value.code == 2 and error.count("\n") == 1 and "--tolerance belongs to the crackseg protocol" in error
-    with pytest.raises(InputError, match="--protocol nonsense"):
+    with pytest.raises(InputError, match="--protocol must be one of crackseg, .*, got 'nonsense'"):
         evaluate_files(tmp_path / "gt", tmp_path / "gt", scoring=Scoring("nonsense"))

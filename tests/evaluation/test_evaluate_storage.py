@@ -80,4 +80,4 @@ def test_an_http_out_is_one_line(model, dataset, tmp_path):
     save_model(model, tmp_path / "m.pt")
     code, err = _evaluate(tmp_path / "m.pt", str(dataset), "https://example.org/reports/")
     assert (code, err) == (2, "crackseg: error: --out https://example.org/reports/: reports are written to a local folder or an "
-                              "s3://bucket/prefix/ URL\n")
+                              "s3://bucket/prefix/ URL (http(s):// is read-only)\n")

@@ -10,10 +10,12 @@ from conftest import csv_rows, predict_cli
 from PIL import Image
 
 from crackseg.cli.main import main
-from crackseg.core.config import InferenceOptions
+from crackseg.model.options import InferenceOptions
 from crackseg.core.errors import InputError
 from crackseg.data.images import load_mask, read_probability
-from crackseg.evaluation.evaluate import Scoring, build_report, evaluate_checkpoint, evaluate_files, score_one
+from crackseg.evaluation.evaluate import evaluate_checkpoint, evaluate_files
+from crackseg.evaluation.options import Scoring
+from crackseg.evaluation.scoring import build_report, score_one
 from crackseg.evaluation.metrics import counts_by_threshold, threshold_histograms, threshold_index
 
 

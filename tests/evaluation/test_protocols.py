@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from crackseg.evaluation.evaluate import Scoring, evaluate_files
+from crackseg.evaluation.evaluate import evaluate_files
+from crackseg.evaluation.options import Scoring
 from crackseg.evaluation.protocols import (
     GRID,
     PROTOCOLS,

@@ -12,7 +12,7 @@ from PIL import Image
 import crackseg
 from crackseg.model.checkpoint import load_model, save_model
 from crackseg.cli.main import main
-from crackseg.core.config import InferenceOptions
+from crackseg.model.options import InferenceOptions
 from crackseg.core.errors import InputError
 from crackseg.model.export import export_model
 from crackseg.model.runtimes import choose_runtime, load_runtime

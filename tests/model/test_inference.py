@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from crackseg.core.config import InferenceOptions
+from crackseg.model.options import InferenceOptions
 from crackseg.model.inference import Predictor, tile_starts
 from crackseg.model.networks import CrackSegModel
 

@@ -9,7 +9,8 @@ import torch
 import torchvision
 
 import crackseg
-from crackseg.model.checkpoint import convert_classic, load_encoder_weights, load_model
+from crackseg.model.checkpoint import load_encoder_weights, load_model
+from crackseg.model.classic import convert_classic
 from crackseg.core.errors import InputError
 from crackseg.model.networks import IMAGENET_MEAN, IMAGENET_STD, build_model
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from crackseg.cli.main import main
-from crackseg.core.config import OFFLINE_IMAGENET_ENCODERS
+from crackseg.model.architectures import OFFLINE_IMAGENET_ENCODERS
 from crackseg.core.errors import InputError
 from crackseg.model.checkpoint import read_checkpoint
 from crackseg.model.networks import build_model

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from skimage.morphology import skeletonize
 
-from crackseg.monitoring.changes import GONE, LONGER, LONGER_MIN_PX, MERGED, NEW, NOT_SEEN, SHORTER, SPLIT, UNCHANGED, WIDER, measure_date, match
+from crackseg.monitoring.changes import GONE, LONGER, LONGER_MIN_PX, MERGED, NEW, NOT_SEEN, SHORTER, SPLIT, UNCHANGED, WIDER, match
+from crackseg.monitoring.date_cracks import measure_date
 from crackseg.cracks.measure import find_cracks
 from crackseg.monitoring.registration import Alignment
 

@@ -707,7 +707,7 @@ def test_a_predicted_photo_that_is_nowhere_fails_its_pair_and_dates_say_so(tmp_p
 
 
 def test_lengths_predict_gave_in_mm_are_converted_by_each_raster_own_pixel_size(tmp_path, monkeypatch):
-    from crackseg.monitoring import changes
+    from crackseg.monitoring import date_cracks
 
     visit = _geo_visit(tmp_path / "v", [A], (500_000, 6_000_000), 0.01)  # 10 mm pixels
     root = tmp_path / "preds"
@@ -716,8 +716,8 @@ def test_lengths_predict_gave_in_mm_are_converted_by_each_raster_own_pixel_size(
     (root / "predictions.csv").write_text(f"path,mask,status\n{visit / 'images' / 'ortho.tif'},{root / 'masks' / 'ortho.tif'},ok\n")
     (root / "summary.json").write_text(json.dumps({"join_gap_px": None, "join_gap_mm": 50, "min_length_px": None, "min_length_mm": 100}))
     measured = []
-    measure = changes.measure_date
-    monkeypatch.setattr(changes, "measure_date", lambda mask, gap, shortest: measured.append((gap, shortest)) or measure(mask, gap, shortest))
+    measure = date_cracks.measure_date
+    monkeypatch.setattr(date_cracks, "measure_date", lambda mask, gap, shortest: measured.append((gap, shortest)) or measure(mask, gap, shortest))
     assert main(["compare", str(root), str(root), "--out", str(tmp_path / "out")]) == 0
     assert measured == [(5.0, 10.0), (5.0, 10.0)]
 
@@ -828,7 +828,7 @@ def test_a_register_that_cannot_take_the_comparison_is_refused_before_any_work(t
         after = before
         message = f"{register}: BEFORE and AFTER are the same inspection {before.resolve()}"
     elif case == "another program writing":
-        monkeypatch.setattr("crackseg.monitoring.history.BUSY_TIMEOUT_S", 0.2, raising=False)
+        monkeypatch.setattr("crackseg.monitoring.register_file.BUSY_TIMEOUT_S", 0.2, raising=False)
         writer = sqlite3.connect(register, isolation_level=None)
         writer.execute("BEGIN EXCLUSIVE")  # committing its edits
         message = f"{register}: busy: another program is writing to it (SQLite: database is locked"

@@ -22,6 +22,7 @@ from crackseg.core.errors import InputError  # noqa: E402
 from crackseg.cracks.widths import WIDTH_CLASS_PRESETS  # noqa: E402
 from crackseg.monitoring import history  # noqa: E402
 from crackseg.monitoring.history import WIDTH_HISTORY, Survey, append_comparison, check_append, width_history  # noqa: E402
+from crackseg.monitoring import register_file  # noqa: E402
 from conftest import read_only_mount  # noqa: E402
 
 VISITS = [Survey("2023-04-01", "visits/2023"), Survey("2024-04-01", "visits/2024"), Survey("2025-04-01", "visits/2025")]
@@ -404,7 +405,7 @@ def test_a_register_another_program_is_writing_to_is_reported_busy(tmp_path, mon
     a short while, then reported as busy, naming the file: never as "not a crack register"."""
     register = tmp_path / "site.gpkg"
     _compare(register, 0)
-    monkeypatch.setattr(history, "BUSY_TIMEOUT_S", 0.2, raising=False)
+    monkeypatch.setattr(register_file, "BUSY_TIMEOUT_S", 0.2, raising=False)
     writer = sqlite3.connect(register, isolation_level=None)
     try:
         writer.execute(hold)

@@ -17,7 +17,8 @@ from PIL import Image
 from crackseg.core.errors import InputError
 from crackseg.cracks.widths import WidthClasses
 from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, overlay_jpeg, write_image_outputs, write_summary
-from crackseg.prediction.predict import PredictOptions
+from crackseg.cracks.options import Scale
+from crackseg.prediction.options import PredictOptions
 
 
 def _crack_probability() -> torch.Tensor:
@@ -114,7 +115,7 @@ def test_a_standard_grading_mean_width_totals_lengths_by_the_mean_width_class(tm
 def test_a_pixel_size_too_coarse_for_three_pixels_per_band_names_the_pixel_size_needed(tmp_path, preset, px_size, needed):
     from crackseg.prediction.predict import _resolution_warnings
 
-    warnings = _resolution_warnings(PredictOptions(out=tmp_path, px_size=px_size, width_classes=preset).output_spec())
+    warnings = _resolution_warnings(OutputSpec.of(PredictOptions(out=tmp_path, scale=Scale(px_size=px_size, width_classes=preset))))
     if needed is None:
         assert warnings == []
         return
@@ -127,14 +128,14 @@ def test_a_pixel_size_too_coarse_for_three_pixels_per_band_names_the_pixel_size_
 
 @pytest.mark.parametrize("options, message", [
     (dict(join_gap="ten"), "--join-gap must be a length like 12px or 3mm"),
-    (dict(px_size=0.2, width_classes="0.3,0.1"), "--width-classes widths must be positive and increasing"),
+    (dict(scale=dict(px_size=0.2, width_classes="0.3,0.1")), "--width-classes widths must be positive and increasing"),
 ])
 def test_deliverable_options_are_checked_before_work(tmp_path, options, message):
     with pytest.raises(InputError, match=message):
-        PredictOptions(out=tmp_path, **options)
-    assert PredictOptions(out=tmp_path, px_size=0.25, min_length="2.5mm").output_spec().min_length_px == 10
-    own_scale = PredictOptions(out=tmp_path, min_length="3mm", width_classes="bre251")  # checked per image, see test_streamed
-    assert own_scale.output_spec().min_length_px is None and own_scale.output_spec(0.5).min_length_px == 6
+        PredictOptions(out=tmp_path, **{key: Scale(**value) if key == "scale" else value for key, value in options.items()})
+    assert OutputSpec.of(PredictOptions(out=tmp_path, scale=Scale(px_size=0.25), min_length="2.5mm")).min_length_px == 10
+    own_scale = PredictOptions(out=tmp_path, min_length="3mm", scale=Scale(width_classes="bre251"))  # checked per image, see test_streamed
+    assert OutputSpec.of(own_scale).min_length_px is None and OutputSpec.of(own_scale, 0.5).min_length_px == 6
     assert own_scale.scale_needed_by() == "--width-classes" and PredictOptions(out=tmp_path).scale_needed_by() is None
 
 

@@ -14,8 +14,8 @@ from conftest import csv_rows, predict_cli
 from PIL import Image
 
 from crackseg.core.errors import InputError
-from crackseg.prediction.predict import default_workers
-from crackseg.prediction.work import collect_inputs
+from crackseg.prediction.local_engine import default_workers
+from crackseg.data.inputs import collect_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -279,16 +279,17 @@ def test_interrupted_writes_are_cleared_and_full_disks_reported_per_image(tmp_pa
     (dict(threshold=1.5), "--threshold must be in [0, 1]"),
     (dict(overlap=-1), "--overlap must be >= 0"),
     (dict(tile=256, overlap=256), "--overlap (256 px) must be smaller than --tile (256 px)"),
-    (dict(px_size=float("nan")), "--px-size must be a finite number"),
+    (dict(scale=dict(px_size=float("nan"))), "--px-size must be a finite number"),
     (dict(workers=-2), "--workers must be >= 0"),
 ])
 def test_options_from_python_are_checked_like_the_flags(tmp_path, options, message):
-    from crackseg.core.config import InferenceOptions
-    from crackseg.prediction.predict import PredictOptions
+    from crackseg.cracks.options import Scale
+    from crackseg.model.options import InferenceOptions
+    from crackseg.prediction.options import PredictOptions
 
     inference = {name: options.pop(name) for name in ("tile", "overlap") if name in options}
     with pytest.raises(InputError, match=re.escape(message)):
-        PredictOptions(out=tmp_path, inference=InferenceOptions(**inference), **options)
+        PredictOptions(out=tmp_path, inference=InferenceOptions(**inference), scale=Scale(**options.pop("scale", {})), **options)
 
 
 def test_a_name_that_is_not_utf8_is_predicted_and_listed(tmp_path, checkpoint, capsys):

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import S3_KEY_ID, S3_SECRET, cli_result, csv_rows, predict_cli
 
-import crackseg.prediction.predict as predict_module
+import crackseg.prediction.local_engine as local_engine
 from crackseg.prediction.outputs import PredictionsFolder
-from crackseg.prediction.remote_out import LOCK_NAME
+
+LOCK_NAME = ".crackseg-predict.lock"  # the lock object of predict
 
 FLAGS = ["--recursive", "--overlay", "--px-size", 0.5]
 
@@ -32,13 +33,13 @@ def _keys(s3, prefix: str) -> list[str]:
 def _written(monkeypatch) -> list[str]:
     """The output names of the photos predict writes from now on (a skipped photo is summarised, not written)."""
     names = []
-    write = predict_module.write_image_outputs
+    write = local_engine.write_image_outputs
 
     def counted(folder, path, name, *args):
         names.append(name)
         return write(folder, path, name, *args)
 
-    monkeypatch.setattr(predict_module, "write_image_outputs", counted)
+    monkeypatch.setattr(local_engine, "write_image_outputs", counted)
     return names
 
 
@@ -100,7 +101,7 @@ def test_a_held_lock_refuses_a_second_run_and_a_run_removes_its_own(s3, photos, 
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(predict_module, "write_image_outputs", interrupted)
+    monkeypatch.setattr(local_engine, "write_image_outputs", interrupted)
     assert predict_cli("--checkpoint", checkpoint, source, "--out", out) == 130
     assert _keys(s3, "survey/pred") == [] and not any(staging.iterdir())
 

@@ -28,8 +28,8 @@ from conftest import (
     write_geotiff,
 )
 
+import crackseg.data.inputs as inputs_module
 import crackseg.prediction.predict as predict_module
-import crackseg.prediction.work as work_module
 
 
 def _outputs(out: Path) -> tuple[dict, list[dict], list[dict]]:
@@ -77,14 +77,14 @@ def test_single_objects_http_and_presigned_urls(s3, photos, http_folder, tmp_pat
 def test_a_photo_that_fails_to_download_or_decode_is_listed_in_errors(s3, photos, tmp_path, checkpoint, monkeypatch):
     (photos / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")
     prefix = s3.upload(photos, "survey/photos")
-    listed = work_module.list_files
+    listed = inputs_module.list_files
 
     def listed_then_deleted(*args):  # another process removes a photo after predict listed it
         found = listed(*args)
         s3.client.delete_object(Bucket=s3.name, Key="survey/photos/b.jpg")
         return found
 
-    monkeypatch.setattr(work_module, "list_files", listed_then_deleted)
+    monkeypatch.setattr(inputs_module, "list_files", listed_then_deleted)
     assert predict_cli("--checkpoint", checkpoint, prefix, "--out", tmp_path / "out") == 1
     errors = {row["path"]: row["error"] for row in csv_rows(tmp_path / "out" / "errors.csv")}
     assert errors == {prefix + "b.jpg": "not found", prefix + "broken.jpg": "not a readable image (empty, or another kind of file)"}
@@ -151,7 +151,7 @@ def test_a_raster_the_store_does_not_serve_is_one_line(s3, rasters, tmp_path, ch
     import s3fs
 
     prefix = s3.upload(rasters, "survey/rasters")
-    listed = work_module.list_files
+    listed = inputs_module.list_files
 
     def listed_then_broken(*args):
         found = listed(*args)
@@ -167,7 +167,7 @@ def test_a_raster_the_store_does_not_serve_is_one_line(s3, rasters, tmp_path, ch
             monkeypatch.setenv("GDAL_HTTP_MAX_RETRY", "0")
         return found
 
-    monkeypatch.setattr(work_module, "list_files", listed_then_broken)
+    monkeypatch.setattr(inputs_module, "list_files", listed_then_broken)
     code, err = cli_result(["predict", "--checkpoint", checkpoint, prefix, "--out", tmp_path / "out", "--device", "cpu", "--workers", "0"])
     assert code == 2 and err.count("\n") == 1 and S3_KEY_ID not in err and S3_SECRET not in err, err
     expected = {"key": "not found", "endpoint": "cannot connect to http://127.0.0.1:", "gdal endpoint": "cannot read: "}[case]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from crackseg.core.config import InferenceOptions
+from crackseg.model.options import InferenceOptions
 from crackseg.data.rasters import RasterSource
 from crackseg.model.inference import Predictor, part_rows, tile_starts
 from crackseg.model.networks import CrackSegModel

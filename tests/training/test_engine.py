@@ -142,7 +142,7 @@ def test_validation_of_mixed_sizes_does_not_depend_on_batching_and_equals_evalua
     import numpy as np
     from PIL import Image
 
-    from crackseg.core.config import InferenceOptions
+    from crackseg.model.options import InferenceOptions
     from crackseg.data.datasets import open_dataset
     from crackseg.evaluation.evaluate import evaluate_checkpoint
     from crackseg.model.checkpoint import save_model

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from crackseg.cli.main import main
-from crackseg.core.config import TrainConfig, check_same_run
+from crackseg.training.options import TrainConfig, check_same_run
 from crackseg.core.errors import InputError
 from crackseg.data.datasets import Sample
 from crackseg.training import loader

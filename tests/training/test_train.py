@@ -14,16 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from crackseg.core.config import TrainConfig
+from crackseg.training.options import TrainConfig
 from crackseg.core.errors import InputError, RunError
-from crackseg.data.datasets import load_split, open_dataset
+from crackseg.data.datasets import open_dataset
+from crackseg.data.splits import load_split
 from crackseg.model import distributed
 from crackseg.model.checkpoint import load_model, read_checkpoint, restore_training_state
 from crackseg.model.networks import build_model
 from crackseg.training.engine import StepContext, validate
 from crackseg.training.loader import CrackDataset
 from crackseg.training.losses import CrackLoss
-from crackseg.training.train import build_training_model, fit
+from crackseg.training.setup import build_training_model
+from crackseg.training.train import fit
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(encoder="mobilenet_v2", encoder_weights="none", crop_size=64, batch_size=2, workers=0, val_fraction=0.25, log_every=1)
@@ -258,7 +260,7 @@ def test_contradicting_a_saved_run_is_an_error(finished_run, tmp_path):
 
 
 def test_fine_tuning_starts_from_a_converted_classic_checkpoint(synth_root, tmp_path):
-    from crackseg.model.checkpoint import convert_classic
+    from crackseg.model.classic import convert_classic
 
     torch.manual_seed(3)
     classic = build_model(arch="unet16").net
@@ -395,9 +397,9 @@ def test_resume_accepts_the_same_data_folder_spelled_another_way(synth_root, tmp
 
 
 def test_dataparallel_splits_the_loader_batch_so_gpus_do_not_scale_the_learning_rate(monkeypatch):
-    from crackseg.core.config import TrainConfig
+    from crackseg.training.options import TrainConfig
     from crackseg.model import distributed
-    from crackseg.training.train import _resolve
+    from crackseg.training.setup import _resolve
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     env = distributed.Environment(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0))

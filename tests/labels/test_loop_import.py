@@ -1,4 +1,4 @@
-"""crackseg labels import against hostile or broken input: --overwrite never deletes an input, duplicate COCO ids,
+"""crackseg labels import (crackseg.labels.loop.import_labels) against hostile or broken input: --overwrite never deletes an input, duplicate COCO ids,
 far, NaN or infinite vertices, stated sizes checked before anything is allocated, and nothing half-written.
 
 Every file here is written by the test; the 10x8 px photos keep each case tiny.

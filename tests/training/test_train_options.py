@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from crackseg.cli.main import build_parser
-from crackseg.core.config import RESUMABLE_CHANGES, TrainConfig, check_options, check_same_run, option_fields, resolved_encoder
 from crackseg.core.errors import InputError
+from crackseg.core.options import option_fields
+from crackseg.training.options import RESUMABLE_CHANGES, TrainConfig, check_options, check_same_run, resolved_encoder
 
 
 def _parse(*flags: str):
@@ -22,13 +23,13 @@ def test_the_command_line_takes_every_default_from_the_config():
     for item in dataclasses.fields(TrainConfig):
         if item.name != "run":
             assert args[item.name] == item.default, item.name
-    assert TrainConfig(**{item.name: args[item.name] for item, _ in option_fields()}).run == "r"
+    assert TrainConfig(**{item.name: args[item.name] for item, _ in option_fields(TrainConfig)}).run == "r"
 
 
 def test_choices_are_offered_as_the_config_declares_them():
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     offered = {action.dest: tuple(action.choices) for action in train._actions if action.choices}
-    declared = {item.name: item.metadata["choices"] for item, _ in option_fields() if item.metadata["choices"]}
+    declared = {item.name: item.metadata["choices"] for item, _ in option_fields(TrainConfig) if item.metadata["choices"]}
     assert offered == declared
 
 
@@ -40,7 +41,7 @@ def test_out_of_range_values_are_refused_by_the_cli_and_by_check_options(flag, v
         _parse("--data", "d", flag, value)
     assert exit.value.code == 2 and f"argument {flag}:" in capsys.readouterr().err
     name = flag[2:].replace("-", "_")
-    kind = dict((item.name, kind) for item, kind in option_fields())[name]
+    kind = dict((item.name, kind) for item, kind in option_fields(TrainConfig))[name]
     typed = value if kind is str else kind(float(value)) if kind is int else float(value)
     with pytest.raises(InputError, match=flag):
         check_options(TrainConfig(run="r", data="d", **{name: typed}))
@@ -66,6 +67,6 @@ def test_a_resume_may_change_only_the_resumable_options(tmp_path):
         check_same_run(TrainConfig(run="r", data="d", lr=0.1), saved, tmp_path / "last.pt")
 
 
-def test_the_config_module_does_not_import_torch():
-    code = "import sys, crackseg.core.config; sys.exit('torch' in sys.modules)"
+def test_the_options_module_does_not_import_torch():
+    code = "import sys, crackseg.training.options; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,5 +1,5 @@
-"""crackseg compare where it used to go wrong: a later visit photographed at another resolution (sizes compared in
-one frame), a pair that fails (exit status 1), and input or disks that used to end in a traceback."""
+"""One pair compared (crackseg.monitoring.pair): a later visit photographed at another resolution (sizes compared in
+one frame), a pair that fails (exit status 1, the rest written), a pair's change layer on a full disk."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""crackseg labels against files it did not write or that lie: names a URL must carry, thresholds and table paths a
-summary.json or predictions.csv could hold, oversized brushes and masks, malformed coordinates, and folders holding
-things that are not files.
+"""crackseg labels export and rank (crackseg.labels.loop), and the tools' readers, against files it did not write or
+that lie: names a URL must carry, thresholds and table paths a summary.json or predictions.csv could hold, oversized
+brushes and masks, malformed coordinates, and folders holding things that are not files.
 
 Every file here is built by the test; each case is one a hand-edited or crafted file can hold.
 """

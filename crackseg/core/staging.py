@@ -1,0 +1,278 @@
+"""The one output folder predictions, comparisons and evaluation reports are written through, wherever it lies.
+
+A run writes local files into :attr:`StagedFolder.root` and never asks where its ``--out`` is. A local ``--out`` is the
+root itself. An ``s3://bucket/prefix/`` is staged: the root is a temporary folder, each finished file goes up whole to
+its key below the prefix, and the temporary folder is removed at the end, also on an error. The folder's rules hold in
+both, checked before any work (:meth:`StagedFolder.prepare`): one run at a time (``FOLDER/lock``, or
+``PREFIX/.crackseg-<command>.lock``, an object created only if absent), and the files a run would replace are known to
+it (:meth:`StagedFolder.existed`; those it decides on are downloaded first), so it can refuse them unless asked.
+What the run replaced or removed is removed from the store too (:meth:`StagedFolder.finish`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from crackseg.core.errors import InputError
+from crackseg.core.files import ensure_writable_folder, write_atomic
+from crackseg.core.locks import FolderLock, StoreLock
+from crackseg.core.storage import RemoteFile, StorageError, delete_file, display_url, is_url, list_keys, upload_file
+
+
+def location(text: str | Path) -> str | Path:
+    """A folder or file as given: a URL stays text (pathlib would fold its slashes), anything else is a Path."""
+    return str(text) if is_url(str(text)) else Path(text)
+
+
+def output_location(text: str | Path, what: str) -> str | Path:
+    """An ``--out`` that ``what`` (predictions, reports) can be written to: a local folder or an s3:// prefix."""
+    target = location(text)
+    if isinstance(target, str) and not target.startswith("s3://"):
+        raise InputError(f"--out {display_url(target)}: {what} are written to a local folder or an s3://bucket/prefix/ URL "
+                         "(http(s):// is read-only)")
+    return target
+
+
+class StagedFolder:
+    """The ``--out`` of one run of ``command`` (predict, compare, evaluate): local, or an s3:// prefix staged locally.
+
+    ``what`` names what is written there, for the error that refuses an http(s):// target. ``lock``: True keeps runs of
+    ``command`` apart (one at a time per folder or prefix), False (``--no-lock``) writes to a store without the lock
+    object (a local folder is locked still), None locks nothing (a command whose runs cannot clash: evaluate writes
+    one report whole); ``without_lock`` tells a user whose store cannot lock what to do instead. Leaving it as a
+    context manager releases it (:meth:`release`).
+    """
+
+    def __init__(self, target: str | Path, command: str, what: str, lock: bool | None = True, without_lock: str = ""):
+        self.target = output_location(target, what)
+        self.remote = isinstance(self.target, str)
+        if self.remote:
+            self.url = self.target.rstrip("/")
+            self.root = Path(tempfile.mkdtemp(prefix=f"crackseg-{command}-")).resolve()
+            self._lock = StoreLock(self.url, command, without_lock) if lock else None
+        else:
+            self.root = Path(self.target)
+            self._lock = FolderLock(self.root, f"crackseg {command}", "--out") if lock is not None else None
+        self.existing: set[str] = set()  # on a store: the keys below the prefix when the run began
+        self._made = False  # a local folder this run created
+        self._downloaded: dict[str, tuple[int, int]] = {}  # staged files as they were downloaded
+        self._sent: dict[str, tuple[int, int] | None] = {}  # staged files as they were uploaded (None: the upload failed)
+
+    def __enter__(self) -> StagedFolder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def prepare(self, decides_on: Callable[[str], bool] = lambda key: False, existing: set[str] | None = None) -> set[str]:
+        """Before any work: the folder checked (a store listed: a missing bucket or a refused request stops here), the lock
+        taken, and on a store the files the run ``decides_on`` (by key) downloaded, so that it applies a local folder's
+        rules to them. Returns the keys listed; ``existing``: such a listing made by another process of the run, taken as
+        it is (no lock: that process holds it)."""
+        if existing is not None:  # another process of the run checked the folder and holds its lock
+            self.existing = existing
+            return existing
+        if not self.remote:
+            self._made = not self.root.exists()
+            ensure_writable_folder(self.root, "--out")
+            if self._lock:
+                self._lock.acquire()
+            return set()
+        self.existing = set(list_keys(f"{self.url}/"))
+        if self._lock:
+            self._lock.acquire(self.existing)
+        try:
+            for key in sorted(key for key in self.existing if decides_on(key)):
+                self._download(key)
+        except BaseException:
+            self.release()
+            raise
+        return self.existing
+
+    def existed(self, path: Path) -> bool:
+        """Whether the file at ``path`` (below the root) was there when the run began."""
+        return self._key(path) in self.existing if self.remote else Path(path).exists()
+
+    def fetch(self, paths: Iterable[Path]) -> bool:
+        """Whether every one of ``paths`` was there when the run began; on a store the first is then downloaded, to be
+        read as a local file would be (predict --skip-existing summarises a mask it keeps)."""
+        paths = list(paths)
+        if not all(self.existed(path) for path in paths):
+            return False
+        if self.remote:
+            self._download(self._key(paths[0]))
+        return True
+
+    def upload(self, paths: Iterable[Path]) -> None:
+        """Finished files sent up now, each whole (nothing to do for a local folder)."""
+        if self.remote:
+            for path in paths:
+                self._sent[self._key(path)] = None  # a failed upload is the run's error to report, not sent again
+                upload_file(path, self._url_of(path))
+                self._sent[self._key(path)] = _identity(path)
+
+    def hand_over(self, paths: Iterable[Path]) -> None:
+        """Files for another process of the run, which may run on another machine: sent through the store (a local
+        folder is shared by them already)."""
+        self.upload(path for path in paths if path.exists())
+
+    def take_over(self, paths: Iterable[Path]) -> None:
+        """The files other processes handed over, fetched to the same paths and removed from the store; one never sent is
+        skipped (whoever reads it fails, naming it)."""
+        if not self.remote:
+            return
+        for path in paths:
+            try:
+                content = RemoteFile(self._url_of(path)).read_bytes()
+            except StorageError:
+                continue
+            write_atomic(path, content)
+            delete_file(self._url_of(path))
+
+    def finish(self) -> None:
+        """After the run: every file new or changed since it was downloaded or uploaded sent up (but one whose upload
+        failed: the run reported it), and the files the run removed of those it decided on removed from the store."""
+        if not self.remote:
+            return
+        for path in sorted(path for path in self.root.rglob("*") if path.is_file()):
+            key = self._key(path)
+            failed = key in self._sent and self._sent[key] is None
+            if not (_hidden(key) or failed) and self._sent.get(key, self._downloaded.get(key)) != _identity(path):
+                self.upload([path])
+        for key in self._downloaded:
+            if not (self.root / key).exists():
+                delete_file(f"{self.url}/{key}")
+
+    def release(self) -> None:
+        """The lock removed if this run took it; a staging folder removed, and so is a local folder the run created and
+        left empty (it stopped before writing anything)."""
+        if self._lock is not None:
+            self._lock.release()
+        if self.remote:
+            shutil.rmtree(self.root, ignore_errors=True)
+        elif self._made and self.root.is_dir() and not any(self.root.iterdir()):
+            self.root.rmdir()
+
+    def shown(self, path: Path | str | None = None) -> str:
+        """A file below the root (default: the folder) as messages and tables name it: on a store, its object's URL
+        without credentials."""
+        path = self.root if path is None else Path(path)
+        if not self.remote:
+            return str(path)
+        return f"{display_url(self.url)}/" if path == self.root else display_url(self._url_of(path))
+
+    def shown_text(self, text: str) -> str:
+        """``text`` (a message) with the staging folder named by the target."""
+        if not self.remote:
+            return text
+        url = display_url(self.url)
+        return text.replace(f"{self.root}/", f"{url}/").replace(str(self.root), url)
+
+    def _download(self, key: str) -> None:
+        write_atomic(self.root / key, RemoteFile(f"{self.url}/{key}").read_bytes())
+        self._downloaded[key] = _identity(self.root / key)
+
+    def _url_of(self, path: Path) -> str:
+        return f"{self.url}/{self._key(path)}"
+
+    def _key(self, path: Path) -> str:
+        return Path(path).relative_to(self.root).as_posix()
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    """Changes when the file is written again (a new file renamed into place)."""
+    facts = path.stat()
+    return facts.st_ino, facts.st_mtime_ns
+
+
+def _hidden(key: str) -> bool:
+    """A temporary file, a lock: never an output."""
+    return any(part.startswith(".") for part in key.split("/")) or key == "lock"
+
+
+class StagedSources:
+    """Folders and files a run reads, wherever they lie: a local one as it is, an s3:// one downloaded into a temporary
+    folder (removed on leaving the context), every object below the prefix to its key. :meth:`shown` names a copy by
+    its URL in what the run writes and says."""
+
+    def __init__(self, command: str):
+        self._command = command
+        self._temp: Path | None = None
+        self._copies: list[tuple[str, str]] = []  # (local copy, the URL it stands for, as shown)
+
+    def __enter__(self) -> StagedSources:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._temp is not None:
+            shutil.rmtree(self._temp, ignore_errors=True)
+            self._temp = None
+
+    def folder(self, text: str | Path, flag: str, what: str, copied: Callable[[Path], None] = lambda folder: None) -> Path:
+        """``text`` as a local folder; an s3:// prefix (``what`` it holds, for the error of another scheme) downloaded,
+        lock objects left out, and ``copied`` called with the copy."""
+        source = location(text)
+        if isinstance(source, Path):
+            return source
+        if not source.startswith("s3://"):
+            raise InputError(f"{flag} {display_url(source)}: {what} in storage is an s3:// prefix; "
+                             f"{source.split('://')[0]}:// is not supported here")
+        prefix, shown = source.rstrip("/"), display_url(source).rstrip("/")
+        folder = self._new_folder(flag.strip("-").lower())
+        self._copies.append((str(folder), shown))
+        keys = [key for key in list_keys(f"{prefix}/") if not _lock_object(key)]
+        if not keys:
+            raise InputError(f"{flag} {shown}/: no objects below this prefix; give the prefix of {what}")
+        for key in keys:
+            if any(part in ("", ".", "..") for part in key.split("/")):
+                raise StorageError(f"{prefix}/{key}", "a key with an empty, '.' or '..' part cannot be staged; copy it to a plain key")
+            write_atomic(folder / key, RemoteFile(f"{prefix}/{key}").read_bytes())
+        copied(folder)
+        return folder
+
+    def file(self, text: str, fetch: Callable[[str], bool] = lambda name: True) -> Path:
+        """``text`` as a local file: a URL's object downloaded where ``fetch(its name)`` says so; otherwise its path is
+        pathlib's folding of the URL, which :meth:`shown` names by the URL."""
+        source = location(text)
+        if isinstance(source, Path):
+            return source
+        remote = RemoteFile(source)
+        if not fetch(remote.name):
+            self._copies.append((str(Path(source)), display_url(source)))
+            return Path(source)
+        path = self._new_folder("files") / str(len(self._copies)) / remote.name
+        write_atomic(path, remote.read_bytes())
+        self._copies.append((str(path), display_url(source)))
+        return path
+
+    def shown(self, text: str) -> str:
+        """``text`` (a path, a message) with every copy named by its URL."""
+        for root, url in sorted(self._copies, key=lambda pair: -len(pair[0])):  # a photo before the folder that holds it
+            text = text.replace(f"{root}/", f"{url}/").replace(root, url)
+        return text
+
+    def _new_folder(self, name: str) -> Path:
+        if self._temp is None:
+            self._temp = Path(tempfile.mkdtemp(prefix=f"crackseg-{self._command}-")).resolve()
+        folder = self._temp / name
+        folder.mkdir(exist_ok=True)
+        return folder
+
+
+def inside(target: str | Path, source: str | Path) -> bool:
+    """Whether ``target`` lies in ``source`` (or is it): folders by their resolved paths, prefixes by their keys."""
+    target, source = location(target), location(source)
+    if isinstance(target, Path) and isinstance(source, Path):
+        return target.resolve() == source.resolve() or target.resolve().is_relative_to(source.resolve())
+    if isinstance(target, str) and isinstance(source, str):
+        return (target.rstrip("/") + "/").startswith(source.rstrip("/") + "/")
+    return False
+
+
+def _lock_object(key: str) -> bool:
+    """A run's lock object, left out of a staged copy."""
+    name = key.rsplit("/", 1)[-1]
+    return name.startswith(".crackseg-") and name.endswith(".lock")

@@ -1,0 +1,52 @@
+"""The photos a run reads: files, folders, glob patterns and URLs (s3:// prefixes and objects, http(s)://), each with
+the name its outputs take."""
+
+from __future__ import annotations
+
+import glob
+from collections import OrderedDict
+from pathlib import Path
+
+from crackseg.core.errors import InputError
+from crackseg.core.storage import RemoteFile, display_url, is_url, list_files
+from crackseg.data.images import IMAGE_SUFFIXES
+
+
+def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str | None = None) -> list[tuple[Path | RemoteFile, str]]:
+    """(image path or remote file, output name) for every input file, folder, glob or URL, in a stable order.
+
+    Output names mirror the inputs: a folder's files (an s3:// prefix's) keep their path below it (without suffix),
+    single files, objects, http(s):// URLs and glob matches keep their stem. Two inputs with one output name are an error.
+    Nothing inside ``out`` is ever an input: walks and listings skip it, and naming a local file there is an error.
+    """
+    inside_out = (lambda p: Path(p).resolve().is_relative_to(Path(out).resolve())) if isinstance(out, Path) else (lambda p: False)
+    below_out = f"{str(out).rstrip('/')}/" if isinstance(out, str) else None
+    found: list[tuple[Path | RemoteFile, str]] = []
+    for text in inputs:
+        path = Path(text)
+        if is_url(text):
+            found += [(file, name) for file, name in list_files(text, IMAGE_SUFFIXES, recursive) if not (below_out and file.url.startswith(below_out))]
+        elif path.is_dir():
+            pattern = "**/*" if recursive else "*"
+            files = sorted(
+                p for p in path.glob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not inside_out(p)
+            )
+            found += [(p, p.relative_to(path).with_suffix("").as_posix()) for p in files]
+        elif path.is_file():
+            if inside_out(path):
+                raise InputError(f"{path}: is inside --out {out}, where predict writes; it is never read as input")
+            found.append((path, path.stem))
+        else:
+            matches = sorted(Path(p) for p in glob.glob(text, recursive=recursive) if Path(p).is_file() and not inside_out(p))
+            if not matches:
+                raise InputError(f"{text}: no such file or folder, and no file matches it as a pattern")
+            found += [(p, p.stem) for p in matches if p.suffix.lower() in IMAGE_SUFFIXES]
+    names: dict[str, Path | RemoteFile] = {}
+    for image, name in found:
+        if name in names and names[name] != image:
+            raise InputError(f"{image} and {names[name]} would both be written as {name}.png; predict them into different --out folders")
+        names[name] = image
+    unique = list(OrderedDict((image, name) for image, name in found).items())
+    if not unique:
+        raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(map(display_url, inputs))}")
+    return unique

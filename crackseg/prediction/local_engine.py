@@ -1,0 +1,119 @@
+"""``predict --engine local``: this process predicts its share of the work, or torchrun's processes theirs.
+
+Photos are decoded in loader workers and written in writer threads, beside the model; rasters are predicted by windows
+(:mod:`crackseg.prediction.streamed`), each process a share of their tile rows, rank 0 joining the parts.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from crackseg.core.storage import RemoteFile, StorageError
+from crackseg.data.images import describe_error, load_image
+from crackseg.model import distributed
+from crackseg.prediction.outputs import summarize_existing, write_image_outputs
+from crackseg.prediction.streamed import predict_rasters
+from crackseg.prediction.work import Job, Plan, share, work_list
+
+
+class LocalEngine:
+    def check(self, env: distributed.Environment) -> None:
+        pass
+
+    def model_device(self, env: distributed.Environment) -> torch.device:
+        return env.device
+
+    def run(self, job: Job) -> None:
+        plan, env = job.plan, job.env
+        _predict_photos(job)
+        kept = distributed.broadcast_from_main({raster.key for raster in plan.rasters if plan.kept(raster.key)} if env.is_main else None)
+        predict_rasters(plan.rasters, job.run, env, job.records, kept, plan.upload, plan.staged)
+
+
+class _Images(torch.utils.data.Dataset):
+    """Decoded inputs for loader workers; a file that fails to download or decode yields its error message."""
+
+    def __init__(self, inputs: list[tuple[int, Path | RemoteFile]]):
+        self.inputs = inputs
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int):
+        key, path = self.inputs[index]
+        try:
+            return key, load_image(path), None
+        except StorageError as error:
+            return key, None, error.reason
+        except Exception as error:  # any undecodable input is reported, the others go on
+            return key, None, describe_error(error)
+
+
+def _predict_photos(job: Job) -> None:
+    """This process's share of the photos: decoded in loader workers, written in writer threads."""
+    plan, env, records = job.plan, job.env, job.records
+    todo = []
+    for item in share(work_list(plan, env.world_size), env.rank, env.world_size):
+        if item.band is None and plan.kept(item.key):
+            records.add(item.key, *summarize_existing(item.path, plan.folder.mask(item.name), plan.spec))
+        elif item.band is None:
+            todo.append((item.key, item.path))
+    names = {key: (path, name) for key, path, name in plan.photos}
+    workers = default_workers(env.device) if job.options.workers is None else job.options.workers
+    loader = torch.utils.data.DataLoader(
+        _Images(todo), batch_size=None, num_workers=workers, pin_memory=env.device.type == "cuda",
+        prefetch_factor=4 if workers else None,
+    )
+    decoded: dict[int, torch.Tensor] = {}
+
+    def images():
+        for key, image, error in loader:
+            if error is not None:
+                records.fail(names[key][0], error)
+                continue
+            decoded[key] = image
+            yield key, image
+
+    with ThreadPoolExecutor(workers) if workers else _Inline() as writers:
+        futures = []
+        probabilities = job.predictor.probabilities(images())
+        for key, prob in tqdm(probabilities, total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
+            futures.append((key, writers.submit(_write_photo, plan, key, names[key], decoded.pop(key), prob, job.run.threshold)))
+        for key, future in futures:
+            try:
+                records.add(key, *future.result())
+            except (OSError, StorageError) as error:
+                records.errors.append({"path": str(names[key][0]), "error": f"cannot write outputs: {error}"})
+
+
+def _write_photo(plan: Plan, key: int, named: tuple[Path | RemoteFile, str], image: torch.Tensor, prob: torch.Tensor,
+                 threshold: float) -> tuple[dict, list[dict]]:
+    """One photo's files written (in a writer thread) and, for an --out in object storage, uploaded as soon as they are."""
+    rows = write_image_outputs(plan.folder, *named, image, prob, threshold, plan.spec)
+    plan.upload(key)
+    return rows
+
+
+def default_workers(device: torch.device) -> int:
+    """Decoding processes (and writer threads) when the user names none.
+
+    On CPU the model's threads already use every core, and decoding and writing beside them
+    slowed prediction down more than doing them in turn (docs/benchmarks.md).
+    """
+    return 0 if device.type == "cpu" else distributed.spare_cores()
+
+
+class _Inline(Executor):
+    """Runs each task as it is submitted: with --workers 0 all work stays in the main thread."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as error:  # delivered by result(), as a thread pool would
+            future.set_exception(error)
+        return future

