@@ -94,9 +94,9 @@ def number_in(text: str, valid: Range, expected: str, shown: str | None = None) 
     return value
 
 
-def parse_size(text: str) -> tuple[int, int]:
+def parse_size(text: str | tuple[int, int]) -> tuple[int, int]:
     """``"256"`` -> (256, 256); ``"320x480"`` -> (320, 480) as (height, width), at least 16 px a side."""
-    parts = text.lower().split("x")
+    parts = [str(part) for part in text] if isinstance(text, (tuple, list)) else str(text).lower().split("x")
     if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
         raise ValueError(f"size must be N or HxW in pixels, got {text!r}")
     height, width = int(parts[0]), int(parts[-1])
@@ -181,15 +181,25 @@ class Options:
 
 
 def _checked(item: dataclasses.Field, kind: type, value):
-    """``value`` of ``item`` checked, and text turned into the field's type; an InputError names the flag."""
+    """``value`` of ``item`` checked, and text turned into the field's type; an InputError names the flag. A flag given
+    once per value (``repeat``) holds a tuple, each value checked as its element type; one value alone is taken too."""
+    if not item.metadata["flag"].get("repeat"):
+        return _checked_value(item, kind, value)
+    if value is None:
+        return item.default
+    element = (typing.get_args(kind) or (str,))[0]
+    return tuple(_checked_value(item, element, one) for one in ((value,) if isinstance(value, (str, Path)) else value))
+
+
+def _checked_value(item: dataclasses.Field, kind: type, value):
     meta = item.metadata
     name = meta["flag"].get("flags", (flag(item.name),))[0]
     if value is None:
         return value
     try:
-        if meta["parse"] is not None and (isinstance(value, str) or isinstance(kind, type) and not isinstance(value, kind)):
-            value = meta["parse"](value)  # text, or a number for a Length
-    except ValueError as error:
+        if meta["parse"] is not None:
+            value = meta["parse"](value)  # text, or e.g. a number for a Length: every parser takes its own result too
+    except (ValueError, TypeError) as error:
         raise InputError(f"{name} {error}") from None
     if kind is Path or meta["flag"].get("local"):
         problem = local_path_problem(value)

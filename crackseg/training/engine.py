@@ -64,9 +64,11 @@ class Validation:
     loss: float
     histograms: torch.Tensor  # (3, BINS) int64 (see crackseg.evaluation.metrics), summed over every process
     samples: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (K, 3, H, W) images, (K, 1, H, W) probabilities, masks
+    weight: float = 0.0  # the pixel weight the loss is averaged over, so that validations pool exactly
 
-    def metrics(self) -> dict[str, float]:
-        best = best_f1(self.histograms)
+    def metrics(self, threshold: float | None = None) -> dict[str, float]:
+        """The figures at the best-F1 threshold, or at ``threshold`` (another set's, e.g. the pooled datasets')."""
+        best = best_f1(self.histograms) if threshold is None else scores_at(self.histograms, threshold)
         fixed = scores_at(self.histograms, 0.5)
         return {
             "loss": self.loss,
@@ -78,6 +80,14 @@ class Validation:
             "f1_at_0.5": fixed.f1,
             "iou_at_0.5": fixed.iou,
         }
+
+    @staticmethod
+    def pooled(parts: list[Validation]) -> Validation:
+        """Several validation sets as one: histograms and weighted losses summed, never a mean of means."""
+        weight = sum(part.weight for part in parts)
+        loss = sum(part.loss * part.weight for part in parts if part.weight) / weight if weight else float("nan")
+        samples = next((part.samples for part in parts if part.samples is not None), None)
+        return Validation(loss, sum(part.histograms for part in parts), samples, weight)
 
 
 def train_one_epoch(
@@ -249,7 +259,7 @@ def validate(
     sums = distributed.all_reduce_sum(sums.to(env.device)).cpu()
     loss = (sums[0] / sums[1]).item() if sums[1] > 0 else float("nan")
     stacked = tuple(torch.stack(part) for part in zip(*samples)) if samples else None
-    return Validation(loss, histograms, stacked)
+    return Validation(loss, histograms, stacked, sums[1].item())
 
 
 def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,6 +18,7 @@ from torch.utils.data import DistributedSampler, SequentialSampler, Subset
 from torchvision import tv_tensors
 
 from crackseg.core.errors import InputError
+from crackseg.data.collection import dataset_of
 from crackseg.data.datasets import Sample, decoding_threads
 from crackseg.data.images import DECODE_ERRORS, describe_error, load_image, load_mask
 from crackseg.training.seeding import mix_seed
@@ -104,28 +106,37 @@ def negatives_per_epoch(positives: int, share: float) -> int:
     return math.floor(share * positives / (1 - share) + 0.5)
 
 
-class NegativeMixSampler(torch.utils.data.Sampler):
-    """Every positive once per epoch plus k crack-free samples (:func:`negatives_per_epoch`), shuffled together.
+@dataclass(frozen=True)
+class Pool:
+    """Samples of one kind in a training epoch: ``size`` of them, ``per_epoch`` drawn each epoch; ``whole``: every one
+    once, in order (then ``per_epoch`` is ``size``), else drawn from an endless stream of the pool."""
 
-    Keys are for a :class:`CrackDataset` over the positives, then the negatives (indices from
-    ``positives`` on). The negatives come from an endless stream, the pool in a new seeded order
-    per pass, so each is used before any repeats; epoch e (counted from 1) takes the stream's
-    positions (e - 1) k .. e k - 1. A negative drawn twice in one epoch (a pool smaller than k)
-    gets key ``(epoch, index, repeat)`` and so its own augmentation. Stream and order are functions
-    of (seed, epoch): a resumed run draws what an uninterrupted one would. The epoch's list is split
-    over processes as ``DistributedSampler(drop_last=True)`` splits a dataset: its last
-    len % world_size keys are left out, and every process gets as many.
+    size: int
+    per_epoch: int
+    whole: bool = False
+
+
+class MixSampler(torch.utils.data.Sampler):
+    """Each epoch, ``per_epoch`` samples of every pool (:class:`Pool`), shuffled together: the datasets of a run, each an
+    equal share of the epoch by default, and its crack-free photos.
+
+    Keys are for a :class:`CrackDataset` over the pools one after the other. A pool that is not taken whole comes from
+    an endless stream, the pool in a new seeded order per pass, so each sample is used before any repeats; epoch e
+    (counted from 1) takes the stream's positions (e - 1) k .. e k - 1. A sample drawn twice in one epoch (a pool
+    smaller than k) gets key ``(epoch, index, repeat)`` and so its own augmentation. Streams and order are functions of
+    (seed, epoch): a resumed run draws what an uninterrupted one would. The epoch's list is split over processes as
+    ``DistributedSampler(drop_last=True)`` splits a dataset: its last len % world_size keys are left out, and every
+    process gets as many.
     """
 
-    _ORDER, _LAP = -1, -2  # seed tags, apart from the (seed, epoch, index >= 0) of augmentation
+    _ORDER, _LAP = -1, -2  # seed tags, apart from the (seed, epoch, index >= 0) of augmentation; streams count down
 
-    def __init__(self, positives: int, negatives: int, share: float, seed: int, world_size: int = 1, rank: int = 0):
-        if negatives < 1 or not 0 <= share < 1:
-            raise ValueError(f"needs crack-free samples and a share in [0, 1), got {negatives} and {share}")
-        self.positives, self.negatives, self.seed = positives, negatives, seed
-        self.per_epoch = negatives_per_epoch(positives, share)
-        self.epoch = 1
-        self._shard = DistributedSampler(range(positives + self.per_epoch), world_size, rank, shuffle=False, drop_last=True)
+    def __init__(self, pools: list[Pool], seed: int, world_size: int = 1, rank: int = 0):
+        if any(pool.size < 1 and pool.per_epoch for pool in pools) or any(pool.whole and pool.per_epoch != pool.size for pool in pools):
+            raise ValueError(f"pools to draw from must hold samples, and a whole pool gives each once: {pools}")
+        self.pools, self.seed, self.epoch = list(pools), seed, 1
+        self._shard = DistributedSampler(range(sum(pool.per_epoch for pool in pools)), world_size, rank, shuffle=False,
+                                         drop_last=True)
 
     def set_epoch(self, epoch: int) -> None:
         if epoch < 1:
@@ -134,23 +145,29 @@ class NegativeMixSampler(torch.utils.data.Sampler):
 
     def epoch_keys(self) -> list[tuple[int, ...]]:
         """The whole epoch's keys in their shuffled order, before they are split over processes."""
-        keys = [(self.epoch, index) for index in range(self.positives)]
-        seen = Counter()
-        for drawn in self._drawn_negatives():
-            keys.append((self.epoch, self.positives + drawn, seen[drawn]) if seen[drawn] else (self.epoch, self.positives + drawn))
-            seen[drawn] += 1
+        keys, offset, stream = [], 0, 0
+        for pool in self.pools:
+            if pool.whole:
+                keys += [(self.epoch, offset + index) for index in range(pool.size)]
+            else:
+                seen = Counter()
+                for drawn in self._drawn(pool, self._LAP - stream):
+                    keys.append((self.epoch, offset + drawn, seen[drawn]) if seen[drawn] else (self.epoch, offset + drawn))
+                    seen[drawn] += 1
+                stream += 1
+            offset += pool.size
         order = torch.randperm(len(keys), generator=torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, self._ORDER)))
         return [keys[i] for i in order.tolist()]
 
-    def _drawn_negatives(self) -> list[int]:
-        start = (self.epoch - 1) * self.per_epoch
-        stop = start + self.per_epoch
+    def _drawn(self, pool: Pool, tag: int) -> list[int]:
+        start = (self.epoch - 1) * pool.per_epoch
+        stop = start + pool.per_epoch
         drawn = []
-        for lap in range(start // self.negatives, -(-stop // self.negatives)):
-            generator = torch.Generator().manual_seed(mix_seed(self.seed, lap, self._LAP))
-            order = torch.randperm(self.negatives, generator=generator).tolist()
-            offset = lap * self.negatives
-            drawn += order[max(start - offset, 0) : min(stop - offset, self.negatives)]
+        for lap in range(start // pool.size, -(-stop // pool.size)):
+            generator = torch.Generator().manual_seed(mix_seed(self.seed, lap, tag))
+            order = torch.randperm(pool.size, generator=generator).tolist()
+            offset = lap * pool.size
+            drawn += order[max(start - offset, 0) : min(stop - offset, pool.size)]
         return drawn
 
     def __iter__(self):
@@ -159,6 +176,27 @@ class NegativeMixSampler(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         return len(self._shard)
+
+
+class NegativeMixSampler(MixSampler):
+    """Every positive once per epoch plus k crack-free samples (:func:`negatives_per_epoch`), shuffled together."""
+
+    def __init__(self, positives: int, negatives: int, share: float, seed: int, world_size: int = 1, rank: int = 0):
+        if negatives < 1 or not 0 <= share < 1:
+            raise ValueError(f"needs crack-free samples and a share in [0, 1), got {negatives} and {share}")
+        pools = [Pool(positives, positives, whole=True), Pool(negatives, negatives_per_epoch(positives, share))]
+        super().__init__(pools, seed, world_size, rank)
+
+
+def dataset_shares(total: int, weights: list[float]) -> list[int]:
+    """How many of an epoch's ``total`` samples each dataset gives: one each, the rest in proportion to their weights
+    (largest remainders rounded up)."""
+    rest = max(total - len(weights), 0)
+    exact = [rest * weight / sum(weights) for weight in weights]
+    counts = [int(value) for value in exact]
+    for index in sorted(range(len(exact)), key=lambda i: counts[i] - exact[i])[: rest - sum(counts)]:
+        counts[index] += 1
+    return [count + 1 for count in counts]
 
 
 def make_loader(
@@ -190,20 +228,35 @@ def make_loader(
 
 
 def run_loaders(config: TrainConfig, env: distributed.Environment, prepared: Prepared):
-    """Training loader (shuffled, sharded, last partial batch dropped) and this process's validation shard."""
+    """The training sampler and loader (shuffled, sharded, last partial batch dropped), and this process's validation
+    shard of each dataset, by name."""
     by_stem = {sample.stem: sample for sample in prepared.samples}
     split, workers, pin = prepared.split, prepared.resolved.workers, env.device.type == "cuda"
     positives, share = [by_stem[stem] for stem in split["train"]], prepared.resolved.negative_share
     negatives = prepared.negatives if share > 0 else []  # at share 0 the epochs are those of a run without any
     train_set = CrackDataset(positives + negatives, train_transform(config.crop_size), seed=config.seed, cache=config.cache)
-    val_set = CrackDataset([by_stem[stem] for stem in split["val"]], cache=config.cache)  # crack images only, as without negatives
-    if negatives:
-        train_sampler = NegativeMixSampler(len(positives), len(negatives), share, config.seed, env.world_size, env.rank)
-    else:
-        train_sampler = EpochSampler(
-            DistributedSampler(train_set, env.world_size, env.rank, shuffle=True, seed=config.seed, drop_last=True)
-        )
+    train_sampler = _train_sampler(config, env, prepared, len(positives), len(negatives))
     train_loader = make_loader(train_set, config.batch_size, train_sampler, workers, pin, drop_last=True)
-    val_shard = Subset(val_set, list(range(env.rank, len(val_set), env.world_size)))  # every image once, no padding
-    val_loader = make_loader(val_shard, None, SequentialSampler(val_shard), workers, pin)  # one whole image at a time
-    return train_sampler, train_loader, val_loader
+    val_loaders = {}
+    for name in prepared.weights:  # crack images only, as without negatives
+        val_set = CrackDataset([by_stem[stem] for stem in split["val"] if dataset_of(stem) == name], cache=config.cache)
+        if len(val_set):
+            val_shard = Subset(val_set, list(range(env.rank, len(val_set), env.world_size)))  # every image once, no padding
+            val_loaders[name] = make_loader(val_shard, None, SequentialSampler(val_shard), workers, pin)  # one image at a time
+    return train_sampler, train_loader, val_loaders
+
+
+def _train_sampler(config: TrainConfig, env: distributed.Environment, prepared: Prepared, positives: int,
+                   negatives: int) -> torch.utils.data.Sampler:
+    """One dataset: each photo once per epoch (with crack-free photos, their share on top). Several: each dataset its
+    weighted share of an epoch as long as all their photos together, drawn from its own stream, then the crack-free."""
+    if len(prepared.weights) > 1:
+        sizes = [sum(dataset_of(stem) == name for stem in prepared.split["train"]) for name in prepared.weights]
+        pools = [Pool(size, count) for size, count in zip(sizes, dataset_shares(positives, list(prepared.weights.values())))]
+        if negatives:
+            pools.append(Pool(negatives, negatives_per_epoch(positives, prepared.resolved.negative_share)))
+        return MixSampler(pools, config.seed, env.world_size, env.rank)
+    if negatives:
+        return NegativeMixSampler(positives, negatives, prepared.resolved.negative_share, config.seed, env.world_size, env.rank)
+    dataset = range(positives)
+    return EpochSampler(DistributedSampler(dataset, env.world_size, env.rank, shuffle=True, seed=config.seed, drop_last=True))

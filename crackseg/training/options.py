@@ -4,6 +4,7 @@ splits it; and the rules of resuming a run. No torch: reading or checking a conf
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -30,8 +31,34 @@ RESUMABLE_CHANGES = frozenset(
     {"run", "epochs", "workers", "val_every", "keep_last", "log_every", "resume", "device", "cache", "val_batch_size"}
 )
 # Options added after runs were saved without them: such a run trained as their default says.
-ADDED_OPTIONS = frozenset({"negatives", "negative_share"})
+ADDED_OPTIONS = frozenset({"negatives", "negative_share", "data_weights"})
 DEFAULT_NEGATIVE_SHARE = 0.25  # --negative-share when crack-free images are given and the share is not
+
+
+def _weights(text: str | tuple) -> tuple[float, ...]:
+    """``"1,1,2"`` (or a sequence) -> positive finite weights."""
+    parts = str(text).split(",") if isinstance(text, str) else list(text)
+    return tuple(number_in(str(part), POSITIVE, "positive numbers separated by commas, e.g. 1,1,2", repr(text)) for part in parts)
+
+
+def dataset_list(path: Path) -> tuple[list[str], list[float] | None]:
+    """The datasets a list file names, a folder and optionally its weight per line (``#`` starts a comment), each
+    folder relative to the file; their weights (None when no line gives one, 1 where a line gives none)."""
+    roots, weights = [], []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if len(words) > 2:
+            raise InputError(f"{path}:{number}: a dataset folder and optionally its weight, got {line.strip()!r}")
+        roots.append(os.path.abspath(Path(path).parent / words[0]))
+        try:
+            weights.append(_weights(words[1])[0] if len(words) == 2 else None)
+        except ValueError as error:
+            raise InputError(f"{path}:{number}: the weight {error}") from None
+    if not roots:
+        raise InputError(f"{path}: lists no dataset folder (one per line, optionally with its weight)")
+    return roots, None if all(weight is None for weight in weights) else [1.0 if weight is None else weight for weight in weights]
 
 
 def _pos_weight(text: str) -> str:
@@ -48,7 +75,14 @@ class TrainConfig(Options):
     sections: ClassVar[tuple[str, ...]] = ("data", "model", "optimization", "speed and memory", "run folder")  # as --help lists them
     run: str = option(REQUIRED, "run folder: config.json, split.json, checkpoints, TensorBoard events, train.log", section="run folder", local=True)
     # data
-    data: str | None = option(None, "dataset folder holding images/ and masks/ (see data/README.md)", section="data", local=True)
+    data: tuple[str, ...] = option(
+        (), "dataset folder holding images/ and masks/ (see data/README.md); give it once per dataset to train on several "
+        "at once (each with its own split files, stems kept apart as NAME/stem), or a .txt file listing them, a folder "
+        "(relative to the file) and optionally its weight per line",
+        section="data", local=True, repeat=True, metavar="DATA")
+    data_weights: tuple[float, ...] | None = option(
+        None, "sampling weight of each --data, in order, e.g. 1,1,2: a dataset's share of every epoch is its weight over "
+        "their sum, however many photos it holds (default: equal shares)", section="data", parse=_weights)
     images: str | None = option(None, "image folder (default: images/ in the dataset folder)", section="data", local=True)
     masks: str | None = option(None, "mask folder (default: masks/ in the dataset folder)", section="data", local=True)
     mask_pattern: str = option("{stem}", "mask file name without suffix, e.g. '{stem}_mask'", section="data")
@@ -178,8 +212,12 @@ InspectOptions = derived(
 
 def check_options(config: TrainConfig) -> None:
     """What a run needs beyond its fields' own checks: where the data comes from."""
-    if config.data is None and (config.images is None or config.masks is None):
+    if not config.data and (config.images is None or config.masks is None):
         raise InputError("give --data ROOT, or both --images DIR and --masks DIR")
+    if len(config.data) > 1 and (config.images or config.masks):
+        raise InputError("--images and --masks name the folders of one dataset; with several --data each holds images/ "
+                         "and masks/")
+
 
 
 def resolved_encoder(config: TrainConfig) -> str:
@@ -194,11 +232,41 @@ def check_same_run(config: TrainConfig, saved: dict, source: Path) -> None:
     saved = {**defaults, **saved}
 
     def same(key: str) -> bool:
+        if key == "data":  # a list of folders (one folder as text in runs saved before several datasets)
+            return [Path(path).resolve() for path in _listed(current[key])] == [Path(path).resolve() for path in _listed(saved[key])]
         if key in PATH_OPTIONS and current[key] and saved[key]:
             return Path(current[key]).resolve() == Path(saved[key]).resolve()
+        if key == "data_weights":
+            return _listed(current[key]) == _listed(saved[key])
         return current[key] == saved[key]
 
     differ = [key for key in current if key not in RESUMABLE_CHANGES and key in saved and not same(key)]
     if differ:
         listing = ", ".join(f"{flag(key)} {current[key]} (saved: {saved[key]})" for key in differ)
         raise InputError(f"{listing} contradicts the run saved in {source}; resume with its settings or start another --run")
+
+
+def _listed(value) -> list:
+    return [] if value is None else [value] if isinstance(value, str) else list(value)
+
+
+def expand_datasets(config: TrainConfig) -> tuple[tuple[str, ...], tuple[float, ...] | None]:
+    """The dataset folders of ``config`` as absolute paths, list files read (:func:`dataset_list`), and their weights
+    (None: equal shares)."""
+    roots, weights = [], []
+    for given in config.data:
+        if Path(given).is_file():
+            listed, listed_weights = dataset_list(Path(given))
+            roots += listed
+            weights += listed_weights or [None] * len(listed)
+        else:
+            roots.append(str(Path(given).absolute()))
+            weights.append(None)
+    if any(weight is not None for weight in weights) and config.data_weights is not None:
+        raise InputError("--data-weights and weights in a --data list file contradict each other; give them in one place")
+    if config.data_weights is not None and len(config.data_weights) != max(len(roots), 1):
+        raise InputError(f"--data-weights gives {len(config.data_weights)} weights for {max(len(roots), 1)} datasets; "
+                         "give one per dataset, in order")
+    if config.data_weights is not None:
+        return tuple(roots), config.data_weights
+    return tuple(roots), None if all(weight is None for weight in weights) else tuple(1.0 if w is None else w for w in weights)

@@ -117,15 +117,30 @@ class RunFolder:
         path = self.path / "split.json"
         return load_split(path) if path.is_file() else None
 
-    def write_setup(self, options: dict, resolved: dict, split: dict[str, list[str]], skipped: list) -> None:
-        """``config.json``, ``split.json`` and, when samples were skipped, ``skipped.txt``."""
+    def write_setup(self, options: dict, resolved: dict, split: dict[str, list[str]], skipped: list,
+                    datasets: list[dict] = ()) -> None:
+        """``config.json`` (the options, the resolved values, each dataset's folder, weight, split counts and checksum),
+        ``split.json`` and, when samples were skipped, ``skipped.txt``. A dataset whose checksum changed since the run
+        began is said once."""
         if not self.is_main:
             return
         self.path.mkdir(parents=True, exist_ok=True)
+        self._warn_changed(datasets)
         if skipped:
             write_atomic(self.path / "skipped.txt", "".join(f"{problem}\n" for problem in skipped))
         save_split(self.path / "split.json", split)
-        write_atomic(self.path / "config.json", json.dumps({"options": options, "resolved": resolved}, indent=1) + "\n")
+        setup = {"options": options, "resolved": resolved} | ({"datasets": list(datasets)} if datasets else {})
+        write_atomic(self.path / "config.json", json.dumps(setup, indent=1) + "\n")
+
+    def _warn_changed(self, datasets: list[dict]) -> None:
+        try:
+            before = {entry["name"]: entry["checksum"] for entry in json.loads((self.path / "config.json").read_text())["datasets"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # a new run, or one saved before datasets were recorded
+        for entry in datasets:
+            if before.get(entry["name"], entry["checksum"]) != entry["checksum"]:
+                print(f"crackseg: warning: dataset {entry['name']} ({entry['root']}) changed since the run began "
+                      "(its photos or masks differ); the run goes on with the saved split", file=sys.stderr)
 
     def save_epoch(self, model: nn.Module, epoch: int, state: dict, improved: bool, keep_last: int) -> None:
         """Write ``epoch_NNNN.pt`` atomically, point ``last.pt`` (and ``best.pt``) at it, drop old epochs.
@@ -189,8 +204,10 @@ class RunFolder:
         for name, value in values.items():
             self._writer.add_scalar(f"train/{name}", value, global_step)
 
-    def report_epoch(self, epoch: int, epochs: int, training: TrainingPass, validation: Validation | None, best: dict) -> None:
-        """One line in the log and the epoch's scalars, PR curve and sample overlays in TensorBoard."""
+    def report_epoch(self, epoch: int, epochs: int, training: TrainingPass, validation: Validation | None, best: dict,
+                     by_dataset: dict[str, Validation] | None = None) -> None:
+        """One line in the log and the epoch's scalars, PR curve and sample overlays in TensorBoard; with several datasets
+        ``validation`` is theirs pooled and ``by_dataset`` each one's, logged and written as val/NAME/..."""
         if not self.is_main:
             return
         writer = self._writer
@@ -214,6 +231,11 @@ class RunFolder:
                 writer.add_images("val/samples (red: predicted, green: true)", overlay, epoch, dataformats="NCHW")
         if best["score"] is not None:
             line += f"  [best {best['metric']} {best['score']:.4f} @ epoch {best['epoch']}]"
+        for name, part in (by_dataset or {}).items():
+            figures = part.metrics(validation.metrics()["threshold"])
+            line += f"\n    {name}: F1 {figures['f1']:.4f}  IoU {figures['iou']:.4f}  P {figures['precision']:.3f}  R {figures['recall']:.3f}"
+            for key, value in figures.items():
+                writer.add_scalar(f"val/{name}/{key}", value, epoch)
         writer.flush()
         log.info(line)
 

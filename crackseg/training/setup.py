@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -15,9 +15,10 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from crackseg.core.errors import InputError
 from crackseg.core.version import __version__
-from crackseg.data.datasets import Sample, crack_pixel_weight, open_dataset, usable_samples
+from crackseg.data.collection import combine, dataset_checksum, dataset_names, dataset_of, named
+from crackseg.data.datasets import Sample, Scan, crack_pixel_weight, open_dataset, usable_samples
 from crackseg.data.negatives import negative_pool
-from crackseg.data.splits import make_split
+from crackseg.data.splits import SPLITS, make_split
 from crackseg.model import distributed
 from crackseg.model.architectures import OFFLINE_IMAGENET_ENCODERS
 from crackseg.model.checkpoint import load_encoder_weights, load_model, model_from_payload
@@ -46,19 +47,19 @@ class Resolved:
 @dataclass
 class Prepared:
     resolved: Resolved
-    split: dict[str, list[str]]
+    split: dict[str, list[str]]  # stems :func:`~crackseg.data.datasets.named` by their dataset when there are several
     samples: list[Sample]
     negatives: list[Sample]  # the crack-free pool, in its split.json order
+    weights: dict[str, float] = field(default_factory=lambda: {"": 1.0})  # each dataset's name: its sampling weight
 
 
 def prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunFolder, payload: dict | None) -> Prepared:
-    """Check the dataset, fix the split and the resolved values, and write them into the run folder (rank 0)."""
-    found = open_dataset(
-        Path(config.data) if config.data else None,
-        Path(config.images) if config.images else None,
-        Path(config.masks) if config.masks else None,
-        config.mask_pattern,
-    )
+    """Check the datasets, fix the split and the resolved values, and write them into the run folder (rank 0)."""
+    roots = [Path(root) for root in config.data] or [None]
+    names = dataset_names(roots)
+    scans = {name: open_dataset(root, config.images and Path(config.images), config.masks and Path(config.masks),
+                                config.mask_pattern) for name, root in zip(names, roots)}
+    found = combine(scans)
     saved = (folder.saved_split() or payload["split"]) if payload is not None else None
     negatives, crack_free, problems = negative_pool(found, config.negatives and Path(config.negatives), saved)
     found.problems += problems
@@ -69,7 +70,7 @@ def prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunFo
         split = saved
         resolved = Resolved(**{**payload["config"]["resolved"], "workers": _workers(config)})
     else:
-        split = make_split([s.stem for s in samples], config.val_fraction, config.seed, found.listed) | crack_free
+        split = _split(scans, samples, config) | crack_free
         if not split["train"]:
             raise InputError("no training images left after the split")
         resolved = _resolve(config, env, [found.masks[stem] for stem in split["train"]], bool(negatives))
@@ -77,8 +78,32 @@ def prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunFo
     lost = sorted(stem for name in ("train", "val") for stem in split[name] if stem not in usable)
     if lost:
         raise InputError(f"{len(lost)} images of the saved split are no longer usable (e.g. {lost[0]}); see the problems with crackseg inspect")
-    folder.write_setup(config.to_dict(), dataclasses.asdict(resolved), split, found.problems)
-    return Prepared(resolved, split, samples, negatives)
+    weights = dict(zip(names, config.data_weights or [1.0] * len(names)))
+    datasets = _records(scans, roots, weights, split)
+    folder.write_setup(config.to_dict(), dataclasses.asdict(resolved), split, found.problems, datasets)
+    return Prepared(resolved, split, samples, negatives, weights)
+
+
+def _split(scans: dict[str, Scan], samples: list[Sample], config: TrainConfig) -> dict[str, list[str]]:
+    """Each dataset split by its own split files (or the seeded draw), dataset after dataset."""
+    split: dict[str, list[str]] = {name: [] for name in SPLITS}
+    for name, found in scans.items():
+        stems = [sample.stem.removeprefix(f"{name}/") for sample in samples if dataset_of(sample.stem) == name]
+        own = make_split(stems, config.val_fraction, config.seed, found.listed)
+        for part in SPLITS:
+            split[part] += [named(name, stem) for stem in own[part]]
+    return split
+
+
+def _records(scans: dict[str, Scan], roots: list[Path | None], weights: dict[str, float],
+             split: dict[str, list[str]]) -> list[dict]:
+    """config.json's ``datasets``: each one's folder, weight, split counts and checksum (over its own stems)."""
+    records = []
+    for (name, found), root in zip(scans.items(), roots):
+        counts = {part: sum(dataset_of(stem) == name for stem in split[part]) for part in SPLITS}
+        records.append({"name": name or (root.name if root else "data"), "root": str(root) if root else None,
+                        "weight": weights[name], **counts, "checksum": dataset_checksum(found.samples)})
+    return records
 
 
 def _resolve(config: TrainConfig, env: distributed.Environment, train_masks: list, crack_free: bool = False) -> Resolved:

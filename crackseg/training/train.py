@@ -34,13 +34,14 @@ from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import DataLoader
 
 from crackseg.core.errors import InputError
+from crackseg.data.collection import dataset_of
 from crackseg.evaluation.metrics import improves
 from crackseg.model import distributed
 from crackseg.model.checkpoint import RunRecord, restore_training_state, training_state
-from crackseg.training.engine import StepContext, build_optimizer, build_scheduler, train_one_epoch, validate
-from crackseg.training.loader import EpochSampler, negatives_per_epoch, run_loaders
+from crackseg.training.engine import StepContext, Validation, build_optimizer, build_scheduler, train_one_epoch, validate
+from crackseg.training.loader import EpochSampler, MixSampler, negatives_per_epoch, run_loaders
 from crackseg.training.losses import CrackLoss
-from crackseg.training.options import TrainConfig, check_options, check_same_run, resolved_encoder
+from crackseg.training.options import TrainConfig, check_options, check_same_run, expand_datasets, resolved_encoder
 from crackseg.training.run_folder import RunFolder, TrainingPass
 from crackseg.training.seeding import mix_seed, seed_everything
 from crackseg.training.setup import Prepared, build_training_model, prepare_run
@@ -63,10 +64,12 @@ def fit(config: TrainConfig) -> dict:
 
 
 def normalized(config: TrainConfig) -> TrainConfig:
-    """The encoder the architecture implies, and absolute paths: what the run folder records."""
-    names = ("data", "images", "masks", "init", "negatives")
+    """The encoder the architecture implies, the datasets (list files read) and absolute paths: what the run folder
+    records."""
+    names = ("images", "masks", "init", "negatives")
     paths = {name: str(Path(value).absolute()) for name in names if (value := getattr(config, name))}
-    return dataclasses.replace(config, encoder=resolved_encoder(config), **paths)
+    data, weights = expand_datasets(config)
+    return dataclasses.replace(config, encoder=resolved_encoder(config), data=data, data_weights=weights, **paths)
 
 
 @dataclass
@@ -76,9 +79,9 @@ class _Training:
     model: nn.Module
     model_without_ddp: nn.Module
     ema: AveragedModel | None
-    sampler: EpochSampler
+    sampler: EpochSampler | MixSampler
     train_loader: DataLoader
-    val_loader: DataLoader
+    val_loaders: dict[str, DataLoader]  # each dataset's validation shard, by name
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     context: StepContext
@@ -122,7 +125,7 @@ def _build(config: TrainConfig, env: distributed.Environment, folder: RunFolder,
     # --amp auto's CPU recipe is bf16 with NHWC convolutions (docs/results.md); the recorded options stay as given
     layout = config.channels_last or (config.amp == "auto" and resolved.amp == "bf16" and env.device.type == "cpu")
     model, model_without_ddp, ema = build_training_model(dataclasses.replace(config, channels_last=layout), env, payload)
-    sampler, train_loader, val_loader = run_loaders(config, env, prepared)
+    sampler, train_loader, val_loaders = run_loaders(config, env, prepared)
     steps_per_epoch = len(train_loader) // config.grad_accum
     if steps_per_epoch == 0:
         raise InputError(
@@ -138,7 +141,7 @@ def _build(config: TrainConfig, env: distributed.Environment, folder: RunFolder,
         channels_last=layout, clip_grad=config.clip_grad, log_every=config.log_every, on_log=folder.log_step,
         epochs=config.epochs, jitter=PhotometricJitter(), ema=ema,
     )
-    return _Training(model, model_without_ddp, ema, sampler, train_loader, val_loader, optimizer, scheduler, context,
+    return _Training(model, model_without_ddp, ema, sampler, train_loader, val_loaders, optimizer, scheduler, context,
                      steps_per_epoch)
 
 
@@ -148,8 +151,12 @@ def _setup_line(config: TrainConfig, env: distributed.Environment, prepared: Pre
     share = resolved.negative_share
     crack_free = (f"; {negatives_per_epoch(len(split['train']), share)} of {len(prepared.negatives)} crack-free images "
                   f"in each epoch (negative share {share:g})" if prepared.negatives else "")
+    datasets = (f"; {len(prepared.weights)} datasets: " + ", ".join(
+        f"{name} ({sum(dataset_of(stem) == name for stem in split['train'])} train, weight {weight:g})"
+        for name, weight in prepared.weights.items())) if len(prepared.weights) > 1 else ""
     return (
-        f"{env.world_size} process(es) on {env.device.type}; {len(split['train'])} train / {len(split['val'])} val images{crack_free}; "
+        f"{env.world_size} process(es) on {env.device.type}; {len(split['train'])} train / {len(split['val'])} val images"
+        f"{datasets}{crack_free}; "
         f"global batch {resolved.global_batch}, lr {resolved.lr:.3g}, pos_weight {pos_weight}, amp {resolved.amp}"
         + (", channels_last" if training.context.channels_last else "")
         + (f", weights averaged (EMA {config.ema:g})" if training.ema is not None else "")
@@ -171,13 +178,15 @@ def _epoch(config: TrainConfig, run: tuple[distributed.Environment, RunFolder, P
     images_per_s = training.steps_per_epoch * prepared.resolved.global_batch / (time.perf_counter() - started)
     peak_gb = torch.cuda.max_memory_allocated(env.device) / 2**30 if env.device.type == "cuda" else None
 
-    validation = None
+    validation, by_dataset = None, {}
     distributed.broadcast_buffers(training.model_without_ddp)
     if training.ema is not None:  # each rank averaged its own BatchNorm statistics
         distributed.broadcast_buffers(training.ema.module)
     if prepared.split["val"] and (epoch % config.val_every == 0 or epoch == config.epochs):
-        validation = validate(training.saved, training.val_loader, training.context, want_samples=env.is_main,
-                              batch_size=config.val_batch_size or config.batch_size)
+        by_dataset = {name: validate(training.saved, loader, training.context, want_samples=env.is_main and not index,
+                                     batch_size=config.val_batch_size or config.batch_size)
+                      for index, (name, loader) in enumerate(training.val_loaders.items())}
+        validation = Validation.pooled(list(by_dataset.values()))  # the threshold is the pooled sets'
         training.saved.threshold = validation.metrics()["threshold"]
     metrics = validation.metrics() if validation else None
     improved = metrics is not None and improves(config.monitor, metrics[config.monitor], best["score"])
@@ -189,5 +198,6 @@ def _epoch(config: TrainConfig, run: tuple[distributed.Environment, RunFolder, P
     state = training_state(training.optimizer, training.scheduler, training.context.scaler, record, averaged)
     # Every rank waits for rank 0's save, and stops with it if the save fails.
     distributed.decided_on_main(env, folder.save_epoch, training.saved, epoch, state, improved, config.keep_last)
-    folder.report_epoch(epoch, config.epochs, TrainingPass(train_loss, images_per_s, peak_gb), validation, best)
+    folder.report_epoch(epoch, config.epochs, TrainingPass(train_loss, images_per_s, peak_gb), validation, best,
+                        by_dataset if len(prepared.weights) > 1 else None)
     return global_step, best

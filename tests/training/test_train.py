@@ -208,7 +208,8 @@ def test_truncated_last_checkpoint_falls_back_to_an_intact_epoch(finished_run, t
 
 
 def _data_of(run: Path) -> str:
-    return read_checkpoint(run / "best.pt")["config"]["options"]["data"]
+    (data,) = read_checkpoint(run / "best.pt")["config"]["options"]["data"]
+    return data
 
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_checkpoints(synth_root, tmp_path, monkeypatch):

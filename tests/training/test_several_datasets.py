@@ -1,0 +1,202 @@
+"""Training on several datasets at once: each its own split and its share of every epoch, validation per dataset and
+pooled, the datasets recorded in the run folder."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from crackseg.cli.main import main
+from crackseg.data.collection import dataset_checksum, dataset_names
+from crackseg.data.datasets import Sample
+from crackseg.data.synth import write_dataset
+from crackseg.model.checkpoint import read_checkpoint
+from crackseg.training.engine import Validation
+from crackseg.training.loader import MixSampler, Pool, dataset_shares
+
+TINY_FLAGS = ["--encoder", "mobilenet_v2", "--encoder-weights", "none", "--crop-size", "64", "--batch-size", "2",
+              "--workers", "0", "--val-fraction", "0.25", "--log-every", "1", "--device", "cpu"]
+
+
+def _train(*args) -> tuple[int, str]:
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(["train", *map(str, args)])
+        except SystemExit as exit:
+            code = exit.code
+    return code, stderr.getvalue()
+
+
+@pytest.fixture(scope="module")
+def two_datasets(tmp_path_factory) -> tuple[Path, Path]:
+    """A dataset of 12 photos with its own test.txt, and one of 4 without split files: apart by size and by name."""
+    big, small = tmp_path_factory.mktemp("walls") / "walls", tmp_path_factory.mktemp("roads") / "roads"
+    write_dataset(big, count=12, size=(64, 64), seed=3)
+    write_dataset(small, count=4, size=(64, 64), seed=4)
+    (big / "test.txt").write_text("00010\n00011\n")
+    return big, small
+
+
+def test_shares_follow_the_weights_and_fill_the_epoch():
+    assert dataset_shares(16, [1, 1]) == [8, 8]
+    assert dataset_shares(16, [1, 1, 2]) == [4, 4, 8]
+    assert sorted(dataset_shares(10, [1, 1, 1])) == [3, 3, 4]
+    assert sum(dataset_shares(10, [1, 1, 1])) == 10 and dataset_shares(3, [100, 1]) == [2, 1]
+
+
+def test_every_pool_gives_its_share_and_a_small_one_repeats_only_after_a_whole_pass():
+    sampler = MixSampler([Pool(12, 8), Pool(4, 8)], seed=5)
+    for epoch in (1, 2, 3):
+        sampler.set_epoch(epoch)
+        keys = sampler.epoch_keys()
+        by_pool = Counter("small" if key[1] >= 12 else "big" for key in keys)
+        assert by_pool == {"big": 8, "small": 8}
+        small = Counter(key[1] for key in keys if key[1] >= 12)
+        assert set(small.values()) == {2}  # 8 draws from 4 photos: each twice, the second with its own augmentation
+        assert len({key for key in keys if key[1] >= 12}) == 8
+    sampler.set_epoch(1)
+    first = [key[1] for key in sampler.epoch_keys() if key[1] < 12]
+    sampler.set_epoch(2)
+    second = [key[1] for key in sampler.epoch_keys() if key[1] < 12]
+    assert len(set(first)) == 8 and set(range(12)) <= set(first) | set(second)  # every big photo within two epochs
+
+
+def test_processes_share_one_epoch_and_a_resume_draws_the_same():
+    whole = MixSampler([Pool(12, 8), Pool(4, 8)], seed=5)
+    whole.set_epoch(3)
+    shards = []
+    for rank in (0, 1):
+        shard = MixSampler([Pool(12, 8), Pool(4, 8)], seed=5, world_size=2, rank=rank)
+        shard.set_epoch(3)
+        shards.append(list(shard))
+    assert len(shards[0]) == len(shards[1]) == 8 and sorted(shards[0] + shards[1]) == sorted(whole.epoch_keys())
+    again = MixSampler([Pool(12, 8), Pool(4, 8)], seed=5)
+    again.set_epoch(3)
+    assert again.epoch_keys() == whole.epoch_keys()
+
+
+def test_pooled_validation_is_the_validation_of_the_union():
+    generator = torch.Generator().manual_seed(0)
+    parts = [Validation(float(torch.rand(1, generator=generator)), torch.randint(0, 50, (3, 8), generator=generator), weight=w)
+             for w in (10.0, 30.0)]
+    pooled = Validation.pooled(parts)
+    assert torch.equal(pooled.histograms, parts[0].histograms + parts[1].histograms)
+    assert pooled.loss == pytest.approx((parts[0].loss * 10 + parts[1].loss * 30) / 40) and pooled.weight == 40
+
+
+def test_names_are_the_folders_numbered_where_they_repeat(tmp_path):
+    assert dataset_names([tmp_path / "cfd"]) == [""]
+    assert dataset_names([tmp_path / "cfd", tmp_path / "a" / "cfd", tmp_path / "masonry", tmp_path / "b" / "cfd"]) == \
+        ["cfd", "cfd-2", "masonry", "cfd-3"]
+
+
+def test_two_datasets_train_together_each_split_apart_and_are_recorded(two_datasets, tmp_path):
+    big, small = two_datasets
+    run = tmp_path / "run"
+    code, error = _train("--data", big, "--data", small, "--run", run, "--epochs", "2", *TINY_FLAGS)
+    assert code == 0, error
+    split = json.loads((run / "split.json").read_text())
+    assert split["test"] == ["walls/00010", "walls/00011"]  # each dataset's own test.txt, its stems named
+    assert {stem.split("/")[0] for stem in split["train"] + split["val"]} == {"walls", "roads"}
+    assert sum(stem.startswith("walls/") for stem in split["val"]) == 2 and sum(stem.startswith("roads/") for stem in split["val"]) == 1
+    setup = json.loads((run / "config.json").read_text())
+    assert setup["options"]["data"] == [str(big), str(small)]
+    walls, roads = setup["datasets"]
+    assert (walls["name"], walls["train"], walls["val"], walls["test"], walls["weight"]) == ("walls", 8, 2, 2, 1.0)
+    assert (roads["name"], roads["train"], roads["val"], roads["test"]) == ("roads", 3, 1, 0)
+    samples = [Sample(path.stem, path, big / "masks" / f"{path.stem}.png") for path in sorted((big / "images").iterdir())]
+    assert walls["checksum"] == dataset_checksum(samples)
+    log = (run / "train.log").read_text()
+    assert "2 datasets: walls (8 train, weight 1), roads (3 train, weight 1)" in log
+    assert "    walls: F1" in log and "    roads: F1" in log
+    saved = read_checkpoint(run / "last.pt")
+    assert saved["model"]["config"]["threshold"] == pytest.approx(saved["metrics"]["threshold"])  # the pooled sets'
+
+    code, error = _train("--data", big, "--data", small, "--run", run, "--epochs", "3", *TINY_FLAGS)  # resumed
+    assert code == 0, error and read_checkpoint(run / "last.pt")["epoch"] == 3
+    code, error = _train("--data", small, "--data", big, "--run", run, "--epochs", "4", *TINY_FLAGS)
+    assert code == 2 and "contradicts the run saved" in error and error.count("\n") == 1
+
+
+def test_a_list_file_names_the_datasets_and_their_weights(two_datasets, tmp_path):
+    big, small = two_datasets
+    listing = tmp_path / "lists" / "datasets.txt"
+    listing.parent.mkdir()
+    listing.write_text(f"# the sites\n{big}  3\n{os.path.relpath(small, listing.parent)}   # relative to the list\n")
+    run = tmp_path / "run"
+    code, error = _train("--data", listing, "--run", run, "--epochs", "1", *TINY_FLAGS)
+    assert code == 0, error
+    setup = json.loads((run / "config.json").read_text())
+    assert setup["options"]["data"] == [str(big), str(small)] and setup["options"]["data_weights"] == [3.0, 1.0]
+    assert [entry["weight"] for entry in setup["datasets"]] == [3.0, 1.0]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--data-weights", "1"], "--data-weights gives 1 weights for 2 datasets"),
+    (["--data-weights", "1,0"], "argument --data-weights: must be > 0, got 0"),
+    (["--images", "x"], "--images and --masks name the folders of one dataset"),
+])
+def test_mistakes_with_several_datasets_are_one_line(two_datasets, tmp_path, flags, message):
+    big, small = two_datasets
+    code, error = _train("--data", big, "--data", small, "--run", tmp_path / "run", *flags, *TINY_FLAGS)
+    assert code == 2 and message in error and error.count("\n") == 1, error
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_dataset_changed_since_the_run_began_is_said(two_datasets, tmp_path):
+    import shutil
+
+    big, small = two_datasets
+    copy = tmp_path / "roads"
+    shutil.copytree(small, copy)
+    run = tmp_path / "run"
+    assert _train("--data", big, "--data", copy, "--run", run, "--epochs", "1", *TINY_FLAGS)[0] == 0
+    mask = sorted((copy / "masks").iterdir())[0]
+    mask.write_bytes(sorted((big / "masks").iterdir())[0].read_bytes())
+    code, error = _train("--data", big, "--data", copy, "--run", run, "--epochs", "2", *TINY_FLAGS)
+    assert code == 0 and "dataset roads" in error and "changed since the run began" in error
+
+
+@pytest.mark.slow
+def test_two_processes_pool_each_datasets_validation_exactly(two_datasets, tmp_path):
+    """Under torchrun every process validates its shard of each dataset; pooled, they equal one process's figures."""
+    import subprocess
+    import sys
+
+    from crackseg.data.collection import dataset_of
+    from crackseg.data.datasets import open_dataset
+    from crackseg.model import distributed
+    from crackseg.model.checkpoint import load_model
+    from crackseg.training.engine import StepContext, validate
+    from crackseg.training.loader import CrackDataset
+    from crackseg.training.losses import CrackLoss
+
+    big, small = two_datasets
+    run = tmp_path / "two"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    result = subprocess.run(
+        ["bash", str(Path(__file__).resolve().parents[2] / "launch.sh"), "--nproc", "2", "--max-restarts", "0", "train",
+         "--data", str(big), "--data", str(small), "--run", str(run), "--epochs", "1", "--amp", "off", *TINY_FLAGS],
+        capture_output=True, text=True, env={**env, "PYTHON": sys.executable}, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    payload = read_checkpoint(run / "last.pt")
+    model = load_model(run / "last.pt")
+    context = StepContext(env=distributed.Environment(0, 0, 1, torch.device("cpu")),
+                          loss_fn=CrackLoss(payload["config"]["resolved"]["pos_weight"]))
+    parts = []
+    for name, root in (("walls", big), ("roads", small)):
+        by_stem = {sample.stem: sample for sample in open_dataset(root).samples}
+        stems = [stem.split("/", 1)[1] for stem in payload["split"]["val"] if dataset_of(stem) == name]
+        parts.append(validate(model, CrackDataset([by_stem[stem] for stem in stems]), context))
+    single = Validation.pooled(parts).metrics()
+    for name, value in payload["metrics"].items():
+        assert single[name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
