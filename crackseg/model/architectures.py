@@ -30,6 +30,13 @@ DEFAULT_ENCODER = "efficientnet-lite0"
 # --encoder-weights imagenet needs no network. crackseg.model.pretrained builds and fills them; they are crackseg names,
 # not smp ones.
 OFFLINE_IMAGENET_ENCODERS = ("efficientnet-lite0", "efficientnet-lite1", "efficientnet-lite2")
+# How images are scaled before the encoder, as (mean, std) over [0, 1] pixels: ImageNet's statistics, what PyTorch's
+# ImageNet weights were trained with; or (x - 127) / 128, into [-1, 1], what TensorFlow trained EfficientNet-Lite with.
+INPUT_SCALINGS = {
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "tf": ((127 / 255,) * 3, (128 / 255,) * 3),
+}
+_NATIVE_SCALING = dict.fromkeys(OFFLINE_IMAGENET_ENCODERS, "tf")  # any other encoder's weights: imagenet
 
 
 def implied_encoder(arch: str, encoder: str | None) -> str:
@@ -39,3 +46,8 @@ def implied_encoder(arch: str, encoder: str | None) -> str:
     if implied and encoder not in (None, implied):
         raise ValueError(f"architecture {arch} always uses the {implied} encoder, not {encoder}")
     return implied or encoder or DEFAULT_ENCODER
+
+
+def input_scaling(name: str, encoder: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) of :data:`INPUT_SCALINGS` ``name``; ``auto``: the one ``encoder``'s ImageNet weights were trained with."""
+    return INPUT_SCALINGS[_NATIVE_SCALING.get(encoder, "imagenet") if name == "auto" else name]

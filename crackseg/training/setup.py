@@ -155,7 +155,7 @@ def build_training_model(config: TrainConfig, env: distributed.Environment,
         model = load_model(config.init, arch=config.arch, encoder=config.encoder)
     else:
         weights = config.encoder_weights
-        model = build_model(config.encoder, "imagenet" if weights == "imagenet" else None, config.arch)
+        model = build_model(config.encoder, "imagenet" if weights == "imagenet" else None, config.arch, config.input_scaling)
         if weights not in ("none", "imagenet"):
             load_encoder_weights(model, Path(weights))
     model.to(env.device)

@@ -9,10 +9,11 @@ import torch
 import torchvision
 
 import crackseg
-from crackseg.model.checkpoint import load_encoder_weights, load_model
-from crackseg.model.classic import convert_classic
 from crackseg.core.errors import InputError
-from crackseg.model.networks import IMAGENET_MEAN, IMAGENET_STD, build_model
+from crackseg.model.architectures import INPUT_SCALINGS
+from crackseg.model.checkpoint import load_encoder_weights, load_model, save_model
+from crackseg.model.classic import convert_classic
+from crackseg.model.networks import build_model
 
 
 @functools.cache
@@ -110,7 +111,7 @@ def _classic_file(tmp_path, arch):
 
 def _classic_forward(net, images):
     """The classic inference path: ImageNet normalization, then the bare network."""
-    mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    mean, std = (torch.tensor(values).view(1, 3, 1, 1) for values in INPUT_SCALINGS["imagenet"])
     return net((images - mean) / std)
 
 
@@ -253,3 +254,22 @@ def test_activation_checkpointing_keeps_gradients_names_and_batchnorm_statistics
     assert len(checkpointed_stages) == stages and all(type(s).__name__.startswith("Checkpointed") for s in checkpointed_stages)
     stage = checkpointed_stages[0]
     assert "forward" not in vars(stage) and "forward" not in vars(stage._replicate_for_data_parallel())  # DataParallel replicas run their own weights
+
+
+@pytest.mark.parametrize("encoder, scaling, mean, std", [
+    ("resnet18", "imagenet", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    ("resnet18", "auto", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    ("resnet18", "tf", (127 / 255,) * 3, (128 / 255,) * 3),
+    ("efficientnet-lite0", "auto", (127 / 255,) * 3, (128 / 255,) * 3),
+])
+def test_the_input_scaling_is_the_models_and_kept_in_its_file(tmp_path, encoder, scaling, mean, std):
+    model = build_model(encoder, None, scaling=scaling).eval()
+    assert model.config()["mean"] == pytest.approx(mean) and model.config()["std"] == pytest.approx(std)
+    image = torch.full((1, 3, 64, 64), 127, dtype=torch.uint8)
+    if scaling == "tf":  # (127 - 127) / 128: mid-grey is 0 for the encoder
+        seen = []
+        model.net.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        model(image)
+        assert seen[0].abs().max() < 1e-6
+    save_model(model, tmp_path / "m.pt")
+    assert load_model(tmp_path / "m.pt").config()["mean"] == pytest.approx(mean)

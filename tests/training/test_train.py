@@ -428,3 +428,10 @@ def test_native_bf16_is_read_from_the_cpus_flags(tmp_path, monkeypatch):
     cpuinfo.unlink()
     assert distributed.cpu_has_native_bf16() is False
     assert distributed.resolve_amp("auto", torch.device("cpu")) is None  # prediction stays float32 whatever the CPU
+
+
+def test_the_input_scaling_of_a_run_is_its_models(synth_root, tmp_path):
+    config = TrainConfig(run=str(tmp_path / "run"), data=str(synth_root), **{**TINY, "input_scaling": "tf"})
+    _, model, _ = build_training_model(config, distributed.Environment(0, 0, 1, torch.device("cpu")), None)
+    assert model.config()["mean"] == pytest.approx((127 / 255,) * 3) and model.config()["std"] == pytest.approx((128 / 255,) * 3)
+    assert TrainConfig(run="r", data="d").input_scaling == "imagenet"  # what every run before the option used
