@@ -83,7 +83,10 @@ class Validation:
 
     @staticmethod
     def pooled(parts: list[Validation]) -> Validation:
-        """Several validation sets as one: histograms and weighted losses summed, never a mean of means."""
+        """Several validation sets as one: histograms and weighted losses summed, never a mean of means; one set is
+        itself."""
+        if len(parts) == 1:
+            return parts[0]
         weight = sum(part.weight for part in parts)
         loss = sum(part.loss * part.weight for part in parts if part.weight) / weight if weight else float("nan")
         samples = next((part.samples for part in parts if part.samples is not None), None)
