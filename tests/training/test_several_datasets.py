@@ -121,7 +121,8 @@ def test_two_datasets_train_together_each_split_apart_and_are_recorded(two_datas
     assert saved["model"]["config"]["threshold"] == pytest.approx(saved["metrics"]["threshold"])  # the pooled sets'
 
     code, error = _train("--data", big, "--data", small, "--run", run, "--epochs", "3", *TINY_FLAGS)  # resumed
-    assert code == 0, error and read_checkpoint(run / "last.pt")["epoch"] == 3
+    assert code == 0, error
+    assert read_checkpoint(run / "last.pt")["epoch"] == 3
     code, error = _train("--data", small, "--data", big, "--run", run, "--epochs", "4", *TINY_FLAGS)
     assert code == 2 and "contradicts the run saved" in error and error.count("\n") == 1
 
