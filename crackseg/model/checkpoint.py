@@ -33,7 +33,7 @@ from torch import nn
 from crackseg.core.errors import InputError
 from crackseg.core.files import ensure_writable_folder, write_atomic
 from crackseg.core.version import __version__
-from crackseg.model.architectures import ARCHITECTURES, CLASSIC, OFFLINE_IMAGENET_ENCODERS
+from crackseg.model.architectures import ARCHITECTURES, OFFLINE_IMAGENET_ENCODERS
 from crackseg.model.networks import CrackSegModel, model_from_config
 
 FORMAT = "crackseg"
@@ -61,6 +61,16 @@ def save_model(model: nn.Module, path: Path, **extra) -> None:
             raise
 
     write_atomic(path, write, durable=True)
+
+
+def check_model_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` model file that cannot be written, before any work: a folder, an existing file without
+    ``overwrite``, a folder that cannot take it."""
+    if out.is_dir():
+        raise InputError(f"--out {out}: is a folder; give the model file's name, e.g. {out / 'model.pt'}")
+    if out.exists() and not overwrite:
+        raise InputError(f"{out} already exists; choose another --out or pass --overwrite")
+    ensure_writable_folder(out.parent, "--out")
 
 
 def save_pretrained(model: nn.Module, folder: Path) -> None:
@@ -141,7 +151,7 @@ def _config_problem(config: dict) -> str | None:
     arch, encoder, divisor, threshold = config["arch"], config["encoder"], config["size_divisor"], config["threshold"]
     if arch not in ARCHITECTURES:
         return f"arch {_short(arch)} is not one of {', '.join(ARCHITECTURES)}"
-    implied = CLASSIC.get(arch)
+    implied = ARCHITECTURES[arch].encoder
     if implied and encoder != implied:
         return f"encoder {_short(encoder)} is not {implied}, the encoder of {arch}"
     if not implied:

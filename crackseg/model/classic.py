@@ -7,25 +7,22 @@ from pathlib import Path
 import torch
 
 from crackseg.core.errors import InputError
-from crackseg.core.files import ensure_writable_folder
 from crackseg.model.architectures import CLASSIC
-from crackseg.model.checkpoint import FORMAT, load_torch_file, read_checkpoint, save_model
+from crackseg.model.checkpoint import FORMAT, check_model_out, load_torch_file, read_checkpoint, save_model
 from crackseg.model.networks import CrackSegModel, build_model
 
 
-def convert_classic(source: Path, arch: str, out: Path, threshold: float = 0.2, overwrite: bool = False) -> CrackSegModel:
+CLASSIC_THRESHOLD = 0.2  # the classic inference script's default
+
+
+def convert_classic(source: Path, arch: str, out: Path, threshold: float = CLASSIC_THRESHOLD, overwrite: bool = False) -> CrackSegModel:
     """Turn a classic ``{'model': state_dict, 'epoch', 'valid_loss', ...}`` file into a crackseg model file.
 
-    Every tensor must match ``arch`` by name and shape. ``threshold`` defaults to 0.2, the
-    classic inference script's default.
+    Every tensor must match ``arch`` by name and shape.
     """
     if arch not in CLASSIC:
         raise InputError(f"--arch must be a classic architecture ({', '.join(CLASSIC)}), got {arch!r}")
-    if Path(out).is_dir():
-        raise InputError(f"--out {out}: is a folder; give the model file's name, e.g. {Path(out) / 'model.pt'}")
-    if Path(out).exists() and not overwrite:
-        raise InputError(f"{out} already exists; choose another --out or pass --overwrite")
-    ensure_writable_folder(Path(out).parent, "--out")
+    check_model_out(Path(out), overwrite)
     classic = load_torch_file(source, "checkpoint")
     if isinstance(classic, dict) and classic.get("format") == FORMAT:
         read_checkpoint(source)  # an older or damaged one: the error that says what to do with it

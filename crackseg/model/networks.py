@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from crackseg.model.architectures import ARCHITECTURES, DEFAULT_ENCODER, OFFLINE_IMAGENET_ENCODERS, implied_encoder, input_scaling
 from crackseg.core.errors import InputError
 from crackseg.model import pretrained
+from crackseg.model.resunet import ResUNet
 
 class CrackSegModel(nn.Module):
     """(N, 3, H, W) images, uint8 or float in [0, 1] -> (N, 1, H, W) crack logits, any H and W.
@@ -180,6 +181,13 @@ def _smp_unet(encoder: str, imagenet: bool) -> nn.Module:
     return smp.Unet(encoder, encoder_weights="imagenet" if imagenet else None, classes=1)
 
 
+def _resunet(imagenet: bool) -> nn.Module:
+    if imagenet:
+        raise InputError("the resunet architecture has no ImageNet weights: pass --encoder-weights none, or --init a model "
+                         "made by crackseg convert --from crackpot")
+    return ResUNet()
+
+
 class _ConvRelu(nn.Module):
     def __init__(self, in_channels: int, out_channels: int):
         super().__init__()
@@ -298,4 +306,5 @@ _NETWORKS = {
     "smp_unet": _smp_unet,
     "unet16": lambda encoder, imagenet: UNet16(imagenet),
     "unet_resnet": lambda encoder, imagenet: UNetResNet(int(encoder.removeprefix("resnet")), imagenet),
+    "resunet": lambda encoder, imagenet: _resunet(imagenet),
 }

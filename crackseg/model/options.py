@@ -49,14 +49,32 @@ class InferenceOptions(Options):
             raise InputError(f"--overlap ({self.overlap} px) must be smaller than --tile ({self.tile} px)")
 
 
-@dataclass(frozen=True)
+# convert --from: the kinds of model file crackseg converts (crackseg.model.classic, crackseg.model.crackpot)
+CONVERT_SOURCES = {
+    "classic": "a checkpoint of the classic crack-segmentation project (with --arch)",
+    "crackpot": "crackpot's Keras ResUNet (MIT): its my_model.keras, by default the installed crackpot's "
+                "(pip install 'crackseg[crackpot]' and pip install --no-deps crackpot==2.0)",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
 class ConvertOptions(Options):
-    classic: Path = option(REQUIRED, "classic checkpoint, e.g. model_best.pt or model_epoch_N.pt", positional=True)
-    arch: str = option(REQUIRED, "architecture it holds", choices=CLASSIC)
+    source: Path | None = option(None, "the file to convert: a classic checkpoint (model_best.pt, model_epoch_N.pt) or "
+                                       "crackpot's my_model.keras", positional=True, nargs="?")
+    from_: str = option("classic", "; ".join(f"{name}: {what}" for name, what in CONVERT_SOURCES.items()),
+                        choices=CONVERT_SOURCES, flags=("--from",))
+    arch: str | None = option(None, "architecture a classic checkpoint holds", choices=CLASSIC)
     out: Path = option(REQUIRED, "crackseg model file to write")
-    threshold: float = option(0.2, "decision threshold on crack probability stored in the file (the classic inference default)",
-                              valid=FRACTION)
+    threshold: float | None = option(None, "decision threshold on crack probability stored in the file (default: the "
+                                           "source's own, 0.2 for classic checkpoints, 0.5 for crackpot)", valid=FRACTION)
     overwrite: bool = option(False, "replace --out if it exists")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.from_ == "classic" and (self.source is None or self.arch is None):
+            raise InputError("a classic checkpoint needs its path and --arch: crackseg convert model_best.pt --arch unet16 --out model.pt")
+        if self.from_ == "crackpot" and self.arch is not None:
+            raise InputError("--arch is for classic checkpoints; a crackpot model is always its ResUNet")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ from crackseg.core.options import (
 )
 from crackseg.model.architectures import (
     ARCHITECTURES,
-    CLASSIC,
     DEFAULT_ENCODER,
     INPUT_SCALINGS,
     OFFLINE_IMAGENET_ENCODERS,
@@ -118,7 +117,7 @@ class TrainConfig(Options):
     )
     # model
     arch: str = option(
-        "unet", "unet = segmentation-models-pytorch UNet; the others are the classic architectures", section="model", choices=ARCHITECTURES
+        "unet", "unet = segmentation-models-pytorch UNet; resunet = crackpot's residual UNet (for --init of a converted crackpot model); the others are the classic architectures", section="model", choices=ARCHITECTURES
     )
     encoder: str | None = option(
         None,
@@ -212,7 +211,7 @@ class TrainConfig(Options):
         try:
             implied_encoder(self.arch, self.encoder)
         except ValueError:
-            raise InputError(f"--arch {self.arch} always uses the {CLASSIC[self.arch]} encoder; leave out --encoder {self.encoder}") from None
+            raise InputError(f"--arch {self.arch} always uses the {ARCHITECTURES[self.arch].encoder} encoder; leave out --encoder {self.encoder}") from None
 
 
 # crackseg inspect: a dataset folder, found and split as training finds and splits it

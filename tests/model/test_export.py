@@ -47,7 +47,7 @@ def small(tmp_path_factory):
 
 
 @pytest.mark.parametrize("arch, encoder", [("unet", "mobilenet_v2"), ("unet", "efficientnet-b0"), ("unet", "efficientnet-lite0"),
-                                           ("unet16", None), ("unet_resnet34", None)])
+                                           ("unet16", None), ("unet_resnet34", None), ("resunet", None)])
 @pytest.mark.slow
 @isolated
 def test_every_architecture_exports_and_equals_torch_at_odd_sizes(tmp_path, arch, encoder):

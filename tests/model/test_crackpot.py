@@ -1,0 +1,111 @@
+"""crackseg convert --from crackpot: crackpot's Keras ResUNet read without Keras, checked against Keras itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from importlib.util import find_spec
+
+import numpy as np
+import pytest
+import torch
+
+from crackseg.core.errors import InputError
+from crackseg.model.checkpoint import load_model
+from crackseg.model.crackpot import convert_crackpot, crackpot_model_file
+from conftest import cli_result
+
+needs_crackpot = pytest.mark.skipif(find_spec("crackpot") is None, reason="crackpot is not installed (crackseg[crackpot])")
+
+_KERAS_REFERENCE = """
+import sys, numpy as np, keras
+model = keras.models.load_model(sys.argv[1], compile=False)
+images = np.load(sys.argv[2])
+np.save(sys.argv[3], np.asarray(model.predict(images.astype(np.float32) / 255, verbose=0))[..., 0])
+"""
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("crackpot")
+    convert_crackpot(None, folder / "crackpot.pt")
+    return folder / "crackpot.pt"
+
+
+@needs_crackpot
+@pytest.mark.skipif(find_spec("keras") is None, reason="Keras is not installed")
+def test_the_converted_model_equals_keras_on_the_same_pixels(tmp_path, converted, cfd_root):
+    """Keras 3 (on its torch backend) runs crackpot's own file; crackseg's model must agree within 1e-4."""
+    from PIL import Image
+
+    photos = sorted((cfd_root / "images").iterdir())[:2]
+    images = np.stack([np.asarray(Image.open(p).convert("RGB").resize((256, 256))) for p in photos])
+    images = np.concatenate([images, np.random.default_rng(0).integers(0, 256, (1, 256, 256, 3), dtype=np.uint8)])
+    np.save(tmp_path / "images.npy", images)
+    subprocess.run([sys.executable, "-c", _KERAS_REFERENCE, str(crackpot_model_file()), str(tmp_path / "images.npy"),
+                    str(tmp_path / "keras.npy")], check=True, env={**os.environ, "KERAS_BACKEND": "torch"})
+    expected = np.load(tmp_path / "keras.npy")
+    model = load_model(converted)
+    with torch.no_grad():
+        ours = torch.sigmoid(model(torch.from_numpy(images).permute(0, 3, 1, 2)))[:, 0].numpy()
+    assert np.abs(ours - expected).max() < 1e-4
+    assert (expected > 0.5).any()  # cracks found on the photos: a comparison of real predictions, not of zeros
+
+
+@needs_crackpot
+def test_the_converted_model_records_its_source_and_runs_on_any_size(converted):
+    payload = torch.load(converted, weights_only=True)
+    assert payload["converted_from"]["from"] == "crackpot" and payload["converted_from"]["licence"] == "MIT"
+    model = load_model(converted)
+    assert (model.arch, model.threshold, model.size_divisor) == ("resunet", 0.5, 16)
+    assert model.mean.abs().max() == 0 and (model.std == 1).all()  # crackpot divides by 255, nothing else
+    with torch.no_grad():
+        assert model(torch.randint(0, 256, (1, 3, 75, 130), dtype=torch.uint8)).shape == (1, 1, 75, 130)
+
+
+@needs_crackpot
+def test_cli_converts_and_predicts_with_it(tmp_path, converted, synth_root):
+    assert cli_result(["convert", "--from", "crackpot", "--out", tmp_path / "c.pt"]) == (0, "")
+    assert cli_result(["convert", "--from", "crackpot", "--out", tmp_path / "c.pt"])[0] == 2  # no --overwrite
+    code, _ = cli_result(["predict", "--checkpoint", converted, "--resize", "64", "--device", "cpu", "--no-measure",
+                          synth_root / "images", "--out", tmp_path / "preds"])
+    assert code == 0 and len(list((tmp_path / "preds").rglob("*.png"))) == len(list((synth_root / "images").iterdir()))
+
+
+def _keras_file(path, layers: list[dict]) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("config.json", json.dumps({"class_name": "Functional", "config": {"layers": layers}}))
+        archive.writestr("model.weights.h5", b"")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda path: path.write_text("not a zip"), "not a Keras 3 model file"),
+    (lambda path: _keras_file(path, [{"class_name": "Conv2D", "name": "conv2d", "config": {}}]),
+     "model.weights.h5 is not readable Keras weights"),
+])
+def test_what_is_not_crackpots_model_is_a_one_line_error(tmp_path, make, message):
+    pytest.importorskip("h5py")
+    make(tmp_path / "model.keras")
+    code, err = cli_result(["convert", "--from", "crackpot", tmp_path / "model.keras", "--out", tmp_path / "m.pt"])
+    assert code == 2 and message in err and "Traceback" not in err and not (tmp_path / "m.pt").exists()
+
+
+def test_another_keras_graph_is_refused_by_its_layers(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "w.h5", "w") as h5:
+        h5.create_dataset("layers/conv2d/vars/0", data=np.zeros((3, 3, 3, 8), np.float32))
+        h5.create_dataset("layers/conv2d/vars/1", data=np.zeros(8, np.float32))
+    with zipfile.ZipFile(tmp_path / "other.keras", "w") as archive:
+        archive.writestr("config.json", json.dumps({"config": {"layers": [{"class_name": "Conv2D", "name": "conv2d", "config": {}}]}}))
+        archive.write(tmp_path / "w.h5", "model.weights.h5")
+    with pytest.raises(InputError, match="1 convolutions and 0 batch norms, not the 30 and 28 of crackpot's ResUNet"):
+        convert_crackpot(tmp_path / "other.keras", tmp_path / "m.pt")
+
+
+def test_classic_and_crackpot_flags_are_checked_together(tmp_path):
+    assert "needs its path and --arch" in cli_result(["convert", "--out", tmp_path / "m.pt"])[1]
+    code, err = cli_result(["convert", "--from", "crackpot", "--arch", "unet16", "--out", tmp_path / "m.pt"])
+    assert code == 2 and "--arch is for classic checkpoints" in err
