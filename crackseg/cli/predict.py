@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 from crackseg.cli.options import add_command
-from crackseg.model.options import ExportOptions
+from crackseg.model.options import ExportOptions, ModelsOptions
+from crackseg.core.errors import InputError
+from crackseg.model.shipped import DEFAULT_MODEL, SHIPPED, crackpot_model_file, describe, shipped_folder
 from crackseg.prediction.options import PredictCommand, ReportOptions
 
 
@@ -16,12 +20,25 @@ def add_commands(commands) -> None:
             "and OUT/cracks.csv (per connected crack). Images larger than --tile run as overlapping,\n"
             "smoothly blended tiles; nothing is resized unless --resize is given. Unreadable inputs\n"
             "are listed in OUT/errors.csv and the exit status is 1; the rest are still written.\n\n"
+            "Without --checkpoint, the general model that ships with crackseg runs (crackseg models).\n\n"
+            "  crackseg predict photos/ --out predictions     (the shipped general model)\n"
             "  crackseg predict --checkpoint checkpoints/demo/best.pt data/photos --out predictions\n"
             "  crackseg predict --checkpoint best.pt s3://survey/photos/ --out s3://survey/pred/   (pip install 'crackseg[s3]')\n"
             "  ./launch.sh predict --checkpoint ... photos/ --out ...   (photos, and each raster's tiles, shared across GPUs)\n"
             "  crackseg predict --engine ray --ray-address auto --checkpoint best.pt s3://survey/photos/ --out s3://survey/pred/"
         ),
         PredictCommand, _cmd_predict,
+    )
+
+    add_command(
+        commands, "models", "list the models that ship with crackseg (no download, no network)",
+        (
+            "List the models installed with crackseg. --checkpoint NAME takes each one in predict,\n"
+            "evaluate, serve and export, and train --init NAME fine-tunes it; predict runs the general\n"
+            "model when given no --checkpoint. Their model cards are in docs/models.md. crackpot's\n"
+            "Keras model converts with crackseg convert --from crackpot."
+        ),
+        ModelsOptions, _cmd_models,
     )
 
     add_command(
@@ -54,13 +71,31 @@ def add_commands(commands) -> None:
 def _cmd_predict(command: PredictCommand) -> int:
     from crackseg.prediction.predict import predict_folder
 
-    return predict_folder(command.checkpoint, list(command.inputs), command.options)
+    checkpoint = command.checkpoint
+    if checkpoint is None:
+        checkpoint = shipped_folder(DEFAULT_MODEL)
+        print(f"crackseg: no --checkpoint: predicting with the shipped {DEFAULT_MODEL} model ({SHIPPED[DEFAULT_MODEL].terms})",
+              file=sys.stderr)
+    return predict_folder(checkpoint, list(command.inputs), command.options)
+
+
+def _cmd_models(options: ModelsOptions) -> int:
+    for name, model in SHIPPED.items():
+        print(f"{name}{' (default)' if name == DEFAULT_MODEL else ''}: {describe(name)}")
+        print(f"    {model.summary}; {model.terms}")
+    try:
+        found = f"its model file is installed: {crackpot_model_file()}"
+    except InputError as error:
+        found = str(error)
+    print(f"crackpot (MIT, converted on request): crackseg convert --from crackpot --out crackpot.pt; {found}")
+    return 0
 
 
 def _cmd_export(options: ExportOptions) -> int:
     from crackseg.model.export import export_model
 
-    written = export_model(options.checkpoint, options.format, options.out, overwrite=options.overwrite)
+    written = export_model(options.checkpoint, options.format, options.out, overwrite=options.overwrite, half=options.half,
+                           deepness=options.deepness if options.format == "deepness" else None)
     print(f"wrote {written} ({options.format})")
     return 0
 

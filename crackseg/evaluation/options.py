@@ -11,6 +11,7 @@ from crackseg.core.options import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, Length, 
 from crackseg.cracks.options import JOIN_GAP, MIN_LENGTH
 from crackseg.evaluation.protocols import PROTOCOLS
 from crackseg.model.options import InferenceOptions
+from crackseg.model.shipped import model_file
 
 TOLERANCE = Range(0, 32)  # px: evaluation tolerances in the literature are 2 to 5
 # Far false alarms (crackseg.evaluation.false_alarms). 10 px: crack benchmarks accept a predicted pixel within 2 to 5 px
@@ -69,8 +70,9 @@ class EvaluateOptions(Options):
 
     pred: Path | None = option(None, "folder of predicted masks or probability maps (<stem>.png)")
     gt: Path | None = option(None, "folder of ground-truth masks (<stem>.*)")
-    checkpoint: Path | None = option(None, "predict with this checkpoint (or safetensors folder, .onnx, .xml) instead of "
-                                           "reading --pred", flags=("--checkpoint", "--model"))
+    checkpoint: Path | None = option(None, "predict with this checkpoint (or safetensors folder, .onnx, .xml, or a shipped "
+                                           "model's name: crackseg models) instead of reading --pred",
+                                     flags=("--checkpoint", "--model"), parse=model_file)
     data: str | None = option(None, "dataset root for --checkpoint: a folder, or s3://bucket/prefix/ holding images/, masks/ "
                                     "and the split files (read file by file, never copied; see docs/evaluate.md)")
     split: str | None = option(None, "file of stems to score; with --checkpoint also a split name (test, val, train: "

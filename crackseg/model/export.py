@@ -9,13 +9,18 @@ OpenVINO ``rt_info`` under ``crackseg``), with a checksum over them and the weig
 (:func:`crackseg.model.runtimes.exported_digest`) that the runtimes check before running the file.
 Safetensors folders are written and read by :mod:`crackseg.model.checkpoint`.
 
+``--format deepness`` is an ONNX file for QGIS's Deepness plugin instead, in the layout it feeds: float32 square
+tiles of one size, scaled as its metadata states (:func:`deepness_metadata`), so a model runs on an orthomosaic in QGIS.
+
 The exporters are optional extras: ``pip install 'crackseg[onnx]'`` (onnx) and
 ``pip install 'crackseg[openvino]'`` (openvino, onnx).
 """
 
 from __future__ import annotations
 
+import functools
 import io
+import json
 import warnings
 from pathlib import Path
 
@@ -27,19 +32,22 @@ from crackseg.core.files import PendingFile, ensure_writable_folder, write_atomi
 from crackseg.core.version import __version__
 from crackseg.model.checkpoint import load_model, save_pretrained
 from crackseg.model.networks import CrackSegModel
-from crackseg.model.options import EXPORT_FORMATS
+from crackseg.model.options import EXPORT_FORMATS, DeepnessOptions
 from crackseg.model.runtimes import CHECKSUM, INPUT, OUTPUT, exported_digest
 
 OPSET = 17
 
 
-def export_model(checkpoint: Path, fmt: str, out: Path, overwrite: bool = False) -> Path:
+def export_model(checkpoint: Path, fmt: str, out: Path, overwrite: bool = False, half: bool = False,
+                 deepness: DeepnessOptions | None = None) -> Path:
     """Write the model of ``checkpoint`` as ``fmt`` (onnx, openvino, safetensors) to ``out``; returns what was written.
 
     ``out`` is a file for onnx (``model.onnx``) and openvino (``model.xml``, with ``model.bin``
     beside it), and a folder for safetensors (``config.json`` + ``model.safetensors``).
     Exporting to safetensors is also how a model file without a checksum over its settings
-    (an older crackseg's) is re-saved with one: see :func:`crackseg.model.checkpoint.read_checkpoint`.
+    (an older crackseg's) is re-saved with one: see :func:`crackseg.model.checkpoint.read_checkpoint`. ``half`` stores a
+    safetensors folder's weights in float16 (the settings stay exact). ``deepness``: the tiles of ``deepness``, QGIS's
+    Deepness plugin's ONNX (:func:`_deepness_bytes`).
     """
     if fmt not in EXPORT_FORMATS:
         raise InputError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
@@ -50,17 +58,23 @@ def export_model(checkpoint: Path, fmt: str, out: Path, overwrite: bool = False)
     existing = next((path for path in written if path.exists()), None)
     if existing is not None and not overwrite:
         raise InputError(f"{existing} already exists; choose another --out or pass --overwrite")
-    return write_exported(load_model(checkpoint, resaving=fmt == "safetensors"), fmt, out)
+    model = load_model(checkpoint, resaving=fmt == "safetensors")
+    if half:
+        if fmt != "safetensors":
+            raise InputError(f"--half is for --format safetensors; {fmt} models are stored in float32")
+        model.net.half()  # the network only: the scaling in its settings stays float32
+    return write_exported(model, fmt, out, deepness)
 
 
-def write_exported(model: CrackSegModel, fmt: str, out: Path) -> Path:
+def write_exported(model: CrackSegModel, fmt: str, out: Path, deepness: DeepnessOptions | None = None) -> Path:
     """Write an in-memory model as ``fmt`` to ``out`` (replacing it); see :func:`export_model`."""
     out = Path(out)
     if fmt != "safetensors":
         if out.is_dir():
-            raise InputError(f"--out {out}: is a folder; give the file's name, e.g. {out / ('model.onnx' if fmt == 'onnx' else 'model.xml')}")
+            raise InputError(f"--out {out}: is a folder; give the file's name, e.g. {out / ('model.xml' if fmt == 'openvino' else 'model.onnx')}")
         ensure_writable_folder(out.parent, "--out")
-    _WRITERS[fmt](model, out)
+    writer = _WRITERS[fmt] if deepness is None else functools.partial(_WRITERS[fmt], tiles=deepness)
+    writer(model, out)
     return out
 
 
@@ -88,22 +102,78 @@ class _Probabilities(nn.Module):
         return torch.sigmoid(self.model(images))
 
 
+class _Standardized(nn.Module):
+    """Deepness's input (already scaled by the model's mean and std, sides a multiple of its divisor) -> probabilities."""
+
+    def __init__(self, model: CrackSegModel):
+        super().__init__()
+        self.net = model.net
+
+    def forward(self, scaled: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.net(scaled))
+
+
+def deepness_metadata(model: CrackSegModel, tiles: DeepnessOptions) -> dict[str, str]:
+    """The metadata QGIS's Deepness plugin reads, each value JSON as it parses them.
+
+    It scales pixels to [0, 1], then by ``standardization_mean`` / ``_std``; one output channel is one class against
+    the background, cut at ``seg_thresh``. Its documentation names the tile ``tiles_size``, its code reads ``tile_size``:
+    both are written. ``resolution`` is in cm per pixel.
+    """
+    config = model.config()
+    values = {
+        "model_type": "Segmentor",
+        "class_names": {"0": "background", "1": "crack"},
+        "tiles_size": tiles.tile,
+        "tile_size": tiles.tile,
+        "tiles_overlap": tiles.tile_overlap,
+        "seg_thresh": config["threshold"],
+        "standardization_mean": config["mean"],
+        "standardization_std": config["std"],
+    }
+    if tiles.px_size is not None:
+        values["resolution"] = tiles.px_size / 10
+    info = {key: json.dumps(value) for key, value in values.items()}
+    return info | {"format": "deepness", "crackseg_version": __version__, "arch": config["arch"], "encoder": config["encoder"]}
+
+
+def _write_deepness(model: CrackSegModel, out: Path, tiles: DeepnessOptions = DeepnessOptions()) -> None:
+    """A fixed square tile in, as Deepness feeds it: float32 (N, 3, T, T) scaled by the stored standardization."""
+    divisor = model.size_divisor
+    if tiles.tile % divisor:
+        raise InputError(f"--tile {tiles.tile} px is not a multiple of {divisor}, the size divisor of the {model.arch} model; "
+                         f"e.g. --tile {max(tiles.tile // divisor, 1) * divisor}")
+    example = torch.zeros((1, 3, tiles.tile, tiles.tile))
+    write_atomic(out, _onnx_graph(_Standardized(model), example, {INPUT: {0: "batch"}, OUTPUT: {0: "batch"}},
+                                  deepness_metadata(model, tiles)))
+
+
 def _onnx_bytes(model: CrackSegModel) -> bytes:
-    onnx = require("onnx", "onnx")
     # An example whose sides are not multiples of the divisor, so the padding is traced as
     # operations on the input's shape rather than left out.
     example = torch.zeros((1, 3, model.size_divisor + 3, 2 * model.size_divisor + 5), dtype=torch.uint8)
+    axes = {INPUT: {0: "batch", 2: "height", 3: "width"}, OUTPUT: {0: "batch", 2: "height", 3: "width"}}
+    return _onnx_graph(_Probabilities(model), example, axes, metadata(model), checksum=True)
+
+
+def _onnx_graph(module: nn.Module, example: torch.Tensor, axes: dict, info: dict[str, str], checksum: bool = False) -> bytes:
+    """``module`` traced on ``example`` as a checked ONNX graph with ``info`` as its metadata (and crackseg's checksum).
+
+    The output's sides are declared as the input's (the tracer names them after the operations that computed them),
+    so a runtime that reads the declared shape, as Deepness does, sees (N, 1, H, W).
+    """
+    onnx = require("onnx", "onnx")
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.inference_mode(False):
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer warnings
-        torch.onnx.export(
-            _Probabilities(model).eval(), (example,), buffer, dynamo=False, opset_version=OPSET,
-            input_names=[INPUT], output_names=[OUTPUT],
-            dynamic_axes={INPUT: {0: "batch", 2: "height", 3: "width"}, OUTPUT: {0: "batch", 2: "height", 3: "width"}},
-        )
+        torch.onnx.export(module.eval(), (example,), buffer, dynamo=False, opset_version=OPSET,
+                          input_names=[INPUT], output_names=[OUTPUT], dynamic_axes=axes)
     graph = onnx.load_from_string(buffer.getvalue())
-    info = metadata(model)
-    info[CHECKSUM] = exported_digest(info, [graph.graph.SerializeToString()])
+    sides = graph.graph.input[0].type.tensor_type.shape.dim[2:]
+    for declared, side in zip(graph.graph.output[0].type.tensor_type.shape.dim[2:], sides):
+        declared.CopyFrom(side)
+    if checksum:
+        info = info | {CHECKSUM: exported_digest(info, [graph.graph.SerializeToString()])}
     for key, value in info.items():
         entry = graph.metadata_props.add()
         entry.key, entry.value = key, value
@@ -140,6 +210,6 @@ def _write_openvino(model: CrackSegModel, out: Path) -> None:
 
 
 # EXPORT_FORMATS' writers: (model, out) -> the files at ``out``
-_WRITERS = {"onnx": _write_onnx, "openvino": _write_openvino, "safetensors": save_pretrained}
+_WRITERS = {"onnx": _write_onnx, "deepness": _write_deepness, "openvino": _write_openvino, "safetensors": save_pretrained}
 if set(_WRITERS) != set(EXPORT_FORMATS):  # model.options names them for --format, this table writes them
     raise ImportError("crackseg.model.export's writers and crackseg.model.options.EXPORT_FORMATS disagree")

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crackseg.core.errors import InputError
-from crackseg.core.options import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, REQUIRED, Options, option, parse_size
+from crackseg.core.options import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, REQUIRED, Options, Range, group, option, parse_size
 from crackseg.model.architectures import CLASSIC
+from crackseg.model.shipped import model_file
 
 TILE, TILE_OVERLAP = 1024, 128  # px: images larger than a tile run as overlapping tiles (validation, predict, evaluate)
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
@@ -17,6 +18,7 @@ BACKENDS = ("auto", "torch", "onnxruntime", "openvino")  # runtimes of the forwa
 # --format: what crackseg.model.export writes, and the help that says so
 EXPORT_FORMATS = {
     "onnx": "onnx (pip install 'crackseg[onnx]')",
+    "deepness": "deepness (ONNX for QGIS's Deepness plugin: float input, square --tile, its metadata; crackseg[onnx])",
     "openvino": "openvino (float32 IR, pip install 'crackseg[openvino]')",
     "safetensors": "safetensors",
 }
@@ -78,9 +80,36 @@ class ConvertOptions(Options):
 
 
 @dataclass(frozen=True)
+class ModelsOptions(Options):
+    """``crackseg models``: nothing to choose."""
+
+
+@dataclass(frozen=True)
+class DeepnessOptions(Options):
+    """How QGIS's Deepness plugin is to run an exported model (``--format deepness``): its tiles, the model's resolution."""
+
+    tile: int = option(512, "square tiles Deepness cuts the raster into, in px (a multiple of the model's size divisor)",
+                       unit="px", valid=AT_LEAST_ONE)
+    tile_overlap: int = option(20, "overlap of neighbouring tiles, in percent of --tile", unit="%", valid=Range(0, 90))
+    px_size: float | None = option(None, "pixel size of the photos the model was trained on, in mm (Deepness's resolution; "
+                                         "default: none stated, Deepness then runs the raster at its own)",
+                                   unit="mm", valid=POSITIVE)
+
+
+@dataclass(frozen=True)
 class ExportOptions(Options):
-    checkpoint: Path = option(REQUIRED, "crackseg checkpoint, model file or safetensors folder", positional=True)
+    checkpoint: Path = option(REQUIRED, "crackseg checkpoint, model file or safetensors folder, or a shipped model's name "
+                                        "(crackseg models)", positional=True, parse=model_file)
     format: str = option(REQUIRED, f"{', '.join(list(EXPORT_FORMATS.values())[:-1])} or {list(EXPORT_FORMATS.values())[-1]}",
                          choices=EXPORT_FORMATS)
     out: Path = option(REQUIRED, "model.onnx, model.xml (model.bin is written beside it) or a folder for safetensors")
+    half: bool = option(False, "store the weights in float16, half the size (safetensors; they are read back into float32)")
     overwrite: bool = option(False, "replace --out if it exists (by default an existing --out is an error)")
+    deepness: DeepnessOptions = group(DeepnessOptions, "QGIS Deepness (--format deepness)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.half and self.format != "safetensors":
+            raise InputError(f"--half is for --format safetensors; {self.format} models are stored in float32")
+        if self.format != "deepness" and self.deepness != DeepnessOptions():
+            raise InputError("--tile, --tile-overlap and --px-size are for --format deepness")

@@ -194,6 +194,9 @@ def _checked_onnx(content: bytes, path: Path, extra: str = "onnx") -> dict[str, 
 def _check_exported(info: dict[str, str], path: Path, fmt: str, weights: Callable[[], Iterable[bytes]]) -> None:
     """Refuse a file that crackseg did not export, whose threshold or size divisor is not a usable
     value, or whose checksum is missing or does not match; ``weights()``: its weights' bytes, in chunks."""
+    if info.get("format") == "deepness":
+        raise InputError(f"{path}: exported for QGIS's Deepness plugin (float tiles); predict with its checkpoint or a "
+                         "crackseg export --format onnx")
     if info.get("format") != "crackseg":
         raise InputError(f"{path}: not exported by crackseg (no crackseg metadata); export it with crackseg export")
     again = f"export it again: crackseg export CHECKPOINT --format {fmt} --out {path} --overwrite"

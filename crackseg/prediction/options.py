@@ -12,6 +12,7 @@ from crackseg.cracks import options as measurement
 from crackseg.cracks.vectors import require_geo
 from crackseg.data.options import MAX_PIXELS, STREAM_ABOVE
 from crackseg.model.options import InferenceOptions
+from crackseg.model.shipped import DEFAULT_MODEL, model_file
 from crackseg.prediction.engines import ENGINES
 
 
@@ -101,9 +102,10 @@ class PredictCommand(Options):
     inputs: tuple[str, ...] = option(REQUIRED, "image files, folders or glob patterns (quote them); photos in object storage: "
                                                "s3://bucket/prefix/, s3://bucket/key.jpg, s3://bucket/photos/*.jpg or "
                                                "http(s)://host/photo.jpg (docs/predict.md)", positional=True, nargs="+")
-    checkpoint: Path = option(REQUIRED, "crackseg checkpoint or model file: best.pt, a converted classic file, a safetensors "
-                                        "folder, or an exported model.onnx / model.xml (see crackseg export)",
-                              flags=("--checkpoint", "--model"))
+    checkpoint: Path | None = option(None, "crackseg checkpoint or model file: best.pt, a converted classic file, a safetensors "
+                                           "folder, an exported model.onnx / model.xml (see crackseg export), or a shipped "
+                                           f"model's name (crackseg models) (default: the shipped {DEFAULT_MODEL} model)",
+                                     flags=("--checkpoint", "--model"), parse=model_file)
     options: PredictOptions = group(PredictOptions)
 
 

@@ -30,6 +30,7 @@ from crackseg.model.architectures import (
     implied_encoder,
 )
 from crackseg.model.options import AMP_CHOICES, TILE
+from crackseg.model.shipped import model_file
 
 PATH_OPTIONS = frozenset({"data", "images", "masks", "init", "negatives"})
 # Options that may change when a run is resumed; any other difference is an error.
@@ -137,7 +138,8 @@ class TrainConfig(Options):
         "own (--init, resume)", section="model", choices=("auto", *INPUT_SCALINGS))
     init: str | None = option(
         None,
-        "start from all weights of a crackseg model file (another run's best.pt, a converted classic checkpoint): fine-tuning", section="model", local=True,
+        "start from all weights of a crackseg model file (another run's best.pt, a converted classic checkpoint, a shipped "
+        "model's name: crackseg models): fine-tuning", section="model", local=True, parse=lambda value: str(model_file(value)),
     )
     # optimization
     epochs: int = option(50, "epochs in total (a resumed run may raise it)", section="optimization", valid=AT_LEAST_ONE)

@@ -15,7 +15,8 @@ import torch
 
 from crackseg.core.errors import InputError
 from crackseg.model.checkpoint import load_model
-from crackseg.model.crackpot import convert_crackpot, crackpot_model_file
+from crackseg.model.crackpot import convert_crackpot
+from crackseg.model.shipped import crackpot_model_file
 from conftest import cli_result
 
 needs_crackpot = pytest.mark.skipif(find_spec("crackpot") is None, reason="crackpot is not installed (crackseg[crackpot])")
