@@ -11,6 +11,8 @@ CVAT's ``--conf-threshold``, when given, is the pixel threshold (a crack pixel's
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ import numpy as np
 from crackseg.core.errors import InputError, require
 from crackseg.labels.formats.cvat import cvat_rle_encode
 from crackseg.labels.formats.outlines import CRACK, crack_components, edge_polygon
+from crackseg.model.options import InferenceOptions
 
 # InferenceOptions fields that a -p parameter may set, with the types cvat-cli's -p NAME=TYPE:VALUE gives them.
 INFERENCE_PARAMETERS = {"tile": int, "overlap": int, "batch_size": int, "tta": str, "device": str, "amp": str, "backend": str}
@@ -26,27 +29,45 @@ _LABEL_ID = 0
 
 def create(checkpoint: str, threshold: float | None = None, **inference) -> CrackDetector:
     """The detection function cvat-cli builds from ``-p`` parameters: ``checkpoint`` (a model file crackseg predicts
-    with), ``threshold`` (default: the model's) and any of ``INFERENCE_PARAMETERS``."""
+    with), ``threshold`` (default: the model's) and any of ``INFERENCE_PARAMETERS``.
+
+    Every parameter is checked for its type (cvat-cli's ``NAME=TYPE:VALUE``; a bool is not a number) and its range
+    before the model loads; a wrong one raises CVAT's ``BadFunctionError`` (a crackseg ``InputError`` as well).
+    """
     unknown = sorted(set(inference) - set(INFERENCE_PARAMETERS))
     if unknown:
-        raise InputError(f"unknown parameter {', '.join(unknown)}; crackseg's CVAT function takes checkpoint, threshold, "
-                         f"{', '.join(INFERENCE_PARAMETERS)}")
-    for name, value in inference.items():
-        if not isinstance(value, INFERENCE_PARAMETERS[name]):
-            kind = INFERENCE_PARAMETERS[name].__name__
-            raise InputError(f"parameter {name} must be given as {name}={kind}:VALUE, got {value!r}")
-    return CrackDetector(Path(checkpoint), threshold, inference)
+        raise _refused(f"unknown parameter {', '.join(unknown)}; crackseg's CVAT function takes checkpoint, threshold, "
+                       f"{', '.join(INFERENCE_PARAMETERS)}")
+    given = {"checkpoint": checkpoint, **({"threshold": threshold} if threshold is not None else {}), **inference}
+    for name, value in given.items():
+        kind = {"checkpoint": str, "threshold": float, **INFERENCE_PARAMETERS}[name]
+        wrong = isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind)
+        if wrong:
+            raise _refused(f"parameter {name} must be given as {name}={kind.__name__}:VALUE, got {type(value).__name__} {value!r}")
+    if threshold is not None and not (math.isfinite(threshold) and 0 <= threshold <= 1):
+        raise _refused(f"parameter threshold must be in [0, 1], got {threshold!r}")
+    try:
+        options = InferenceOptions(**inference)
+    except InputError as error:  # its message names the flag (--batch-size); a -p parameter is named batch_size
+        raise _refused("parameter " + re.sub(r"^--([a-z-]+)", lambda flag: flag.group(1).replace("-", "_"), str(error))) from None
+    return CrackDetector(Path(checkpoint), threshold, options)
+
+
+def _refused(message: str) -> InputError:
+    """A parameter error that is both crackseg's InputError and CVAT's BadFunctionError (what cvat-cli reports as the
+    function's fault)."""
+    cvataa = require("cvat_sdk.auto_annotation", "cvat", "the CVAT auto-annotation function")
+    return type("ParameterError", (InputError, cvataa.BadFunctionError), {})(message)
 
 
 class CrackDetector:
     """cvat-sdk's detection function interface: ``spec`` and ``detect(context, image)``."""
 
-    def __init__(self, checkpoint: Path, threshold: float | None, inference: dict):
+    def __init__(self, checkpoint: Path, threshold: float | None, inference: InferenceOptions):
         self._cvataa = require("cvat_sdk.auto_annotation", "cvat", "the CVAT auto-annotation function")
-        from crackseg.prediction.options import InferenceOptions
         from crackseg.prediction.session import PredictionSession  # loads torch: only once CVAT runs the function
 
-        self._session = PredictionSession(checkpoint, InferenceOptions(**inference), threshold)
+        self._session = PredictionSession(checkpoint, inference, threshold)
         self.spec = self._cvataa.DetectionFunctionSpec(labels=[self._cvataa.label_spec(CRACK, _LABEL_ID, type="mask")])
 
     def detect(self, context, image) -> list:

@@ -86,3 +86,23 @@ def test_parameters_are_checked_before_the_model_loads(photo):
         cvat.create(checkpoint=checkpoint, tile="512")
     with pytest.raises(InputError, match="no such file|not found|missing"):
         cvat.create(checkpoint=checkpoint + ".missing")
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"threshold": "0.4"}, "threshold must be given as threshold=float:VALUE, got str '0.4'"),
+    ({"threshold": True}, "threshold must be given as threshold=float:VALUE, got bool True"),
+    ({"threshold": 1.5}, "threshold must be in [0, 1], got 1.5"),
+    ({"threshold": float("nan")}, "threshold must be in [0, 1], got nan"),
+    ({"tile": True}, "tile must be given as tile=int:VALUE, got bool True"),
+    ({"tile": 0}, "tile must be >= 1, got 0"),
+    ({"tile": 256, "overlap": 256}, "(256 px) must be smaller than --tile"),
+    ({"batch_size": -1}, "batch_size must be >= 1, got -1"),
+    ({"tta": "all"}, "tta must be one of none, flip, d4"),
+    ({"checkpoint": 3}, "checkpoint must be given as checkpoint=str:VALUE, got int 3"),
+])
+def test_every_parameter_is_checked_for_type_and_range_with_cvats_error(photo, parameters, message):
+    from cvat_sdk.auto_annotation import BadFunctionError
+
+    with pytest.raises(BadFunctionError) as raised:
+        cvat.create(**{"checkpoint": str(photo[0]), **parameters})
+    assert message in str(raised.value) and isinstance(raised.value, InputError)
