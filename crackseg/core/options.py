@@ -53,6 +53,9 @@ POSITIVE = Range(0, low_open=True)
 AT_LEAST_ONE = Range(1)
 NON_NEGATIVE = Range(0)
 FRACTION = Range(0, 1)
+# mm per pixel that measuring takes: from 0.1 um (a microscope) to 1 m (a pixel that sees no crack); beyond, lengths,
+# widths and areas in mm underflow to 0 or overflow
+PX_SIZE = Range(1e-4, 1e3)
 
 
 @dataclass(frozen=True)

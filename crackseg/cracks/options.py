@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from crackseg.core.options import POSITIVE, Length, Options, option
+from crackseg.core.options import PX_SIZE, Length, Options, option
 from crackseg.cracks.vectors import FORMATS as VECTOR_FORMATS
 from crackseg.cracks.widths import WIDTH_CLASS_PRESETS, WidthClasses
 
@@ -35,7 +35,7 @@ class Scale(Options):
     """The pixel size that puts measurements in mm, and the width classes that need it; each command's help says what
     it does with them (:func:`crackseg.core.options.group`'s ``helps``)."""
 
-    px_size: float | None = option(None, "pixel size in mm", unit="mm", valid=POSITIVE)
+    px_size: float | None = option(None, "pixel size in mm", unit="mm", valid=PX_SIZE)
     width_classes: str | None = option(None, width_classes_help("class each crack by its width"), parse=_width_classes)
 
     def classes(self) -> WidthClasses | None:

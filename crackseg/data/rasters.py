@@ -33,6 +33,7 @@ import numpy as np
 from PIL import Image
 
 from crackseg.core.errors import InputError, require
+from crackseg.core.options import PX_SIZE
 from crackseg.core.storage import RemoteFile, StorageError, gdal_options, gdal_path, scrubbed
 from crackseg.data.images import DECODE_ERRORS
 from crackseg.data.options import MAX_PIXELS, STREAM_ABOVE
@@ -188,20 +189,23 @@ class RasterSource:
         return on_map(self)
 
     def px_size_mm(self) -> tuple[float | None, str | None]:
-        """(millimetres per pixel, None), or (None, why not) when the georeferencing gives no usable scale."""
+        """(millimetres per pixel, None), or (None, why not: the file and the reason) when the georeferencing gives no
+        usable scale."""
         if self.crs is None and not self.transform.is_identity:
-            return None, f"{self.path}: a geotransform without a CRS, so its units are unknown; lengths stay in px (give --px-size)"
+            return None, f"{self.path}: a geotransform without a CRS, so its units are unknown"
         if not self.georeferenced:
             return None, None
         if not self.crs.is_projected:
-            return None, f"{self.path}: CRS {self.crs.to_string()} is not projected, so its pixels have no size in mm; lengths stay in px (give --px-size)"
+            return None, f"{self.path}: CRS {self.crs.to_string()} is not projected, so its pixels have no size in mm"
         a, b, _, d, e, _ = self.transform[:6]
         if b or d:
-            return None, f"{self.path}: a rotated or sheared geotransform; lengths stay in px (give --px-size)"
+            return None, f"{self.path}: a rotated or sheared geotransform"
         if not math.isclose(abs(a), abs(e), rel_tol=0.01):
-            return None, f"{self.path}: pixels are not square ({abs(a):g} x {abs(e):g}); lengths stay in px (give --px-size)"
-        unit_m = self.crs.linear_units_factor[1]
-        return abs(a) * unit_m * 1000.0, None
+            return None, f"{self.path}: pixels are not square ({abs(a):g} x {abs(e):g})"
+        mm = abs(a) * self.crs.linear_units_factor[1] * 1000.0
+        if PX_SIZE.problem(mm):
+            return None, f"{self.path}: its georeferenced pixel size {mm:g} mm is not {PX_SIZE.describe()} mm"
+        return mm, None
 
     def read(self, top: int, left: int, rows: int, cols: int) -> tuple[torch.Tensor, np.ndarray]:
         """A window: ((3, rows, cols) uint8 RGB, (rows, cols) bool valid pixels).

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crackseg.core.errors import InputError
-from crackseg.core.options import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, REQUIRED, Options, Range, group, option, parse_size
+from crackseg.core.options import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, PX_SIZE, REQUIRED, Options, Range, group, option, parse_size
 from crackseg.model.architectures import CLASSIC
 from crackseg.model.shipped import model_file
 
@@ -93,7 +93,7 @@ class DeepnessOptions(Options):
     tile_overlap: int = option(20, "overlap of neighbouring tiles, in percent of --tile", unit="%", valid=Range(0, 90))
     px_size: float | None = option(None, "pixel size of the photos the model was trained on, in mm (Deepness's resolution; "
                                          "default: none stated, Deepness then runs the raster at its own)",
-                                   unit="mm", valid=POSITIVE)
+                                   unit="mm", valid=PX_SIZE)
 
 
 @dataclass(frozen=True)

@@ -103,16 +103,16 @@ def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitSt
         if source is not None:
             cleanup.callback(source.close)
             sources[key] = source
-    scales, notes = {}, []  # a raster's own pixel size in mm, or None; why a georeferenced raster has none
+    scales, notes = {}, {}  # a raster's own pixel size in mm, or None; why a georeferenced raster has none
     for key, source in sources.items():
         scales[key], note = source.px_size_mm()
         if note and options.scale.px_size is None:
-            notes.append(note)
-    spec, raster_specs = _output_specs(listed, scales, options)
+            notes[key] = note
+    spec, raster_specs = _output_specs(listed, scales, notes, options)
     rasters = [Raster(key, listed[key][0], listed[key][1], source, raster_specs[key]) for key, source in sources.items()]
     photos = [(key, path, name) for key, (path, name) in enumerate(listed) if key not in sources]
     outputs = {key: folder.outputs(name, raster_specs.get(key, spec), raster=key in sources) for key, (_, name) in enumerate(listed)}
-    warnings = notes + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
+    warnings = [f"{note}; lengths stay in px (give --px-size)" for note in notes.values()] + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
     return Plan(folder, staged, photos, rasters, spec, outputs, warnings, options.skip_existing)
 
 
@@ -136,7 +136,7 @@ def _write_tables(plan: Plan, records: Records, options: PredictOptions, thresho
     return 1 if records.errors else 0
 
 
-def _output_specs(listed: list[tuple[Path | RemoteFile, str]], scales: dict[int, float | None],
+def _output_specs(listed: list[tuple[Path | RemoteFile, str]], scales: dict[int, float | None], notes: dict[int, str],
                   options: PredictOptions) -> tuple[OutputSpec, dict[int, OutputSpec]]:
     """The run's spec (photos and the summary) and each raster's, with the raster's own scale unless --px-size is given.
 
@@ -146,6 +146,8 @@ def _output_specs(listed: list[tuple[Path | RemoteFile, str]], scales: dict[int,
     needed_by = options.scale_needed_by()
     if needed_by and options.scale.px_size is None:
         for key, (path, _) in enumerate(listed):
+            if key in notes:
+                raise InputError(f"{needed_by} needs the pixel size in mm: give --px-size ({notes[key]})")
             if scales.get(key) is None:
                 kind = "a photo" if key not in scales else "a raster without a projected, square-pixel georeferencing"
                 raise InputError(f"{needed_by} needs the pixel size in mm: give --px-size ({path} is {kind}, which carries none)")

@@ -77,6 +77,10 @@ def test_limits_and_georeferencing_without_a_scale_are_one_line(tmp_path, dark_c
     assert "not projected" in capsys.readouterr().err
     (row,) = csv.DictReader(open(tmp_path / "out2" / "predictions.csv"))
     assert row["px_size_mm"] == "" and "area_mm2" not in row
+    (tmp_path / "huge").mkdir()  # 10 km pixels: a scale no crack is measured at, which would overflow areas in mm
+    write_geotiff(tmp_path / "huge" / "km.tif", pavement(300, 400), transform=Affine(1e4, 0.0, 500000.0, 0.0, -1e4, 5e6))
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "huge", "--out", tmp_path / "out3", "--width-classes", "ec2") == 2
+    assert "km.tif: its georeferenced pixel size 1e+07 mm is not in [0.0001, 1000] mm" in capsys.readouterr().err
 
 
 def test_px_size_overrides_the_scale_of_the_georeferencing(tmp_path, dark_checkpoint, capsys):
@@ -128,12 +132,12 @@ def test_width_classes_and_lengths_in_mm_use_each_rasters_own_scale(tmp_path, da
 
     Image.fromarray(pavement(300, 400).transpose(1, 2, 0)).save(tmp_path / "in" / "photo.png")
     write_geotiff(tmp_path / "in" / "lonlat.tif", pavement(300, 400), crs="EPSG:4326", transform=Affine(1e-7, 0.0, 15.0, 0.0, -1e-7, 48.0))
-    for source, name in ((tmp_path / "in" / "photo.png", "a photo"), (tmp_path / "in" / "lonlat.tif", "a raster without")):
+    for source, why in ((tmp_path / "in" / "photo.png", " is a photo"), (tmp_path / "in" / "lonlat.tif", ": CRS EPSG:4326 is not projected")):
         out = tmp_path / f"refused-{source.stem}"
         assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in" / "fine.tif", source, "--out", out, *flags) == 2
         error = capsys.readouterr().err.strip()
         assert "\n" not in error and "--width-classes needs the pixel size in mm: give --px-size" in error
-        assert f"{source} is {name}" in error and not out.exists()
+        assert f"{source}{why}" in error and not out.exists()
     assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in" / "photo.png", "--out", tmp_path / "photo", "--min-length", "2mm") == 2
     assert "--min-length 2mm needs the pixel size in mm" in capsys.readouterr().err
 
