@@ -11,6 +11,7 @@ that pool again, as it takes the saved train / val / test stems.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from crackseg.core.errors import InputError
@@ -19,12 +20,14 @@ from crackseg.data.images import IMAGE_SUFFIXES
 
 
 def folder_negatives(folder: Path) -> list[Sample]:
-    """The photos of ``folder``, or of ``folder/images`` with optional masks (same stem) in ``folder/masks``, by stem."""
+    """The photos of ``folder``, or of ``folder/images``, by stem, with the masks (same stem) of the ``masks`` folder
+    beside their ``images`` folder where there is one: such masks must be empty too."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"{folder} is not a folder (--negatives)")
     images = folder / "images" if (folder / "images").is_dir() else folder
-    masks = files_by_stem(folder / "masks") if images != folder and (folder / "masks").is_dir() else {}
+    beside = images.parent / "masks" if images.name == "images" else None
+    masks = files_by_stem(beside) if beside is not None and beside.is_dir() else {}
     photos = files_by_stem(images)
     if not photos:
         raise InputError(f"{images} holds no photos ({' '.join(IMAGE_SUFFIXES)}) (--negatives)")
@@ -40,13 +43,41 @@ def negative_pool(
     one that is gone or unreadable is an error, as a lost training image is.
     """
     listed = found.negatives
-    files, problems = check_crack_free(folder_negatives(folder)) if folder else ([], [])
+    pool = folder_negatives(folder) if folder else []
+    kept = None if saved is None else set(saved.get("negative_files", []))
+    _check_apart([sample for sample in pool if kept is None or sample.image.name in kept], found.samples + found.negatives, folder)
+    files, problems = check_crack_free(pool) if pool else ([], [])
     if saved is not None:
         listed = _as_saved(listed, saved.get("negatives", []), lambda sample: sample.stem)
         files = _as_saved(files, saved.get("negative_files", []), lambda sample: sample.image.name)
         problems = []  # the photos that have them are not in the saved pool
     entries = {"negatives": [sample.stem for sample in listed], "negative_files": [sample.image.name for sample in files]}
     return listed + files, {name: names for name, names in entries.items() if names}, problems
+
+
+def _check_apart(pool: list[Sample], dataset: list[Sample], folder: Path) -> None:
+    """Refuse a pool holding photos of the dataset itself (the same file, or a copy of its bytes): they have cracks, or
+    are the dataset's own crack-free photos, and would be trained as background or twice."""
+    by_size: dict[int, list[Path]] = {}
+    for sample in dataset:
+        by_size.setdefault(sample.image.stat().st_size, []).append(sample.image)
+    digests: dict[Path, bytes] = {}
+
+    def digest(path: Path) -> bytes:
+        if path not in digests:
+            digests[path] = hashlib.sha256(path.read_bytes()).digest()
+        return digests[path]
+
+    shared = []
+    for sample in pool:
+        same = [path for path in by_size.get(sample.image.stat().st_size, [])
+                if path.resolve() == sample.image.resolve() or digest(path) == digest(sample.image)]
+        if same:
+            shared.append((sample.image, same[0]))
+    if shared:
+        negative, photo = shared[0]
+        raise InputError(f"--negatives {folder}: {len(shared)} of its {len(pool)} photos are photos of the training data "
+                         f"(e.g. {negative} is {photo}); negatives are crack-free photos from outside the dataset")
 
 
 def _as_saved(pool: list[Sample], names: list[str], name_of) -> list[Sample]:

@@ -72,7 +72,7 @@ def test_a_negative_whose_mask_holds_cracks_is_refused_naming_the_mask(tmp_path,
     error = capsys.readouterr().err
     assert exit.value.code == 2 and error.startswith(f"crackseg: error: {bad}: ") and error.count("\n") == 1
     folder = tmp_path / "photos"
-    _photo(folder / "images" / "p.png")
+    _photo(folder / "images" / "p.png", 50)
     bad = _mask(folder / "masks" / "p.png", crack_rows=1)
     pool = folder_negatives(folder)
     assert [(s.stem, s.mask) for s in pool] == [("p", bad)]
@@ -84,7 +84,7 @@ def test_a_folder_of_photos_needs_no_masks_and_its_pool_is_saved_and_fixed(tmp_p
     data = _dataset_with_negatives(tmp_path / "data")
     folder = tmp_path / "photos"
     for i, name in enumerate(["z.png", "y.jpg", "x.bmp"]):
-        _photo(folder / name, i)
+        _photo(folder / name, 20 + i)
     (folder / "notes.txt").write_text("not a photo")
     found = open_dataset(data)
     pool, entries, problems = negative_pool(found, folder)
@@ -104,10 +104,44 @@ def test_a_folder_of_photos_needs_no_masks_and_its_pool_is_saved_and_fixed(tmp_p
     assert negative_pool(found, None, {"train": []})[:2] == ([], {})  # a run saved without negatives has none
 
 
+@pytest.mark.parametrize("negatives", [
+    lambda data, tmp: data / "images",  # the crack photos themselves
+    lambda data, tmp: data,  # the dataset's root
+    lambda data, tmp: _copied(data / "images" / "c.png", tmp / "elsewhere" / "wall_0001.png"),  # a copy under another name
+    lambda data, tmp: _copied(data / "images" / "n1.png", tmp / "more" / "n1.png"),  # one of its own crack-free photos
+])
+def test_a_pool_sharing_photos_with_the_dataset_is_refused_in_one_line(tmp_path, capsys, negatives):
+    data = _dataset_with_negatives(tmp_path / "data")
+    folder = negatives(data, tmp_path)
+    with pytest.raises(InputError, match=rf"--negatives {folder}: \d+ of its \d+ photos are photos of the training data"):
+        negative_pool(open_dataset(data), folder)
+    with pytest.raises(SystemExit) as exit:
+        main(["train", "--data", str(data), "--run", str(tmp_path / "run"), "--negatives", str(folder), "--device", "cpu",
+              "--encoder-weights", "none"])
+    assert exit.value.code == 2 and capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_crack_masks_beside_an_images_folder_make_it_no_pool_of_negatives(tmp_path):
+    data = _dataset_with_negatives(tmp_path / "data")
+    other = tmp_path / "other"
+    for i, stem in enumerate("pq"):
+        _photo(other / "images" / f"{stem}.png", 30 + i)
+        _mask(other / "masks" / f"{stem}.png", crack_rows=2)
+    with pytest.raises(InputError, match=rf"^{other / 'masks' / 'p.png'}: 64 crack pixels in the mask of a crack-free image"):
+        negative_pool(open_dataset(data), other / "images")
+
+
+def _copied(source: Path, target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(source.read_bytes())
+    _photo(target.parent / "own.png", 40)  # and a photo of its own
+    return target.parent
+
+
 def test_unreadable_negatives_are_problems_and_an_empty_folder_an_error(tmp_path):
     data = _dataset_with_negatives(tmp_path / "data")
     folder = tmp_path / "photos"
-    _photo(folder / "good.png")
+    _photo(folder / "good.png", 70)
     (folder / "broken.png").write_bytes(b"")
     pool, entries, problems = negative_pool(open_dataset(data), folder)
     assert [s.stem for s in pool][-1] == "good" and entries["negative_files"] == ["good.png"]

@@ -106,10 +106,10 @@ def _train(capsys, *args) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-def _crack_free_photos(folder: Path, names) -> list[Path]:
+def _crack_free_photos(folder: Path, names, seed: int = 0) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     for i, name in enumerate(names):
-        pixels = np.random.default_rng(i).integers(110, 210, (64, 64, 3), dtype=np.uint8)
+        pixels = np.random.default_rng(seed + i).integers(110, 210, (64, 64, 3), dtype=np.uint8)
         pixels[20 + 5 * i : 22 + 5 * i] = 35  # a joint or paint line: dark and straight, not a crack
         Image.fromarray(pixels).save(folder / name)
     return [folder / name for name in names]
@@ -120,7 +120,7 @@ def test_training_mixes_in_the_crack_free_photos_and_records_them(synth_root, tm
     shutil.copytree(synth_root, data)
     listed = _crack_free_photos(data / "images", ["free1.png", "free2.png"])
     (data / "negatives.txt").write_text("free1\nfree2\n")
-    photos = _crack_free_photos(tmp_path / "negatives", ["joint.png", "shadow.jpg"])
+    photos = _crack_free_photos(tmp_path / "negatives", ["joint.png", "shadow.jpg"], seed=10)
     loaded = Counter()
     original = loader.load_image
 
