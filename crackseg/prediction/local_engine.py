@@ -15,7 +15,7 @@ from tqdm import tqdm
 from crackseg.core.storage import RemoteFile, StorageError
 from crackseg.data.images import describe_error, load_image
 from crackseg.model import distributed
-from crackseg.prediction.outputs import summarize_existing, write_image_outputs
+from crackseg.prediction.outputs import write_image_outputs
 from crackseg.prediction.streamed import predict_rasters
 from crackseg.prediction.work import Job, Plan, share, work_list
 
@@ -58,9 +58,12 @@ def _predict_photos(job: Job) -> None:
     plan, env, records = job.plan, job.env, job.records
     todo = []
     for item in share(work_list(plan, env.world_size), env.rank, env.world_size):
-        if item.band is None and plan.kept(item.key):
-            records.add(item.key, *summarize_existing(item.path, plan.folder.mask(item.name), plan.spec))
-        elif item.band is None:
+        if item.band is not None:
+            continue
+        rows = plan.kept_rows(item.key, item.path, item.name)
+        if rows is not None:
+            records.add(item.key, *rows)
+        else:
             todo.append((item.key, item.path))
     names = {key: (path, name) for key, path, name in plan.photos}
     workers = default_workers(env.device) if job.options.workers is None else job.options.workers

@@ -37,7 +37,7 @@ from crackseg.model import distributed
 from crackseg.model.inference import Predictor
 from crackseg.model.options import InferenceOptions
 from crackseg.model.runtimes import choose_runtime, load_runtime
-from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, summarize_existing, write_image_outputs
+from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, write_image_outputs
 from crackseg.prediction.streamed import RasterRun, band_paths, join_raster, predict_raster, raster_outputs
 from crackseg.prediction.work import Job, Plan, Work, work_list
 
@@ -203,10 +203,12 @@ def _pool_size(ray, options: PredictOptions, choice: RuntimeChoice) -> tuple[int
 
 def _unfinished(plan: Plan, run: RasterRun, work: list[Work], records: Records) -> list[Work]:
     """The items to predict; the inputs whose outputs ``--skip-existing`` keeps get their rows now, as locally."""
-    kept = {key for key in dict.fromkeys(item.key for item in work) if plan.kept(key)}
+    kept = {raster.key for raster in plan.rasters if plan.kept(raster.key)}
     for item in work:
-        if item.key in kept and item.band is None:
-            records.add(item.key, *summarize_existing(item.path, plan.folder.mask(item.name), plan.spec))
+        rows = plan.kept_rows(item.key, item.path, item.name) if item.band is None else None
+        if rows is not None:
+            kept.add(item.key)
+            records.add(item.key, *rows)
     for raster in plan.rasters:
         if raster.key in kept:
             join_raster(raster, run, None, records)

@@ -9,13 +9,18 @@ its :func:`share` (every WORLD_SIZE-th photo, and band RANK of every raster); Ra
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tqdm import tqdm
+
+from crackseg.core.errors import InputError
 from crackseg.core.staging import StagedFolder
 from crackseg.core.storage import RemoteFile
-from crackseg.prediction.outputs import OutputSpec, PredictionsFolder
+from crackseg.data.images import DECODE_ERRORS, describe_error
+from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, summarize_existing
 from crackseg.prediction.streamed import Raster, RasterRun
 
 if TYPE_CHECKING:
@@ -43,6 +48,20 @@ class Plan:
         """Whether ``--skip-existing`` keeps an input's outputs of an earlier run: all of them in the folder, or on the
         store when this run began (the mask is then fetched, to be summarised as a local one)."""
         return self.skip_existing and self.staged.fetch(self.outputs[key])
+
+    def kept_rows(self, key: int, path: Path | RemoteFile, name: str) -> tuple[dict, list[dict]] | None:
+        """The table rows of a photo whose outputs ``--skip-existing`` keeps, read from its saved mask; None when it is
+        to be predicted: not kept, or its saved mask is damaged (said on stderr, and its outputs are written anew)."""
+        if not self.kept(key):
+            return None
+        mask = self.folder.mask(name)
+        try:
+            return summarize_existing(path, mask, self.spec)
+        except (*DECODE_ERRORS, InputError) as error:
+            reason = describe_error(error) if isinstance(error, DECODE_ERRORS) else str(error)
+            tqdm.write(f"crackseg: warning: {self.staged.shown(mask)}: the mask an earlier run wrote is not readable ({reason}); "
+                       f"predicting {path} again", file=sys.stderr)
+            return None
 
     def upload(self, key: int) -> None:
         """For an --out in object storage: upload an input's files, each whole, as soon as all are written."""

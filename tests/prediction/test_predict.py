@@ -237,6 +237,27 @@ def test_skip_existing_redoes_an_image_whose_requested_outputs_are_incomplete(tm
     assert [row["status"] for row in csv_rows(tmp_path / "out" / "predictions.csv")] == ["skipped: exists"] * 2
 
 
+@pytest.mark.parametrize("damage", [lambda mask: mask.write_bytes(mask.read_bytes()[:60]),  # torn
+                                    lambda mask: mask.write_bytes(b""),  # empty
+                                    lambda mask: mask.write_text("not a picture")])
+def test_skip_existing_redoes_a_damaged_mask_says_so_and_finishes_the_rest(tmp_path, checkpoint, capsys, damage):
+    _photos(tmp_path / "in", [(32, 32), (40, 40)])
+    args = ["--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out"]
+    assert predict_cli(*args) == 0
+    before = (tmp_path / "out" / "masks" / "img1.png").read_bytes()
+    damage(tmp_path / "out" / "masks" / "img1.png")
+    _photos(tmp_path / "more", [(48, 48)])
+    (tmp_path / "more" / "img0.jpg").rename(tmp_path / "in" / "new.jpg")  # a photo added since
+    capsys.readouterr()
+    assert predict_cli(*args, "--skip-existing") == 0
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'out' / 'masks' / 'img1.png'}: the mask an earlier run wrote is not readable" in err
+    assert f"predicting {tmp_path / 'in' / 'img1.jpg'} again" in err
+    assert (tmp_path / "out" / "masks" / "img1.png").read_bytes() == before
+    statuses = {row["path"].rsplit("/", 1)[1]: row["status"] for row in csv_rows(tmp_path / "out" / "predictions.csv")}
+    assert statuses == {"img0.jpg": "skipped: exists", "img1.jpg": "ok", "new.jpg": "ok"}
+
+
 def test_out_that_is_a_file_is_refused_before_any_work(tmp_path, checkpoint, capsys):
     _photos(tmp_path / "in", [(32, 32)])
     (tmp_path / "out").write_text("not a folder")

@@ -69,7 +69,7 @@ def test_s3_in_s3_out_gives_the_outputs_of_a_local_run(s3, photos, tmp_path, che
         assert path.is_dir() or not {S3_KEY_ID.encode(), S3_SECRET.encode()} & {w for w in path.read_bytes().split()}, path
 
 
-def test_existing_outputs_are_refused_skipped_or_replaced(s3, photos, tmp_path, checkpoint, monkeypatch):
+def test_existing_outputs_are_refused_skipped_or_replaced(s3, photos, tmp_path, checkpoint, monkeypatch, capsys):
     source, out = s3.upload(photos, "survey/photos"), s3.url("survey/pred/")
     assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive") == 0
     code, err = cli_result(["predict", "--checkpoint", checkpoint, source, "--out", out, "--recursive", "--device", "cpu", "--workers", "0"])
@@ -82,6 +82,10 @@ def test_existing_outputs_are_refused_skipped_or_replaced(s3, photos, tmp_path, 
     rows = csv_rows(_download(s3, "survey/pred", tmp_path / "skipped") / "predictions.csv")
     assert [row["status"] for row in rows] == ["skipped: exists", "ok", "skipped: exists"]
     assert [row["mask"] for row in rows] == [out + f"masks/{n}.png" for n in ("a", "b", "sub/c")]
+    s3.put("survey/pred/masks/a.png", b"torn")  # a damaged mask in the store: named by its object, predicted again
+    written.clear()
+    assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive", "--skip-existing") == 0
+    assert written == ["a"] and f"{out}masks/a.png: the mask an earlier run wrote is not readable" in capsys.readouterr().err
     written.clear()
     assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive", "--overwrite") == 0
     assert written == ["a", "b", "sub/c"]
