@@ -34,8 +34,8 @@ def add_commands(commands) -> None:
         commands, "models", "list the models that ship with crackseg (no download, no network)",
         (
             "List the models installed with crackseg. --checkpoint NAME takes each one in predict,\n"
-            "evaluate, serve and export, and train --init NAME fine-tunes it; predict runs the general\n"
-            "model when given no --checkpoint. Their model cards are in docs/models.md. crackpot's\n"
+            "evaluate, serve and export, and train --init NAME fine-tunes it; the general model is\n"
+            "predict's default, run when given no --checkpoint. Their model cards are in docs/models.md. crackpot's\n"
             "Keras model converts with crackseg convert --from crackpot."
         ),
         ModelsOptions, _cmd_models,

@@ -51,12 +51,12 @@ def _cmd_serve_label_studio(options: ServeOptions) -> int:
     settings = ServerSettings(
         label_studio_url=options.label_studio_url or None, api_key=os.environ.get("LABEL_STUDIO_API_KEY") or None,
         basic_auth=options.basic_auth(os.environ.get("BASIC_AUTH_PASS")), max_request_bytes=int(options.max_request_mb * MIB),
-        max_image_bytes=int(options.max_image_mb * MIB), concurrency=options.concurrency)
+        max_image_bytes=int(options.max_image_mb * MIB), concurrency=options.concurrency, allowed_hosts=options.allow_host)
     listener = listen(options.host, options.port)  # a port in use fails before the model loads
     session = PredictionSession(options.checkpoint, options.inference, options.threshold)
     app = build_app(session, settings, model_version(options.checkpoint))
     print(_connect_line(listener, settings.basic_auth is not None, session.threshold), flush=True)
-    serve(app, listener)
+    serve(app, listener, settings.header_timeout_s)
     return 0
 
 

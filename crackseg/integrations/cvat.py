@@ -20,7 +20,7 @@ import numpy as np
 from crackseg.core.errors import InputError, require
 from crackseg.labels.formats.cvat import cvat_rle_encode
 from crackseg.labels.formats.outlines import CRACK, crack_components, edge_polygon
-from crackseg.model.options import InferenceOptions
+from crackseg.prediction.options import InferenceOptions
 
 # InferenceOptions fields that a -p parameter may set, with the types cvat-cli's -p NAME=TYPE:VALUE gives them.
 INFERENCE_PARAMETERS = {"tile": int, "overlap": int, "batch_size": int, "tta": str, "device": str, "amp": str, "backend": str}

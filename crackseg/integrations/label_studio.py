@@ -67,8 +67,9 @@ def _crack_label(tag: ElementTree.Element) -> str:
     return chosen[0]
 
 
-def image_url(task: dict, target: Target, label_studio_url: str | None) -> tuple[str, bool]:
-    """(absolute URL of the task's image, whether it is Label Studio's own, to be fetched with its API key)."""
+def image_url(task: dict, target: Target, label_studio_url: str | None) -> str:
+    """The absolute URL of the task's image (:mod:`crackseg.integrations.fetching` decides whether it may be fetched,
+    and with which credentials)."""
     if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
         raise ProtocolError("a task without a data object")
     url = task["data"].get(target.data_key)
@@ -76,10 +77,9 @@ def image_url(task: dict, target: Target, label_studio_url: str | None) -> tuple
         raise ProtocolError(f"task {task.get('id')}: no image URL in data.{target.data_key}")
     parsed = urlparse(url)
     if parsed.scheme in ("http", "https"):
-        own = label_studio_url is not None and parsed.netloc == urlparse(label_studio_url).netloc
-        return url, own
+        return url
     if not parsed.scheme and url.startswith(SERVED_PATHS):
         if not label_studio_url:
             raise ProtocolError(f"task {task.get('id')}: {url} is served by Label Studio; set LABEL_STUDIO_URL (and LABEL_STUDIO_API_KEY)")
-        return urljoin(label_studio_url.rstrip("/") + "/", url.lstrip("/")), True
+        return urljoin(label_studio_url.rstrip("/") + "/", url.lstrip("/"))
     raise ProtocolError(f"task {task.get('id')}: cannot fetch {url[:200]!r}; crackseg reads http(s) URLs and Label Studio's /data/ paths")

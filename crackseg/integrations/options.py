@@ -7,8 +7,7 @@ from pathlib import Path
 
 from crackseg.core.errors import InputError
 from crackseg.core.options import AT_LEAST_ONE, FRACTION, POSITIVE, REQUIRED, Options, Range, group, option
-from crackseg.model.shipped import model_file
-from crackseg.prediction.options import InferenceOptions
+from crackseg.prediction.options import InferenceOptions, model_file
 
 DEFAULT_PORT = 9090  # label-studio-ml-backend's port
 
@@ -26,6 +25,9 @@ class ServeOptions(Options):
     port: int = option(DEFAULT_PORT, "port to listen on; 0 picks a free one (printed)", valid=Range(0, 65535))
     label_studio_url: str | None = option(None, "Label Studio's address, for the images it serves (default: $LABEL_STUDIO_URL)",
                                           env="LABEL_STUDIO_URL")
+    allow_host: tuple[str, ...] = option((), "a host (or host:port) task images may be fetched from whatever its address, "
+                                             "e.g. a file server on the internal network; give it once per host (public "
+                                             "hosts and LABEL_STUDIO_URL's need none)", repeat=True, metavar="HOST")
     basic_auth_user: str | None = option(None, "basic-auth user every request must give, with the password in $BASIC_AUTH_PASS "
                                                "(default: $BASIC_AUTH_USER); enter both in Label Studio's model settings",
                                          env="BASIC_AUTH_USER")

@@ -9,9 +9,11 @@ from it), ``GET /metrics``. With basic auth set every route needs it. Every erro
 with its status; the server keeps serving after it.
 
 A task's image is fetched as Label Studio serves it: its own URLs (``/data/upload/...``, ``/data/local-files/?d=...``,
-or any URL on ``LABEL_STUDIO_URL``'s host) with ``LABEL_STUDIO_API_KEY`` (a legacy token as ``Token KEY``; a
+or any URL on ``LABEL_STUDIO_URL``'s origin) with ``LABEL_STUDIO_API_KEY`` (a legacy token as ``Token KEY``; a
 personal access token, a JWT, exchanged at ``/api/token/refresh/`` for an access token sent as ``Bearer``), others
-without it. Tasks of one request run one after another; up to ``concurrency`` tasks (fetch, decoding, model) run at
+without it, and from nowhere a task should not reach (:mod:`crackseg.integrations.fetching`). A client must send a
+request's headers within ``header_timeout_s`` and its body within ``body_timeout_s``, so clients that never finish
+cannot hold the connections others need; a JSON body nested deeper than :data:`MAX_JSON_DEPTH` is refused. Tasks of one request run one after another; up to ``concurrency`` tasks (fetch, decoding, model) run at
 once across requests. When some tasks of a request fail, those get an empty result and an ``error``; when all fail,
 the request fails with the first task's error.
 """
@@ -25,16 +27,17 @@ import hashlib
 import hmac
 import io
 import json
+import re
 import socket
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import anyio
-import httpx
+import numpy as np
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from PIL import Image
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -46,6 +49,7 @@ from starlette.routing import Route
 from crackseg.core.errors import InputError
 from crackseg.core.version import __version__
 from crackseg.data.images import DECODE_ERRORS, describe_error, picture_pixels
+from crackseg.integrations.fetching import HttpError, ImageFetcher
 from crackseg.integrations.label_studio import ProtocolError, Target, image_url, read_config
 from crackseg.prediction.outputs import uncertainty
 
@@ -53,8 +57,9 @@ if TYPE_CHECKING:
     from crackseg.prediction.session import PredictionSession  # torch: the caller loads it
 
 MIB = 2**20
-MAX_CONNECTIONS = 64  # open connections uvicorn takes before answering 503: bounds the requests waiting for a slot
-_REFRESH_PATH = "/api/token/refresh/"  # where Label Studio exchanges a personal access token for an access token
+MAX_CONNECTIONS = 256  # open connections uvicorn takes before answering 503: bounds the requests waiting for a slot
+MAX_JSON_DEPTH = 64  # nesting of a request's JSON; Label Studio's tasks need a handful
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _SHOWN_URL = 200  # characters of a URL quoted in an error
 
 
@@ -69,16 +74,15 @@ class ServerSettings:
     max_image_bytes: int = 64 * MIB
     concurrency: int = 2  # tasks fetched, decoded and predicted at once
     fetch_timeout_s: float = 30.0
+    allowed_hosts: tuple[str, ...] = ()  # hosts (or host:port) fetched from at any address, besides LABEL_STUDIO_URL's
+    header_timeout_s: float = 10.0  # a client must send a request's headers within this, and its body within body_timeout_s
+    body_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         url = urlparse(self.label_studio_url or "http://host")
         if url.scheme not in ("http", "https") or not url.netloc:
             raise InputError(f"LABEL_STUDIO_URL must be Label Studio's http(s) address, e.g. http://localhost:8080, "
                              f"got {self.label_studio_url!r}")
-
-
-class HttpError(HTTPException):
-    """A request or task that gets an HTTP error status and a one-line reason (``detail``)."""
 
 
 def model_version(checkpoint: Path) -> str:
@@ -113,10 +117,42 @@ def listen(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family)
 
 
-def serve(app: Starlette, listener: socket.socket) -> None:
-    """Serve ``app`` on ``listener`` until Ctrl-C or SIGTERM."""
-    config = uvicorn.Config(app, limit_concurrency=MAX_CONNECTIONS, server_header=False, log_level="info")
+def serve(app: Starlette, listener: socket.socket, header_timeout_s: float = 10.0) -> None:
+    """Serve ``app`` on ``listener`` until Ctrl-C or SIGTERM; a connection that has not sent a request's headers within
+    ``header_timeout_s`` is closed."""
+    protocol = type("_Protocol", (_HeaderDeadline,), {"header_timeout_s": header_timeout_s})
+    config = uvicorn.Config(app, http=protocol, limit_concurrency=MAX_CONNECTIONS, server_header=False, log_level="info")
     uvicorn.Server(config).run(sockets=[listener])
+
+
+class _HeaderDeadline(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline for each request's headers, from the connection (or the end of the
+    previous response, where the keep-alive timeout takes over) until they are complete: a client that opens
+    connections and never finishes a request cannot keep them, nor the connection slots, for ever."""
+
+    header_timeout_s = 10.0
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._deadline = self.loop.call_later(self.header_timeout_s, self._too_slow)
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None and (self.cycle is None or self.cycle.response_complete):  # the next request begins
+            self._deadline = self.loop.call_later(self.header_timeout_s, self._too_slow)
+        super().data_received(data)
+        if self._deadline is not None and self.cycle is not None and not self.cycle.response_complete:  # headers complete
+            self._deadline.cancel()
+            self._deadline = None
+
+    def connection_lost(self, exc) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.close()
 
 
 async def _error_response(request: Request, error: HTTPException) -> JSONResponse:
@@ -134,7 +170,8 @@ class _Backend:
     def __init__(self, session: PredictionSession, settings: ServerSettings, version: str):
         self._session, self._settings, self._version = session, settings, version
         self._limiter = anyio.CapacityLimiter(settings.concurrency)
-        self._fetcher = _ImageFetcher(settings)
+        self._fetcher = ImageFetcher(settings.label_studio_url, settings.api_key, settings.allowed_hosts,
+                                     settings.max_image_bytes, settings.fetch_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
@@ -149,18 +186,18 @@ class _Backend:
 
     async def setup(self, request: Request) -> JSONResponse:
         """Label Studio connecting a project: its labelling config must have a brush or polygon crack label."""
-        body = await _json_body(request, self._settings.max_request_bytes)
+        body = await _json_body(request, self._settings)
         _target(body.get("schema"))
         return JSONResponse({"model_version": self._version})
 
     async def webhook(self, request: Request) -> JSONResponse:
-        body = await _json_body(request, self._settings.max_request_bytes)
+        body = await _json_body(request, self._settings)
         return JSONResponse({"status": "ignored", "action": body.get("action"),
                              "detail": "crackseg does not train from Label Studio: export the annotations, then "
                                        "crackseg labels import and crackseg train"})
 
     async def predict(self, request: Request) -> JSONResponse:
-        body = await _json_body(request, self._settings.max_request_bytes)
+        body = await _json_body(request, self._settings)
         tasks = body.get("tasks")
         if not isinstance(tasks, list) or not tasks:
             raise HttpError(400, "no tasks: /predict takes {\"tasks\": [{\"id\": ..., \"data\": {...}}, ...], \"label_config\": ...}")
@@ -180,11 +217,11 @@ class _Backend:
         """One task's prediction: its image fetched and decoded, predict's mask as ``target``'s results, and as score
         the share of pixels the model is sure of (Label Studio sorts tasks by it: least sure first to label)."""
         try:
-            url, own = image_url(task, target, self._settings.label_studio_url)
+            url = image_url(task, target, self._settings.label_studio_url)
         except ProtocolError as error:
             raise HttpError(422, str(error)) from None
         where = f"task {task.get('id')}: {_shown(url)}"
-        pixels = _decoded(self._fetcher.fetch(url, own, where), where)
+        pixels = _decoded(self._fetcher.fetch(url, where), where)
         probabilities = self._session.probabilities(pixels)
         score = 1.0 - uncertainty(probabilities, self._session.threshold)["uncertainty"]
         return {"result": target.results(probabilities >= self._session.threshold), "score": score,
@@ -198,17 +235,25 @@ def _target(config) -> Target:
         raise HttpError(422, str(error)) from None
 
 
-async def _json_body(request: Request, limit: int) -> dict:
-    """The request's JSON object, read no further than ``limit`` bytes whatever Content-Length says."""
+async def _json_body(request: Request, settings: ServerSettings) -> dict:
+    """The request's JSON object, read no further than the size limit whatever Content-Length says, within the body
+    timeout, and nested no deeper than MAX_JSON_DEPTH."""
+    limit = settings.max_request_bytes
     too_large = HttpError(413, f"request body over {limit} bytes (crackseg serve label-studio --max-request-mb)")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
+    with anyio.move_on_after(settings.body_timeout_s) as timer:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+    if timer.cancelled_caught:
+        raise HttpError(408, f"the request body did not arrive within {settings.body_timeout_s:g} s")
+    depth = _nesting(body)
+    if depth > MAX_JSON_DEPTH:
+        raise HttpError(400, f"the request body nests {depth} levels deep, more than the {MAX_JSON_DEPTH} crackseg reads")
     try:
         document = json.loads(body)
     except ValueError as error:
@@ -216,6 +261,14 @@ async def _json_body(request: Request, limit: int) -> dict:
     if not isinstance(document, dict):
         raise HttpError(400, f"the request body must be a JSON object, got {type(document).__name__}")
     return document
+
+
+def _nesting(body: bytes) -> int:
+    """The deepest nesting of arrays and objects in a JSON text, strings left out; counted without parsing, so a
+    document nested thousands deep costs no recursion."""
+    brackets = np.frombuffer(_JSON_STRING.sub(b"", bytes(body)), np.uint8)
+    steps = np.isin(brackets, (ord("["), ord("{"))).astype(np.int64) - np.isin(brackets, (ord("]"), ord("}")))
+    return int(np.cumsum(steps).max(initial=0))
 
 
 def _decoded(content: bytes, where: str):
@@ -231,98 +284,6 @@ def _decoded(content: bytes, where: str):
 
 def _shown(url: str) -> str:
     return url if len(url) <= _SHOWN_URL else url[:_SHOWN_URL] + "..."
-
-
-class _ImageFetcher:
-    """Image bytes over HTTP, with Label Studio's credentials for its own URLs only; thread-safe."""
-
-    def __init__(self, settings: ServerSettings):
-        self._settings = settings
-        self._client = httpx.Client(timeout=settings.fetch_timeout_s, follow_redirects=True)  # drops credentials off-host
-        self._refreshable = _jwt_claims(settings.api_key or "").get("token_type") == "refresh"  # a personal access token
-        self._access: str | None = None  # the access token it was exchanged for
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        self._client.close()
-
-    def fetch(self, url: str, own: bool, where: str) -> bytes:
-        headers = self._authorization(where) if own else {}
-        status, content = self._get(url, headers, where)
-        if status == 401 and own and self._refreshable:  # the access token expired
-            status, content = self._get(url, self._authorization(where, renew=True), where)
-        if status in (401, 403):
-            advice = ("check LABEL_STUDIO_API_KEY" if own else
-                      "crackseg sends LABEL_STUDIO_API_KEY only to LABEL_STUDIO_URL's host")
-            raise HttpError(403, f"{where}: refused ({status}); {advice}")
-        if status == 404:
-            raise HttpError(404, f"{where}: not found (404)")
-        if status != 200:
-            raise HttpError(502, f"{where}: answered {status}")
-        return content
-
-    def _get(self, url: str, headers: dict, where: str) -> tuple[int, bytes]:
-        """(status, body), the body read no further than the image size limit."""
-        limit = self._settings.max_image_bytes
-        too_large = HttpError(422, f"{where}: image over {limit} bytes (crackseg serve label-studio --max-image-mb)")
-        try:
-            with self._client.stream("GET", url, headers=headers) as response:
-                if response.status_code != 200:
-                    return response.status_code, b""
-                declared = response.headers.get("content-length", "")
-                if declared.isdigit() and int(declared) > limit:
-                    raise too_large
-                content = bytearray()
-                for chunk in response.iter_bytes():
-                    content += chunk
-                    if len(content) > limit:
-                        raise too_large
-                return 200, bytes(content)
-        except httpx.HTTPError as error:
-            raise HttpError(502, f"{where}: cannot fetch: {type(error).__name__} {error}".rstrip()) from None
-
-    def _authorization(self, where: str, renew: bool = False) -> dict:
-        key = self._settings.api_key
-        if not key:
-            raise HttpError(403, f"{where} is served by Label Studio; set LABEL_STUDIO_API_KEY (Account & Settings > Access Token)")
-        if not self._refreshable:  # a legacy token, or a JWT access token used as it is
-            return {"Authorization": f"{'Bearer' if _jwt_claims(key) else 'Token'} {key}"}
-        with self._lock:
-            if self._access is None or renew:
-                self._access = self._exchanged(key)
-            return {"Authorization": f"Bearer {self._access}"}
-
-    def _exchanged(self, refresh: str) -> str:
-        """The access token Label Studio gives for a personal access token."""
-        url = self._settings.label_studio_url.rstrip("/") + _REFRESH_PATH
-        try:
-            response = self._client.post(url, json={"refresh": refresh})
-        except httpx.HTTPError as error:
-            raise HttpError(502, f"cannot reach {url} to exchange LABEL_STUDIO_API_KEY: {type(error).__name__}") from None
-        access = response.json().get("access") if response.status_code == 200 and _is_json(response) else None
-        if not isinstance(access, str) or not access:
-            raise HttpError(403, f"Label Studio refused LABEL_STUDIO_API_KEY at {url} ({response.status_code}); "
-                                 "create a new personal access token")
-        return access
-
-
-def _is_json(response: httpx.Response) -> bool:
-    try:
-        return isinstance(response.json(), dict)
-    except ValueError:
-        return False
-
-
-def _jwt_claims(token: str) -> dict:
-    """A JWT's claims, unverified (only to tell a personal access token from a legacy one); {} if not a JWT."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return {}
-    try:
-        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (ValueError, binascii.Error):
-        return {}
-    return claims if isinstance(claims, dict) else {}
 
 
 class _BasicAuth:

@@ -49,7 +49,7 @@ def test_bad_values_exit_2_with_one_line(args, named):
     (["train", "--run", "r", "--data", "d", "--epochs", "0"], "--epochs"),
     (["predict", "in", "--checkpoint", "m.pt", "--out", "o", "--tile", "0"], "--tile"),
     (["evaluate", "--pred", "p", "--gt", "g", "--tolerance", "nan"], "--tolerance"),
-    (["predict", "in", "--out", "o"], "--checkpoint"),
+    (["convert", "--from", "crackpot"], "--out"),
     (["predict", "in", "--checkpoint", "m.pt", "--out", "o", "--no-such-flag"], "--no-such-flag"),
 ])
 def test_a_mistake_caught_while_parsing_is_one_line_not_the_usage(args, named):

@@ -16,7 +16,8 @@ from crackseg.integrations.options import ServeOptions
 from crackseg.labels.formats.reading import LABEL_FORMATS
 from crackseg.labels.options import LabelExport, LabelImport, LabelRank
 from crackseg.model.architectures import ARCHITECTURES, CLASSIC
-from crackseg.model.options import AMP_CHOICES, BACKENDS, EXPORT_FORMATS, TTA_CHOICES, ConvertOptions, ExportOptions
+from crackseg.model.options import (AMP_CHOICES, BACKENDS, CONVERT_SOURCES, EXPORT_FORMATS, TTA_CHOICES, ConvertOptions, ExportOptions,
+                                    ModelsOptions)
 from crackseg.monitoring.options import TRANSFORMS, CompareOptions
 from crackseg.prediction.engines import ENGINES
 from crackseg.prediction.options import PredictCommand, ReportOptions
@@ -26,12 +27,12 @@ SCHEMAS = {
     "synth": SynthCommand, "inspect": InspectOptions, "train": TrainConfig, "convert": ConvertOptions,
     "predict": PredictCommand, "export": ExportOptions, "report": ReportOptions, "labels import": LabelImport,
     "labels export": LabelExport, "labels rank": LabelRank, "serve label-studio": ServeOptions, "compare": CompareOptions,
-    "evaluate": EvaluateOptions,
+    "evaluate": EvaluateOptions, "models": ModelsOptions,
 }
 # Each choice list's owner: the table its dispatch reads
 TABLES = {
     ("predict", "engine"): ENGINES, ("compare", "transform"): TRANSFORMS, ("evaluate", "protocol"): PROTOCOLS,
-    ("export", "format"): EXPORT_FORMATS, ("train", "arch"): ARCHITECTURES, ("convert", "arch"): CLASSIC,
+    ("export", "format"): EXPORT_FORMATS, ("train", "arch"): ARCHITECTURES, ("convert", "arch"): CLASSIC, ("convert", "from_"): CONVERT_SOURCES,
     ("predict", "vectors"): VECTOR_FORMATS, ("compare", "vectors"): VECTOR_FORMATS, ("labels import", "format"): LABEL_FORMATS,
     ("labels export", "format"): LABEL_FORMATS,
 }

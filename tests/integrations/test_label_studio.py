@@ -61,11 +61,10 @@ def test_image_urls_label_studio_serves_are_joined_to_its_address():
     target = read_config(BRUSH)
     studio = "http://ls.example:8080/"
     assert image_url({"id": 1, "data": {"img": "/data/upload/1/ab12cd34-wall.png"}}, target, studio) == (
-        "http://ls.example:8080/data/upload/1/ab12cd34-wall.png", True)
+        "http://ls.example:8080/data/upload/1/ab12cd34-wall.png")
     assert image_url({"id": 2, "data": {"img": "/data/local-files/?d=photos/a%20b.jpg"}}, target, studio) == (
-        "http://ls.example:8080/data/local-files/?d=photos/a%20b.jpg", True)
-    assert image_url({"id": 3, "data": {"img": "http://ls.example:8080/data/upload/2/x.png"}}, target, studio)[1]
-    assert image_url({"id": 4, "data": {"img": "https://cdn.example/x.png"}}, target, studio) == ("https://cdn.example/x.png", False)
+        "http://ls.example:8080/data/local-files/?d=photos/a%20b.jpg")
+    assert image_url({"id": 4, "data": {"img": "https://cdn.example/x.png"}}, target, studio) == "https://cdn.example/x.png"
     with pytest.raises(ProtocolError, match="task 5: /data/upload/1/x.png is served by Label Studio; set LABEL_STUDIO_URL"):
         image_url({"id": 5, "data": {"img": "/data/upload/1/x.png"}}, target, None)
     with pytest.raises(ProtocolError, match="task 6: no image URL in data.img"):

@@ -192,7 +192,7 @@ def _closed_port() -> int:
     (lambda c: _predict(c, [_task(1, "/data/upload/1/wall.png")], "<View/>"), 422, "no <BrushLabels>"),
     (lambda c: c.post("/predict", content=b" " * 30_000), 413, "over 20971 bytes"),
     (lambda c: c.post("/predict", content=iter([b" " * 8000] * 4)), 413, "over 20971 bytes"),  # chunked, no length
-    (lambda c: _predict(c, [_task(9, f"http://127.0.0.1:{_closed_port()}/p.png")]), 502, "task 9: http://127.0.0.1:"),
+    (lambda c: _predict(c, [_task(9, f"http://127.0.0.1:{_closed_port()}/p.png")]), 403, "is at a non-public address (127.0.0.1)"),
     (lambda c: _predict(c, [_task(4, "/data/upload/1/gone.png")]), 404, "task 4: http://127.0.0.1:"),
     (lambda c: _predict(c, [_task(5, "/data/upload/1/broken.png")]), 422, "broken.png: not a readable image"),
     (lambda c: _predict(c, [_task(6, "ftp://x/p.png")]), 422, "task 6: cannot fetch 'ftp://x/p.png'"),

@@ -1,0 +1,185 @@
+"""The Label Studio backend under hostile input: task URLs aimed inside the network (SSRF), the API token's origin,
+clients that never finish a request, JSON nested thousands deep. Real HTTP servers on loopback throughout."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+
+from starlette.applications import Starlette  # noqa: E402
+from starlette.responses import RedirectResponse, Response  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+from crackseg.integrations.fetching import MAX_REDIRECTS, HttpError, ImageFetcher  # noqa: E402
+from crackseg.integrations.server import ServerSettings, build_app, serve  # noqa: E402
+
+KEY = "legacy-token-0123456789"
+
+
+class Site:
+    """An HTTP server on 127.0.0.1 that records every request's path and Authorization header; ``/image`` answers bytes,
+    ``/to?url=U`` redirects to U, ``/loop`` redirects to itself."""
+
+    def __init__(self):
+        self.seen: list[tuple[str, str | None]] = []
+        app = Starlette(routes=[Route("/image", self.image), Route("/to", self.to), Route("/loop", self.loop)])
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        threading.Thread(target=self.server.run, kwargs={"sockets": [self.listener]}, daemon=True).start()
+        while not self.server.started:
+            time.sleep(0.02)
+
+    def _record(self, request) -> None:
+        self.seen.append((request.url.path, request.headers.get("authorization")))
+
+    async def image(self, request):
+        self._record(request)
+        return Response(b"image bytes", media_type="image/png")
+
+    async def to(self, request):
+        self._record(request)
+        return RedirectResponse(request.query_params["url"], 302)
+
+    async def loop(self, request):
+        self._record(request)
+        return RedirectResponse("/loop", 302)
+
+
+@pytest.fixture(scope="module")
+def sites():
+    started = [Site() for _ in range(3)]  # Label Studio, an internal service, a file server the operator allows
+    yield started
+    for site in started:
+        site.server.should_exit = True
+
+
+def _fetcher(studio: Site, *allowed: str, studio_url: str | None = None) -> ImageFetcher:
+    return ImageFetcher(studio_url or studio.url, KEY, allowed, 2**20, 10.0)
+
+
+@pytest.mark.parametrize("target", [
+    "http://127.0.0.1:{port}/image",
+    "http://localhost:{port}/image",
+    "http://[::ffff:127.0.0.1]:{port}/image",
+    "http://2130706433:{port}/image",  # 127.0.0.1 as one number
+    "http://0.0.0.0:{port}/image",
+])
+def test_a_task_cannot_reach_an_internal_address_directly(sites, target):
+    studio, internal, _ = sites
+    internal.seen.clear()
+    with pytest.raises(HttpError) as refused:
+        _fetcher(studio).fetch(target.format(port=internal.port), "task 1")
+    assert refused.value.status_code == 403 and "non-public address" in refused.value.detail
+    assert internal.seen == []
+
+
+@pytest.mark.parametrize("address", ["169.254.169.254", "10.0.0.7", "192.168.1.1", "100.64.0.1", "[fd00::1]", "[fe80::1]"])
+def test_private_link_local_and_shared_addresses_are_refused_before_connecting(sites, address):
+    with pytest.raises(HttpError) as refused:
+        _fetcher(sites[0]).fetch(f"http://{address}/latest/meta-data/", "task 2")
+    assert refused.value.status_code == 403
+
+
+def test_every_redirect_hop_is_checked_and_loops_end(sites):
+    studio, internal, files = sites
+    internal.seen.clear()
+    fetcher = _fetcher(studio, f"127.0.0.1:{files.port}")
+    for start in (f"{studio.url}/to?url={internal.url}/image", f"{files.url}/to?url={internal.url}/image"):
+        with pytest.raises(HttpError, match="non-public address"):
+            fetcher.fetch(start, "task 3")
+    assert internal.seen == []
+    assert fetcher.fetch(f"{studio.url}/to?url={files.url}/image", "task 3") == b"image bytes"  # an allowed hop is fetched
+    with pytest.raises(HttpError, match=f"more than {MAX_REDIRECTS} redirects"):
+        fetcher.fetch(f"{studio.url}/loop", "task 4")
+
+
+def test_allowed_hosts_are_fetched_by_host_or_by_host_and_port(sites):
+    studio, internal, _ = sites
+    assert _fetcher(studio, f"127.0.0.1:{internal.port}").fetch(f"{internal.url}/image", "t") == b"image bytes"
+    assert _fetcher(studio, "127.0.0.1").fetch(f"{internal.url}/image", "t") == b"image bytes"
+    with pytest.raises(HttpError, match="non-public"):
+        _fetcher(studio, f"127.0.0.1:{internal.port + 1 if internal.port < 65535 else 1}").fetch(f"{internal.url}/image", "t")
+
+
+def test_the_token_goes_to_label_studios_exact_origin_only(sites):
+    studio, internal, files = sites
+    fetcher = _fetcher(studio, "127.0.0.1")
+    studio.seen.clear()
+    internal.seen.clear()
+    fetcher.fetch(f"{studio.url}/image", "t")
+    fetcher.fetch(f"{internal.url}/image", "t")  # the same host, another port
+    fetcher.fetch(f"{studio.url}/to?url={internal.url}/image", "t")  # across a redirect
+    assert [header for _, header in studio.seen] == [f"Token {KEY}", f"Token {KEY}"]
+    assert [header for _, header in internal.seen] == [None, None]
+    tls = _fetcher(studio, "127.0.0.1", studio_url=f"https://127.0.0.1:{studio.port}")  # Label Studio on https
+    studio.seen.clear()
+    tls.fetch(f"{studio.url}/image", "t")  # the same host and port over plain http
+    assert studio.seen == [("/image", None)]
+
+
+def _backend(**settings) -> str:
+    """crackseg's server (its real uvicorn protocol) with a stand-in model, in a thread; its URL."""
+
+    class Model:
+        threshold = 0.5
+
+        def probabilities(self, pixels):
+            raise AssertionError("no task should reach the model")
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    chosen = ServerSettings(**settings)
+    threading.Thread(target=serve, args=(build_app(Model(), chosen, "crackseg test"), listener, chosen.header_timeout_s),
+                     daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    for _ in range(200):
+        try:
+            httpx.get(f"{url}/health", timeout=1)
+            return url
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise AssertionError("the server did not start")
+
+
+def test_clients_that_never_finish_their_headers_starve_no_one_and_are_closed():
+    url = _backend(header_timeout_s=1.0)
+    port = int(url.rsplit(":", 1)[1])
+    slow = []
+    for _ in range(80):
+        connection = socket.create_connection(("127.0.0.1", port))
+        connection.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        slow.append(connection)
+    assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    time.sleep(2.0)
+    closed = 0
+    for connection in slow:
+        connection.settimeout(1)
+        try:
+            closed += connection.recv(1) == b""
+        except (TimeoutError, ConnectionResetError):
+            closed += 1
+        connection.close()
+    assert closed == len(slow)
+
+
+def test_a_body_that_never_arrives_times_out_and_deep_json_is_a_400():
+    url = _backend(body_timeout_s=1.0)
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as connection:
+        connection.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ta")
+        connection.settimeout(10)
+        answer = connection.recv(4096).decode()
+    assert answer.startswith("HTTP/1.1 408") and "did not arrive within 1 s" in answer
+    deep = b'{"tasks": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    answer = httpx.post(f"{url}/predict", content=deep, headers={"content-type": "application/json"}, timeout=10)
+    assert answer.status_code == 400 and answer.json() == {"error": "the request body nests 5001 levels deep, more than the 64 crackseg reads"}
+    assert json.loads(httpx.get(f"{url}/health", timeout=5).text)["status"] == "UP"
