@@ -2,18 +2,20 @@
 
 User mistakes raise :class:`~crackseg.core.errors.InputError` and end as one line on stderr
 with exit status 2; a run that cannot go on (:class:`~crackseg.core.errors.RunError`, or an
-OSError such as a full disk) ends as one line with exit status 1; anything else is a
-bug and keeps its traceback.
+OSError such as a full disk) ends as one line with exit status 1; Ctrl-C ends with 130 and
+SIGTERM, which stops the run as Ctrl-C does, with 143; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from crackseg.cli import compare, data, evaluate, labels, predict, serve, train
 from crackseg.cli.options import HelpFormatter, Parser
-from crackseg.core.errors import InputError, RunError
+from crackseg.core.errors import InputError, RunError, Terminated
 from crackseg.core.version import __version__
 
 COMMAND_GROUPS = (data, train, predict, labels, serve, compare, evaluate)  # in the order --help lists their commands
@@ -38,8 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--"]:  # torchrun ... -m crackseg -- train ...: some Pythons pass the "--" on
         argv = argv[1:]
     args = parser.parse_args(argv)
+    previous = _stop_on_sigterm()
     try:
         return args.handler(args)
+    except Terminated:
+        print("crackseg: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except InputError as error:
         parser.exit(2, f"crackseg: error: {error}\n")
     except RunError as error:
@@ -50,3 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("crackseg: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_on_sigterm():
+    """SIGTERM raises :class:`Terminated` in the main thread (where Python runs signal handlers); the handler it
+    replaced, or None where none was set (not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminate(signum, frame):
+        raise Terminated()
+
+    return signal.signal(signal.SIGTERM, terminate)

@@ -15,6 +15,11 @@ class InputError(Exception):
     """
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, what a scheduler or ``kubectl delete`` sends: raised where the process is, so that every cleanup Ctrl-C
+    runs (locks, staging folders, half-written files, Ray actors) runs for it too; the command then exits with 143."""
+
+
 class RunError(Exception):
     """A run that cannot go on (e.g. a non-finite loss): one line naming where, exit status 1."""
 

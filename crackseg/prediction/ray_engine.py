@@ -10,14 +10,23 @@ as torchrun's rank 0 does, and writes the tables.
 
 Faults: an actor process that dies is restarted by Ray, which runs its item again, at most :data:`RETRIES` times
 (then the item is listed in errors.csv); the driver writes each item once, whichever attempt returned it. An input that
-cannot be read is an error row at once, never retried.
+cannot be read is an error row at once, never retried. Ctrl-C and SIGTERM stop the driver as they stop a local run
+(Ray's own SIGTERM handler, which would exit mid-write, is put back to crackseg's); the actors' scratch folders of a
+run share one parent in the temp folder, removed with the run. A ``--ray-address`` where nothing listens fails in
+seconds, before Ray would retry it for minutes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import shutil
+import signal
+import socket
 import tempfile
+import threading
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +55,7 @@ if TYPE_CHECKING:
     from crackseg.prediction.options import PredictOptions
 
 RETRIES = 3  # times an item is run again after its actor died running it
+CONNECT_TIMEOUT_S = 10  # for a cluster's address to accept a connection
 
 
 class RayEngine:
@@ -64,16 +74,33 @@ class RayEngine:
         """Predict the plan's inputs on Ray actors into ``run.folder`` (and ``plan.staged``), adding their rows to ``records``."""
         plan, run, options, records = job.plan, job.run, job.options, job.records
         ray = _require_ray()
+        scratch = f"crackseg-ray-{uuid.uuid4().hex[:12]}"  # the parent of this run's scratch folders, on every node
         _connect(ray, options.ray_address)
         try:
             actors, gpus = _pool_size(ray, options, job.choice)
             work = _unfinished(plan, run, work_list(plan, actors), records)
             if work:
                 spec = _Job([ray.put(_model_files(job.choice.path))], job.choice.path.name, job.choice.options,
-                            options.cpus_per_actor or 1, run.threshold, plan.spec, run.save_prob, run.overviews, options.max_pixels)
+                            options.cpus_per_actor or 1, run.threshold, plan.spec, run.save_prob, run.overviews, options.max_pixels,
+                            scratch)
                 _run(ray, spec, (min(actors, len(work)), gpus), work, _Collector(plan, run, records))
         finally:
             ray.shutdown()
+            shutil.rmtree(Path(tempfile.gettempdir()) / scratch, ignore_errors=True)  # what actors killed mid-item left here
+
+
+def _check_listening(address: str | None, flag: str) -> None:
+    """One line within seconds when nothing listens at a cluster's host:port (Ray would retry for many minutes)."""
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not port.isdigit():
+        return  # not host:port: Ray's own message says what is wrong
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        raise InputError(f"{flag} {address}: nothing answers at {host}:{port} ({error.strerror or error}); is the Ray "
+                         "cluster running, and is this its address (ray status prints it)?") from None
 
 
 def _require_ray():
@@ -97,6 +124,7 @@ class _Job:
     save_prob: int | None
     overviews: bool
     max_pixels: int
+    scratch: str  # the folder below each node's temp folder that holds this run's scratch folders
 
 
 @dataclass(frozen=True)
@@ -132,7 +160,9 @@ class _Actor:
         return {"result": np.array(done, dtype=object)}
 
     def _predict(self, item: Work) -> _Result:
-        with tempfile.TemporaryDirectory(prefix="crackseg-item-") as scratch:
+        parent = Path(tempfile.gettempdir()) / self.job.scratch
+        parent.mkdir(exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="crackseg-item-", dir=parent) as scratch:
             folder = PredictionsFolder(Path(scratch))
             try:
                 return self._photo(item, folder) if item.band is None else self._band(item, folder)
@@ -166,12 +196,17 @@ def _contents(folder: PredictionsFolder, paths: list[Path]) -> dict[str, bytes]:
 
 def _connect(ray, address: str | None) -> None:
     logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # an actor's death is retried, and reported in errors.csv
+    _check_listening(address or os.environ.get("RAY_ADDRESS"), "--ray-address" if address else "RAY_ADDRESS")
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:  # None: RAY_ADDRESS, else a cluster started on this machine (ray start), else a local Ray, as Ray resolves it
         ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = f"--ray-address {address}" if address else "Ray"
         raise InputError(f"{where}: cannot start or reach a Ray cluster: {str(error).splitlines()[0]} (is it running, "
                          "and is RAY_AUTH_TOKEN set where it uses token authentication?)") from None
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)  # Ray's exits at once; crackseg's stops the run as Ctrl-C does
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the driver shows its own, as predict does
     context.print_on_execution_start = False

@@ -210,3 +210,32 @@ def test_torchrun_processes_write_to_the_store_what_one_process_writes(s3, photo
     for key in _keys(s3, "one"):
         content = [s3.client.get_object(Bucket=s3.name, Key=f"{prefix}/{key}")["Body"].read() for prefix in ("one", "two")]
         assert content[0].replace(b"/one/", b"/two/") == content[1], key
+
+
+def test_sigterm_ends_a_run_into_the_store_as_ctrl_c_does(s3, synth_root, tmp_path, checkpoint):
+    """What a scheduler or kubectl delete sends: no lock object, no staging folder, exit status 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    photos = tmp_path / "many"
+    photos.mkdir()
+    for index in range(120):  # enough that the run is still going when the signal comes
+        (photos / f"p{index:03d}.jpg").write_bytes(sorted((synth_root / "images").glob("*.jpg"))[index % 12].read_bytes())
+    source, out = s3.upload(photos, "survey/photos"), s3.url("survey/pred/")
+    staging = tmp_path / "tmp"
+    staging.mkdir()
+    command = [sys.executable, "-m", "crackseg", "predict", "--checkpoint", str(checkpoint), source, "--out", out,
+               "--device", "cpu", "--workers", "0", "--overlay"]
+    process = subprocess.Popen(command, env={**os.environ, "TMPDIR": str(staging)}, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(key.startswith("masks/") for key in _keys(s3, "survey/pred")):
+        time.sleep(0.1)  # the lock is taken and the first photos are uploaded
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 143, err
+    assert "crackseg: terminated (SIGTERM)" in err and "Traceback" not in err
+    assert LOCK_NAME not in _keys(s3, "survey/pred") and not any(staging.iterdir())
+    assert len(_keys(s3, "survey/pred")) < 120  # stopped part way: the rest is for --skip-existing

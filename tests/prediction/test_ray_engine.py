@@ -191,3 +191,41 @@ def test_the_work_list_is_split_alike_by_every_engine(photos, tmp_path):
     assert [(item.key, item.band) for item in shares[0]] == [(0, None), (2, None), (3, (0, 2)), (4, (0, 2))]
     assert sorted(shares[0] + shares[1], key=work.index) == work
     assert share(work_list(plan, 1), 0, 1) == work_list(plan, 1)
+
+
+def _scratch() -> set[str]:
+    """The scratch folders of predict's Ray runs and actors in this machine's temp folder."""
+    import tempfile
+
+    return {p.name for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(("crackseg-ray-", "crackseg-item-"))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_and_ctrl_c_stop_the_driver_cleanly_and_leave_no_scratch(cluster, tmp_path, checkpoint, stop, status):
+    """SIGTERM (a scheduler, kubectl delete) ends as Ctrl-C does: no crash, no scratch folder of an actor left."""
+    before = _scratch()
+    photos = _many_photos(tmp_path / "in", 12, size=256)
+    run = _start("--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--actors", 2, env=cluster)
+    masks = tmp_path / "out" / "masks"
+    _wait_for(lambda: masks.is_dir() and any(masks.glob("*.png")), run, "a mask")
+    run.send_signal(stop)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == status, err[-3000:]
+    assert "Traceback" not in err and "SIGABRT" not in err and "core dumped" not in err
+    time.sleep(2)  # the actors' processes are gone by now
+    assert _scratch() <= before
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.name.startswith(".")]  # no lock, no temp file
+
+
+def test_an_address_where_nothing_listens_fails_in_seconds(photos, tmp_path, checkpoint):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    start = time.monotonic()
+    result = _predict("--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--ray-address",
+                      f"127.0.0.1:{port}", env=_clean_env())
+    assert result.returncode == 2 and time.monotonic() - start < 30
+    assert result.stderr.count("\n") == 1 and f"--ray-address 127.0.0.1:{port}: nothing answers" in result.stderr
+    assert not (tmp_path / "out").exists()
