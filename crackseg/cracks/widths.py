@@ -9,12 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 
 PX_PER_BAND = 3  # a width is known to about +-1 px: a band spanning fewer pixels cannot be told from its neighbours
+MM_DIGITS = 4  # decimals of a size in mm as the tables write it, and as a width is classed
 
 
-def in_mm(measures: dict, mm_per_px: float, digits: int | None = 4) -> dict:
+def in_mm(measures: dict, mm_per_px: float, digits: int | None = MM_DIGITS) -> dict:
     """The mm columns of px columns, the one conversion of predict's tables, compare's changes and the register:
     ``length_mm``, ``mean_width_mm``, ``max_width_mm`` from the ``*_px`` keys of ``measures`` that are present (None
-    stays None), ``area_mm2`` from ``area_px``; rounded to ``digits`` decimals (None: not rounded)."""
+    stays None), ``area_mm2`` from ``area_px``; rounded to ``digits`` decimals (None: not rounded). Give it the
+    measures as found, not rounded px: every table then writes the same mm for a crack."""
     factors = {f"{key}_mm": (f"{key}_px", mm_per_px) for key in ("length", "mean_width", "max_width")} | {"area_mm2": ("area_px", mm_per_px**2)}
     sizes = {name: None if measures[px] is None else measures[px] * factor for name, (px, factor) in factors.items() if px in measures}
     return sizes if digits is None else {name: None if mm is None else round(mm, digits) for name, mm in sizes.items()}
@@ -71,7 +73,10 @@ class WidthClasses:
         return self.classify(sizes[f"{self.graded}_width_mm{suffix}"])
 
     def classify(self, width_mm: float) -> str:
-        """The class of a width in mm; a width on an edge falls on the side its standard puts it (``upper``)."""
+        """The class of a width in mm, as the tables write it (rounded to MM_DIGITS decimals, so a width written as an
+        edge is on that edge whichever table or register classes it); a width on an edge falls on the side its standard
+        puts it (``upper``)."""
+        width_mm = round(width_mm, MM_DIGITS)
         below = int(np.searchsorted(self.edges_mm, width_mm, side="left"))
         on_edge = below < len(self.edges_mm) and width_mm == self.edges_mm[below]
         return self.labels[below + int(on_edge and self._upper()[below])]

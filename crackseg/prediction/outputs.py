@@ -285,8 +285,10 @@ def table_rows(path: Path, mask_path: Path, counts: dict, cracks: list[CrackMeas
         for c in cracks
     ]
     if spec.px_size is not None:
-        for item in [row, *crack_rows]:
-            item |= in_mm(item, spec.px_size)
+        row |= in_mm(row, spec.px_size)
+        for item, crack in zip(crack_rows, cracks):  # from the sizes as found, as compare and the register convert them
+            item |= in_mm({"length_px": crack.length_px, "mean_width_px": crack.mean_width_px, "max_width_px": crack.max_width_px,
+                           "area_px": crack.area_px}, spec.px_size)
     if spec.width_classes is not None and spec.px_size is not None:
         classes = spec.width_classes
         for item in crack_rows:

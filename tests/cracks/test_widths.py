@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from crackseg.cracks.widths import WidthClasses
+from crackseg.cracks.widths import WIDTH_CLASS_PRESETS, WidthClasses
 
 
 def test_width_classes():
@@ -81,3 +81,13 @@ def test_the_docs_table_gives_every_preset_its_graded_width_and_the_pixel_size_i
         graded, needed = rows[name][-2], rows[name][-1].removesuffix(" |")
         assert graded.split()[0] == preset.graded
         assert float(needed.removesuffix(" mm")) == pytest.approx(preset.coarsest_px_size_mm(), rel=0.02), name
+
+
+@pytest.mark.parametrize("preset", sorted(WIDTH_CLASS_PRESETS))
+def test_a_width_is_classed_as_the_tables_write_it(preset):
+    """A width a float error off an edge is written as the edge (4 decimals) and classed as on it, from either side."""
+    classes = WIDTH_CLASS_PRESETS[preset]
+    for edge in classes.edges_mm:
+        on_edge = classes.classify(edge)
+        assert classes.classify(edge * (1 + 1e-12)) == on_edge == classes.classify(edge * (1 - 1e-12))
+        assert classes.classify(edge + 2e-4) != classes.classify(edge - 2e-4)

@@ -503,6 +503,33 @@ def test_the_register_of_photos_has_mm_and_width_classes_with_a_pixel_size(tmp_p
         assert width_class == row[f"max_width_class_{side}"]
 
 
+@pytest.mark.parametrize("preset, edge, on_edge", [("ec2", 0.3, "<=0.3"), ("mbei-rc", 0.3048, "CS2"), ("aci224", 0.30, "0.18-0.3")])
+def test_a_crack_exactly_on_a_class_edge_has_one_class_in_changes_and_the_register(tmp_path, preset, edge, on_edge):
+    """The pixel size puts the AFTER crack's max width on the edge up to float error (1e-12 over): changes.csv, rounded,
+    and the register, which keeps the unrounded mm, must class it alike, on the side the standard puts the edge."""
+    texture = _texture()
+    visits = []
+    for number, width in enumerate([3, 7]):
+        mask = _draw([A, B[:4] + (width,)])
+        visits.append(_write_visit(tmp_path / f"v{number}", _photo(texture, mask), mask))
+    probe = tmp_path / "probe"
+    assert main(["compare", *map(str, visits), "--out", str(probe)]) == 0
+    widest = max(float(row["max_width_px_after"]) for row in _rows(probe / "changes.csv") if row["max_width_px_after"])
+    px_size = edge / widest * (1 + 1e-12)
+    register, out = tmp_path / "site.gpkg", tmp_path / "out"
+    assert main(["compare", *map(str, visits), "--out", str(out), "--register", str(register), "--px-size", repr(px_size),
+                 "--width-classes", preset, "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    rows = _rows(out / "changes.csv")
+    assert any(row["max_width_class_after"] == on_edge and float(row["max_width_mm_after"]) == edge for row in rows)
+    with sqlite3.connect(register) as db:
+        classes = dict(((survey, crack), width_class) for survey, crack, width_class in
+                       db.execute("SELECT survey, crack, max_width_class FROM cracks").fetchall())
+    for row in rows:
+        for survey, side in ((1, "before"), (2, "after")):
+            if row[f"crack_{side}"]:
+                assert classes[(survey, int(row[f"crack_{side}"]))] == row[f"max_width_class_{side}"], (side, row)
+
+
 def test_a_standard_grading_mean_width_classes_changes_and_the_register_by_mean_width(tmp_path):
     """ASTM D6433 grades a pavement crack by its mean width. A 3 px crack with a 15 px knot widens to 11 px: at 1 mm per
     pixel its max width stays M (the knot), its mean goes from L to M. changes.csv and the register name their class
