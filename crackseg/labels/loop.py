@@ -317,8 +317,11 @@ def export_labels(predictions: Path, fmt: str, out: Path, rle: bool = False, ove
             write_atomic(target, json.dumps(document, indent=1) + "\n")
     elif fmt == "cvat":
         write_atomic(out, cvat_document(items, rle))
-    else:
-        write_atomic(out, json.dumps(coco_document(items, rle) if fmt == "coco" else labelstudio_document(items, rle)) + "\n")
+    elif fmt == "coco":
+        write_atomic(out, json.dumps(coco_document(items, rle)) + "\n")
+    else:  # Label Studio's names are URLs where the prefix makes them so: the prefix stays apart, the name is encoded
+        named = ((shown, read_saved_mask(path)) for _, shown, path in entries)
+        write_atomic(out, json.dumps(labelstudio_document(named, rle, image_prefix)) + "\n")
     return {"format": fmt, "out": str(out), "images": len(entries), "rasters_left_out": rasters, "shapes": "rle" if rle else "polygons"}
 
 

@@ -93,6 +93,24 @@ def test_labelstudio_local_files_urls_are_encoded_as_label_studio_builds_them_an
         assert np.array_equal(masks[stem], expected[stem]), stem
 
 
+@pytest.mark.parametrize("prefix", ["", "photos/", "/data/local-files/?d=", "http://files.example/survey/"])
+def test_every_name_comes_back_as_itself_whatever_the_prefix(tmp_path, prefix):
+    """Export then import of names with literal escapes (p%41 is not pA), URL delimiters, spaces and non-ASCII."""
+    names = ("p%41", "100%", "a%20b", "a&b", "x#1", "q?d=1", "é", "a b", "plus+1")
+    predictions, expected = _predictions(tmp_path, names)
+    tasks_json = tmp_path / "tasks.json"
+    export_labels(predictions, "labelstudio", tasks_json, rle=True, image_prefix=prefix)
+    tasks = json.loads(tasks_json.read_text())
+    for task in tasks:
+        task["annotations"] = [{"result": task.pop("predictions")[0]["result"]}]
+    tasks_json.write_text(json.dumps(tasks))
+    provenance = import_labels(tasks_json, "labelstudio", tmp_path / "photos", tmp_path / "dataset")
+    masks = _imported_masks(tmp_path / "dataset")
+    assert provenance["images"] == len(names) and sorted(masks) == sorted(names)
+    for stem in names:
+        assert np.array_equal(masks[stem], expected[stem]), stem
+
+
 def test_a_local_files_url_is_decoded_once(tmp_path):
     """%2541 is the name %41 encoded; decoding twice would give A."""
     _photo(tmp_path / "photos", "%41.png")

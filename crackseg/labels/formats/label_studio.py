@@ -136,16 +136,25 @@ def _task_image(task: dict, path: Path) -> str:
     url = data.get("image") if isinstance(data.get("image"), str) else texts[0] if len(texts) == 1 else None
     if url is None:
         raise InputError(f"{path}: task {task.get('id')}: cannot tell which of its data ({', '.join(data)}) is the image")
+    if not _is_url(url):
+        return url  # a plain file name, as written: nothing in it is an escape
     parsed = urlparse(url)
-    local = parse_qs(parsed.query).get("d")  # decoded once, as Label Studio's local-files view reads it
-    return local[0] if local else unquote(parsed.path if parsed.scheme or parsed.netloc else url)
+    local = parse_qs(parsed.query).get("d") if "local-files" in parsed.path else None  # decoded once, as Label Studio reads it
+    return local[0] if local else unquote(parsed.path)
 
 
-def _local_files_url(name: str) -> str:
-    """``name`` with the path after a local-files ``?d=`` URL-encoded as Label Studio's local files storage writes it
-    (``quote``: ``&``, ``%``, ``#``, ``?``, spaces and non-ASCII escaped, ``/`` kept); any other name as it is."""
-    head, marker, tail = name.partition("?d=")
-    return head + marker + quote(tail) if marker else name
+def _is_url(text: str) -> bool:
+    """Whether a task's image is a URL (a scheme, or a path on Label Studio's server such as ``/data/upload/...``),
+    whose name is percent-encoded, rather than a plain file name."""
+    return text.startswith("/") or bool(urlparse(text).scheme and urlparse(text).netloc)
+
+
+def task_image(prefix: str, name: str) -> str:
+    """A task's image for ``name`` after ``prefix``: in a URL prefix (Label Studio's ``/data/local-files/?d=``, any
+    ``/...`` or ``http(s)://...``) the name is URL-encoded as Label Studio's storages write it (``quote``: ``&``, ``%``,
+    ``#``, ``?``, spaces and non-ASCII escaped, ``/`` kept), so reading it back gives the name; after no prefix, or a
+    plain folder, the name as it is."""
+    return prefix + quote(name) if _is_url(prefix) else prefix + name
 
 
 def upload_names(name: str) -> list[str]:
@@ -249,9 +258,10 @@ def brush_encode(mask: np.ndarray) -> list[int]:
     return np.packbits(np.frombuffer(bits.encode(), np.uint8) - ord("0")).tolist()
 
 
-def labelstudio_document(items: Iterable[tuple[str, np.ndarray]], rle: bool) -> list[dict]:
-    """Label Studio tasks with the masks as predictions (pre-annotations): a polygon per crack, or one brush per image."""
-    return [{"data": {LS_TO: _local_files_url(name)},
+def labelstudio_document(items: Iterable[tuple[str, np.ndarray]], rle: bool, prefix: str = "") -> list[dict]:
+    """Label Studio tasks with the masks as predictions (pre-annotations): a polygon per crack, or one brush per image;
+    each image named :func:`task_image` (``prefix``, its name)."""
+    return [{"data": {LS_TO: task_image(prefix, name)},
              "predictions": [{"model_version": f"crackseg {__version__}", "result": labelstudio_results(mask, rle)}]}
             for name, mask in items]
 
