@@ -12,6 +12,7 @@ What the run replaced or removed is removed from the store too (:meth:`StagedFol
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -223,9 +224,14 @@ class StagedSources:
         prefix, shown = source.rstrip("/"), display_url(source).rstrip("/")
         folder = self._new_folder(flag.strip("-").lower())
         self._copies.append((str(folder), shown))
-        keys = [key for key in list_keys(f"{prefix}/") if not _lock_object(key)]
+        keys = [key for key in list_keys(f"{prefix}/") if key and not key.endswith("/") and not _lock_object(key)]  # no folder markers
         if not keys:
             raise InputError(f"{flag} {shown}/: no objects below this prefix; give the prefix of {what}")
+        folders = {"/".join(key.split("/")[:depth]) for key in keys for depth in range(1, key.count("/") + 1)}
+        for key in sorted(folders.intersection(keys)):  # an object named as a folder of others cannot be a file there too
+            print(f"crackseg: warning: {shown}/{key}: an object with the name of a folder of other objects; left out",
+                  file=sys.stderr)
+        keys = [key for key in keys if key not in folders]
         for key in keys:
             if any(part in ("", ".", "..") for part in key.split("/")):
                 raise StorageError(f"{prefix}/{key}", "a key with an empty, '.' or '..' part cannot be staged; copy it to a plain key")

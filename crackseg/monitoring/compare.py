@@ -74,7 +74,7 @@ def compare_inspections(options: CompareOptions) -> dict:
             out.prepare(writes_at)  # the lock, and in a store its listing, before any download
             before, after = (sources.folder(side, flag, _INSPECTION, lambda copy: _stage_photos(copy, sources))
                              for flag, side in (("BEFORE", options.before), ("AFTER", options.after)))
-            summary = _compare(before, after, ComparisonFolder(out, options.vectors, options.register), options, shown)
+            summary = _compare(before, after, ComparisonFolder(out, options.vectors, options.register, shown), options, shown)
             out.finish()
         except InputError as error:  # a message naming a staged copy names its URL
             if shown(str(error)) == str(error):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import closing
 from pathlib import Path, PurePosixPath
 
@@ -49,8 +49,10 @@ def writes_at(key: str) -> bool:
 class ComparisonFolder:
     """The files of a comparison folder, their writing, and the folder's preparation."""
 
-    def __init__(self, staged: StagedFolder, vectors: str | None, register: Path | None = None):
+    def __init__(self, staged: StagedFolder, vectors: str | None, register: Path | None = None,
+                 shown: Callable[[str], str] = lambda text: text):
         self.staged, self.root = staged, staged.root
+        self.shown = shown  # a staged input's path -> its URL, in what the layers name
         self.register = register  # the site's crack register (--register), which may lie in the folder: never this folder's
         self.changes_csv, self.pairs_csv = self.root / "changes.csv", self.root / "pairs.csv"
         self.summary_json, self.report_html = self.root / "summary.json", self.root / "report.html"
@@ -77,6 +79,7 @@ class ComparisonFolder:
 
     def write_layer(self, name: str, rows: list[dict], geometries: list, crs: str | None) -> None:
         path = self._layer_path(name)
+        rows = [{key: self.shown(value) if isinstance(value, str) else value for key, value in row.items()} for row in rows]
         write_features(path, rows, geometries, crs, "changes", categorized_style("status", STATUS_COLOURS))  # the report's colours
         self.written.update(layer_files(path))
 

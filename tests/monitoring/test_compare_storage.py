@@ -104,6 +104,22 @@ def test_layers_report_and_register_with_inspections_in_the_store(s3, two_visits
         assert [source for (source,) in db.execute("SELECT source FROM surveys ORDER BY survey")] == [url.rstrip("/") for url in urls]
     report = s3.client.get_object(Bucket=s3.name, Key="site/changes/report.html")["Body"].read().decode()
     assert str(staging) not in report and not any(staging.iterdir())
+    layer = json.loads(s3.client.get_object(Bucket=s3.name, Key="site/changes/vectors/wall.geojson")["Body"].read())
+    paths = {feature["properties"][side] for feature in layer["features"] for side in ("path_before", "path_after")}
+    assert paths and all(path.startswith(urls) for path in paths), paths  # the store's objects, never the staged copy
+
+
+def test_folder_markers_and_an_object_named_as_a_folder_are_left_out(s3, two_visits, tmp_path, staging, capsys):
+    """Keys ending in / (what consoles create for folders) and an object ``masks`` beside ``masks/*.png``."""
+    urls = s3.upload(two_visits[0], "site/visit1"), s3.upload(two_visits[1], "site/visit2")
+    for visit in ("visit1", "visit2"):
+        s3.put(f"site/{visit}/", b"")
+        s3.put(f"site/{visit}/masks/", b"")
+    s3.put("site/visit1/masks", b"a stray object")
+    code, err = cli_result(["compare", *urls, "--out", tmp_path / "out"])
+    assert code == 0, err
+    assert f"{urls[0]}masks: an object with the name of a folder of other objects; left out" in err
+    assert _rows(tmp_path / "out" / "pairs.csv")[0]["status"] == "registered" and not any(staging.iterdir())
 
 
 def test_predictions_folders_in_the_store_whose_photos_are_in_the_store(s3, two_visits, tmp_path, staging):
