@@ -47,9 +47,12 @@ def lookalikes(runs: Path) -> Path:
 SCORINGS = {"tol0": ["--tolerance", "0"], "tol2": ["--tolerance", "2"], "scsegamba": ["--protocol", "scsegamba"]}
 
 
-def score(checkpoint: Path, data: Path, split: str, out: Path, scorings: tuple[str, ...] = tuple(SCORINGS)) -> None:
-    """crackseg's protocol at 0 and 2 px (with false alarms) and SCSegamba's, each skipped when already scored."""
-    common = ["evaluate", "--checkpoint", str(checkpoint), "--data", str(data), "--split", split, "--device", "cpu", "--overwrite"]
+def score(checkpoint: Path, data: Path, split: str, out: Path, scorings: tuple[str, ...] = tuple(SCORINGS),
+          inference: tuple[str, ...] = ()) -> None:
+    """crackseg's protocol at 0 and 2 px (with false alarms) and SCSegamba's, each skipped when already scored;
+    ``inference``: evaluate's flags of how the model runs (e.g. ``--resize 256``)."""
+    common = ["evaluate", "--checkpoint", str(checkpoint), "--data", str(data), "--split", split, "--device", "cpu", "--overwrite",
+              *inference]
     for name in scorings:
         if not (out / name / "report.json").exists():
             _crackseg(*common, *SCORINGS[name], "--out", str(out / name))

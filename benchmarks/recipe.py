@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATASETS = {"cfd": ("cfd", 60), "crack500": ("crack500-subset", 15)}  # name: (folder, epochs)
+DATASETS = {"cfd": ("cfd", 60), "crack500": ("crack500-subset", 15), "masonry": ("masonry", 24), "walls": ("walls-mixed", 28)}  # name: (folder, epochs)
 VARIANTS = {  # every flag that differs spelled out, so that a run means the same whatever the defaults
     "bce": ["--loss", "bce", "--pos-weight", "auto", "--amp", "off"],  # the defaults until the comparison of docs/results.md
     "bce+dice-sqrt": ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "off"],  # the loss defaults since, in float32
@@ -36,13 +36,18 @@ VARIANTS = {  # every flag that differs spelled out, so that a run means the sam
     # the same recipe on an ImageNet-pretrained encoder whose weights install offline (crackseg[pretrained])
     "lite0-imagenet-bf16cl": ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "bf16", "--channels-last",
                               "--encoder", "efficientnet-lite0", "--encoder-weights", "imagenet"],
+    # the input scaling of EfficientNet-Lite's ImageNet weights, in float32 (CPUs without bfloat16)
+    "lite0-imagenet": ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "off", "--encoder", "efficientnet-lite0",
+                       "--encoder-weights", "imagenet", "--input-scaling", "imagenet"],
+    "lite0-tf": ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "off", "--encoder", "efficientnet-lite0",
+                 "--encoder-weights", "imagenet", "--input-scaling", "tf"],
 }
 # -hn: a quarter of each epoch's samples are crack-free look-alikes (hard_negatives() writes them once)
 NEGATIVES = ["--negatives", "{negatives}", "--negative-share", "0.25"]
 VARIANTS |= {f"{name}-hn": [*VARIANTS[name], *NEGATIVES] for name in ("bce+dice-sqrt-bf16cl", "lite0-imagenet-bf16cl")}
 BASELINES = {"bce+dice-sqrt": "bce", "bce+dice-sqrt-ema": "bce+dice-sqrt", "bce+dice-sqrt-bf16cl": "bce+dice-sqrt",
              "lite0-imagenet-bf16cl": "bce+dice-sqrt-bf16cl", "bce+dice-sqrt-bf16cl-hn": "bce+dice-sqrt-bf16cl",
-             "lite0-imagenet-bf16cl-hn": "lite0-imagenet-bf16cl"}  # a variant is compared with the one it changes
+             "lite0-imagenet-bf16cl-hn": "lite0-imagenet-bf16cl", "lite0-tf": "lite0-imagenet"}  # a variant is compared with the one it changes
 BUDGET = ["--encoder", "resnet18", "--encoder-weights", "none", "--crop-size", "320", "--batch-size", "4", "--lr", "1e-3",
           "--workers", "0", "--device", "cpu"]
 TOLERANCES = (0, 2)
