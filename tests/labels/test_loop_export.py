@@ -75,40 +75,34 @@ def _imported_masks(out) -> dict[str, np.ndarray]:
 NAMES = ("a&b", "100%", "x#1", "q?", "é", "plain", "a")  # "a": where a&b's cracks went when & split the URL
 
 
-def test_labelstudio_local_files_urls_are_encoded_as_label_studio_builds_them_and_decoded_on_import(tmp_path):
-    predictions, expected = _predictions(tmp_path, NAMES)
-    tasks_json = tmp_path / "tasks.json"
-    export_labels(predictions, "labelstudio", tasks_json, rle=True, image_prefix="/data/local-files/?d=")
-    tasks = json.loads(tasks_json.read_text())
-    # as Label Studio's local files storage writes a task: /data/local-files/?d={quote(relative path)}
-    assert sorted(task["data"]["image"] for task in tasks) == sorted(f"/data/local-files/?d={quote(f'site/{stem}.jpg')}"
-                                                                     for stem in NAMES)
-    for task in tasks:  # a person submits each pre-annotation unchanged
-        task["annotations"] = [{"result": task.pop("predictions")[0]["result"]}]
-    tasks_json.write_text(json.dumps(tasks))
-    provenance = import_labels(tasks_json, "labelstudio", tmp_path / "photos", tmp_path / "dataset")
-    masks = _imported_masks(tmp_path / "dataset")
-    assert provenance["images"] == len(NAMES) and sorted(masks) == sorted(NAMES)
-    for stem in NAMES:
-        assert np.array_equal(masks[stem], expected[stem]), stem
-
-
-@pytest.mark.parametrize("prefix", ["", "photos/", "/data/local-files/?d=", "http://files.example/survey/"])
-def test_every_name_comes_back_as_itself_whatever_the_prefix(tmp_path, prefix):
-    """Export then import of names with literal escapes (p%41 is not pA), URL delimiters, spaces and non-ASCII."""
-    names = ("p%41", "100%", "a%20b", "a&b", "x#1", "q?d=1", "é", "a b", "plus+1")
+def _round_trip(tmp_path, names, prefix: str) -> list[dict]:
+    """Export pre-annotations of photos named ``names`` after ``prefix``, submit each unchanged as a person would, import
+    them, and check that every photo comes back under its own name with its own mask; returns the exported tasks."""
     predictions, expected = _predictions(tmp_path, names)
     tasks_json = tmp_path / "tasks.json"
     export_labels(predictions, "labelstudio", tasks_json, rle=True, image_prefix=prefix)
-    tasks = json.loads(tasks_json.read_text())
-    for task in tasks:
-        task["annotations"] = [{"result": task.pop("predictions")[0]["result"]}]
+    exported = json.loads(tasks_json.read_text())
+    tasks = [{**task, "annotations": [{"result": task["predictions"][0]["result"]}]} for task in exported]
     tasks_json.write_text(json.dumps(tasks))
     provenance = import_labels(tasks_json, "labelstudio", tmp_path / "photos", tmp_path / "dataset")
     masks = _imported_masks(tmp_path / "dataset")
     assert provenance["images"] == len(names) and sorted(masks) == sorted(names)
     for stem in names:
         assert np.array_equal(masks[stem], expected[stem]), stem
+    return exported
+
+
+def test_labelstudio_local_files_urls_are_encoded_as_label_studio_builds_them_and_decoded_on_import(tmp_path):
+    tasks = _round_trip(tmp_path, NAMES, "/data/local-files/?d=")
+    # as Label Studio's local files storage writes a task: /data/local-files/?d={quote(relative path)}
+    assert sorted(task["data"]["image"] for task in tasks) == sorted(f"/data/local-files/?d={quote(f'site/{stem}.jpg')}"
+                                                                     for stem in NAMES)
+
+
+@pytest.mark.parametrize("prefix", ["", "photos/", "/data/local-files/?d=", "http://files.example/survey/"])
+def test_every_name_comes_back_as_itself_whatever_the_prefix(tmp_path, prefix):
+    """Export then import of names with literal escapes (p%41 is not pA), URL delimiters, spaces and non-ASCII."""
+    _round_trip(tmp_path, ("p%41", "100%", "a%20b", "a&b", "x#1", "q?d=1", "é", "a b", "plus+1"), prefix)
 
 
 def test_a_local_files_url_is_decoded_once(tmp_path):
