@@ -121,6 +121,10 @@ class RemoteFile:
         single = {"max_concurrency": 1} if _scheme(self.url) == "s3" else {}
         return _call(self.url, lambda fs: fs.cat_file(self.url, **single))
 
+    def read_head(self, size: int) -> bytes:
+        """The file's first ``size`` bytes (all of a smaller file), in one ranged GET."""
+        return _call(self.url, lambda fs: fs.cat_file(self.url, start=0, end=size))
+
 
 def gdal_path(url: str) -> str:
     """The name GDAL reads ``url`` by, window by window through ranged GETs, never whole: ``/vsis3/bucket/key`` for

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     import torch
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff")
+# How the files of those kinds begin: JPEG, PNG, BMP, TIFF and BigTIFF in either byte order
+_PICTURE_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+_HEADER_BYTES = 64 * 1024
 CRACK_THRESHOLD = 127  # mask grey levels above this are crack
 COLOUR_SPREAD = 32  # levels between a pixel's channels beyond which a mask is in colour (JPEG noise stays below)
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
@@ -65,8 +68,14 @@ def displayed_size(image: Image.Image) -> tuple[int, int]:
 
 def open_picture(path: Path | RemoteFile | BinaryIO) -> Image.Image:
     """``Image.open`` of a file on disk, an open binary file, or a file in object storage (downloaded whole into memory,
-    never to disk), so that every reader decodes a stored photo or mask exactly as the same file on disk."""
-    return Image.open(io.BytesIO(path.read_bytes()) if isinstance(path, RemoteFile) else path)
+    never to disk), so that every reader decodes a stored photo or mask exactly as the same file on disk. A stored file
+    is first read for its header alone: one that is no picture is refused before the rest is downloaded."""
+    if not isinstance(path, RemoteFile):
+        return Image.open(path)
+    head = path.read_head(_HEADER_BYTES)
+    if not head.startswith(_PICTURE_SIGNATURES):
+        raise UnidentifiedImageError(f"cannot identify image file {path}")
+    return Image.open(io.BytesIO(head if len(head) < _HEADER_BYTES else path.read_bytes()))
 
 
 def _upright(image: Image.Image) -> Image.Image:

@@ -91,6 +91,21 @@ def test_a_photo_that_fails_to_download_or_decode_is_listed_in_errors(s3, photos
     assert sorted(p.name for p in (tmp_path / "out" / "masks").iterdir()) == ["a.png"]
 
 
+def test_an_object_that_is_no_picture_is_refused_from_its_header(s3, photos, tmp_path, checkpoint, monkeypatch):
+    """A 20 MB object named .jpg that is not a picture: refused after its first 64 KiB, never downloaded whole."""
+    from crackseg.core.storage import RemoteFile
+
+    (photos / "huge.jpg").write_bytes(b"PK\x03\x04" + bytes(20 * 2**20))  # a zip archive, say
+    prefix = s3.upload(photos, "survey/photos")
+    whole = []
+    read_bytes = RemoteFile.read_bytes
+    monkeypatch.setattr(RemoteFile, "read_bytes", lambda self: whole.append(self.name) or read_bytes(self))  # records each
+    assert predict_cli("--checkpoint", checkpoint, prefix, "--out", tmp_path / "out", "--recursive") == 1
+    errors = {row["path"]: row["error"] for row in csv_rows(tmp_path / "out" / "errors.csv")}
+    assert errors == {prefix + "huge.jpg": "not a readable image (empty, or another kind of file)"}
+    assert "huge.jpg" not in whole and sorted(p.name for p in (tmp_path / "out" / "masks").rglob("*.png")) == ["a.png", "b.png", "c.png"]
+
+
 def _closed_port() -> str:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -132,11 +147,13 @@ def rasters(tmp_path) -> Path:
 
 def test_rasters_in_s3_are_read_by_windows_as_from_disk(s3, rasters, tmp_path, checkpoint, monkeypatch):
     prefix = s3.upload(rasters, "survey/rasters")
-    whole, read = predict_module.RemoteFile.read_bytes, []
+    whole, head, read = predict_module.RemoteFile.read_bytes, predict_module.RemoteFile.read_head, []
     monkeypatch.setattr(predict_module.RemoteFile, "read_bytes", lambda self: read.append(self.name) or whole(self))
+    monkeypatch.setattr(predict_module.RemoteFile, "read_head", lambda self, size: read.append(self.name) or head(self, size))
     assert predict_tiled("--checkpoint", checkpoint, rasters, "--out", tmp_path / "local") == 0
     assert predict_tiled("--checkpoint", checkpoint, prefix, "--out", tmp_path / "remote") == 0
-    assert read == ["plain.tif"]  # the GeoTIFF went through GDAL's /vsis3/, by windows; the plain TIFF was a photo
+    assert read == ["plain.tif"]  # the GeoTIFF went through GDAL's /vsis3/, by windows; the plain TIFF (small: its header
+    # read is the whole file) was a photo
     local, remote = (read_mask(tmp_path / out / "masks" / "ortho.tif") for out in ("local", "remote"))
     assert (remote[0] == local[0]).all() and (remote[1] == local[1]).all() and remote[2] == local[2]
     assert remote[2]["crs"] is not None and remote[0].shape == (600, 700)
