@@ -294,6 +294,8 @@ def _reason(error: BaseException, url: str) -> tuple[str | None, bool]:
         names = {kind.__name__ for kind in type(cause).__mro__}
         response = getattr(cause, "response", None)
         code = _error_code(cause)
+        if "TooManyRedirects" in names:  # aiohttp's, a ClientResponseError without a status of its own
+            return f"too many redirects: the server sends it on and on (a redirect loop?), {len(cause.history)} followed", False
         if "ClientResponseError" in names:  # aiohttp: an http(s):// answer
             status = cause.status
             why = {404: "not found (HTTP 404)", 401: "access denied (HTTP 401)",

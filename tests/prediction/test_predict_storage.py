@@ -106,6 +106,31 @@ def test_an_object_that_is_no_picture_is_refused_from_its_header(s3, photos, tmp
     assert "huge.jpg" not in whole and sorted(p.name for p in (tmp_path / "out" / "masks").rglob("*.png")) == ["a.png", "b.png", "c.png"]
 
 
+def test_a_redirect_loop_is_named_as_one(tmp_path, checkpoint, capsys):
+    import http.server
+    import threading
+
+    class Loop(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(302)
+            self.send_header("Location", self.path + "x")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loop)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/photo.jpg"
+        assert predict_cli("--checkpoint", checkpoint, url, "--out", tmp_path / "out") in (1, 2)
+    finally:
+        server.shutdown()
+        server.server_close()
+    text = capsys.readouterr().err  # the photo is checked before any work: one line
+    assert "photo.jpg: too many redirects" in text and "HTTP 0" not in text, text
+
+
 def _closed_port() -> str:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
