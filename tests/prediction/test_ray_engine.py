@@ -45,8 +45,11 @@ def _predict(*args, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def _start(*args, env: dict[str, str]) -> subprocess.Popen:
+    """predict started as from a terminal: SIGINT as Ctrl-C sends it (a parent that ignores it, as some test runners'
+    processes do, would pass that on, and Python then never turns it into KeyboardInterrupt)."""
     command = [sys.executable, "-m", "crackseg", "predict", *map(str, args), "--device", "cpu", "--workers", "0"]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _one_thread() -> dict[str, str]:
