@@ -2,13 +2,15 @@
 
     python benchmarks/general_model.py train --seed 0                        # all four train splits: crackseg-general
     python benchmarks/general_model.py train --seed 0 --leave-out masonry    # the other three
+    python benchmarks/general_model.py train --seed 0 --only masonry         # masonry alone, at the recipe's budget
     python benchmarks/general_model.py score --model crackseg/model/weights/general --name general-shipped
     python benchmarks/general_model.py score --model crackpot.pt --name crackpot-256 --resize 256
     python benchmarks/general_model.py table
     python benchmarks/general_model.py pictures --model general --out docs/general-failures.jpg
 
 ``train`` runs ``crackseg train --data A --data B ...`` (each dataset an equal share of every epoch, its own split,
-the pooled validation choosing the threshold) with 2 gloo processes on the CPU, then scores the best model. ``score``
+the pooled validation choosing the threshold) with 2 gloo processes on the CPU, then scores the best model; ``--only``
+trains one dataset with the same flags for the optimizer steps of ``recipe.py`` (about 480). ``score``
 scores any model on every dataset's ``test.txt`` under crackseg's protocol at 0 and 2 px (with its false-alarm
 figures) and SCSegamba's, and on walls-mixed's crack-free test photos (``crack_free``: the photos of its test split
 whose masks are empty) for the share of photos with any, and with over 1%, of their pixels called crack. Runs go to
@@ -31,6 +33,7 @@ import numpy as np
 from PIL import Image
 
 from generalization import score
+from recipe import DATASETS as RECIPE_BUDGETS
 from recipe import ROOT, spread
 
 DATASETS = {"cfd": "cfd", "crack500": "crack500-subset", "masonry": "masonry", "walls": "walls-mixed"}
@@ -41,11 +44,13 @@ LARGE_ALARM = 0.01  # share of a crack-free photo's pixels
 
 
 def train(args: argparse.Namespace) -> None:
-    names = [name for name in DATASETS if name != args.leave_out]
-    run_dir = args.runs / (f"without-{args.leave_out}" if args.leave_out else "general") / f"s{args.seed}"
+    names = [args.only] if args.only else [name for name in DATASETS if name != args.leave_out]
+    model = f"only-{args.only}" if args.only else f"without-{args.leave_out}" if args.leave_out else "general"
+    run_dir = args.runs / model / f"s{args.seed}"
+    epochs = args.epochs or (RECIPE_BUDGETS[args.only][1] if args.only else 12)
     data = [flag for name in names for flag in ("--data", str(args.root / DATASETS[name]))]
     command = [str(ROOT / "launch.sh"), "--nproc", "2", "train", *data, "--run", str(run_dir), *RECIPE,
-               "--input-scaling", args.input_scaling, "--epochs", str(args.epochs), "--seed", str(args.seed)]
+               "--input-scaling", args.input_scaling, "--epochs", str(epochs), "--seed", str(args.seed)]
     print(" ".join(command), flush=True)
     start = time.time()
     subprocess.run(command, check=True, env={**os.environ, "PYTHON": sys.executable})
@@ -141,10 +146,12 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=ROOT.parent / "shared" / "datasets", help="folder holding the datasets")
     parser.add_argument("--runs", type=Path, default=ROOT / "checkpoints" / "general-runs", help="folder of the run folders")
     commands = parser.add_subparsers(dest="command", required=True)
-    one = commands.add_parser("train", help="train on every dataset (or all but --leave-out), then score the best model")
+    one = commands.add_parser("train", help="train on every dataset (all but --leave-out, or --only one), then score the best model")
     one.add_argument("--seed", type=int, required=True)
-    one.add_argument("--leave-out", choices=DATASETS)
-    one.add_argument("--epochs", type=int, default=12)
+    chosen = one.add_mutually_exclusive_group()
+    chosen.add_argument("--leave-out", choices=DATASETS)
+    chosen.add_argument("--only", choices=DATASETS)
+    one.add_argument("--epochs", type=int, help="default: 12, or the recipe's budget with --only")
     one.add_argument("--input-scaling", choices=("imagenet", "tf"), default="tf")
     scored = commands.add_parser("score", help="score a model file on every test split and the crack-free photos")
     scored.add_argument("--model", type=Path, required=True)
