@@ -74,3 +74,83 @@ def ray_head(env: dict[str, str], cpus: int, log: Path) -> Iterator[str]:
             except subprocess.TimeoutExpired:  # it stops its processes one by one, for seconds; nothing needs them to
                 os.killpg(head.pid, signal.SIGKILL)  # end cleanly
                 head.wait(30)
+
+
+class Relay:
+    """A TCP relay on a free port of 127.0.0.1 to ``target`` (host:port), in threads of this process: :meth:`cut` makes
+    the service behind it die as a crashed server does (open connections reset, new ones refused), :meth:`restore`
+    brings it back on the same port. ``cut_at``: cut when a client sends these bytes (a request for one object), before
+    the server sees them."""
+
+    def __init__(self, target: str, cut_at: bytes | None = None):
+        import threading
+
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._cut_at = cut_at
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.restore()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def restore(self) -> None:
+        import threading
+
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            connections, self._open = self._open, []
+        listener.close()
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+                connection.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self._target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    server.close()
+                    return
+                self._open += [client, server]
+            for source, sink, watched in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pump, args=(source, sink, watched), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, watched: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if watched and self._cut_at and self._cut_at in data:
+                    self._cut_at = None
+                    self.cut()
+                    return
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)

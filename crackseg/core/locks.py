@@ -104,8 +104,10 @@ class StoreLock:
     """``PREFIX/.crackseg-<work>.lock``, held while one ``work`` (predict, compare) writes below the s3:// prefix ``url``:
     an object created only if absent (``If-None-Match: *``), naming its host and process, removed by its holder at the end.
 
-    A holder killed leaves it: it cannot be checked from here, so the refusal says how to remove it by hand. A store that
-    cannot write conditionally is refused with ``without_lock``, what to do instead.
+    A holder that died, or whose store stopped answering, leaves it: one left by a process of this host that is gone is
+    taken over with a warning (as a local lock is); one from another host cannot be checked from here, so the refusal
+    says how to remove it by hand. A store that cannot write conditionally is refused with ``without_lock``, what to do
+    instead.
     """
 
     def __init__(self, url: str, work: str, without_lock: str):
@@ -119,9 +121,16 @@ class StoreLock:
         """Take the lock; ``existing``: the keys below the prefix, listed just before (a store that ignores If-None-Match
         still stops a run that starts after another took the lock)."""
         shown, lock = display_url(self.prefix), display_url(self.url)
-        record = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}).encode()
+        mine = _lock_record()
+        record = json.dumps(mine).encode()
         try:
             created = self.name not in existing and create_if_absent(self.url, record)
+            if not created:
+                stale = _stale_reason(self._holder(), mine)
+                if stale is not None:
+                    print(f"crackseg: warning: {lock}: {stale}; taking it over", file=sys.stderr)
+                    delete_file(self.url)
+                    created = create_if_absent(self.url, record)
         except UnsupportedByStore as error:
             raise InputError(f"{error}, so {self._work} cannot lock {shown}/ against a second run; {self._without_lock}") from None
         if not created:
@@ -137,8 +146,17 @@ class StoreLock:
             if RemoteFile(self.url).read_bytes() == self._record:
                 delete_file(self.url)
         except StorageError as error:
-            print(f"crackseg: warning: {error}; remove the lock with: aws s3 rm {display_url(self.url)}", file=sys.stderr)
+            print(f"crackseg: warning: {error}; remove the lock with: aws s3 rm {display_url(self.url)}, or run again "
+                  "from this host, which takes it over", file=sys.stderr)
         self._record = None
+
+    def _holder(self) -> dict | None:
+        """The lock's record, None when it is unreadable (or gone: the next attempt to create it decides)."""
+        try:
+            record = json.loads(RemoteFile(self.url).read_bytes())
+        except (StorageError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
 
 
 def _lock_record() -> dict:

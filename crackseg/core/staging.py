@@ -6,7 +6,8 @@ its key below the prefix, and the temporary folder is removed at the end, also o
 both, checked before any work (:meth:`StagedFolder.prepare`): one run at a time (``FOLDER/lock``, or
 ``PREFIX/.crackseg-<command>.lock``, an object created only if absent), and the files a run would replace are known to
 it (:meth:`StagedFolder.existed`; those it decides on are downloaded first), so it can refuse them unless asked.
-What the run replaced or removed is removed from the store too (:meth:`StagedFolder.finish`).
+What the run replaced or removed is removed from the store too (:meth:`StagedFolder.finish`). A store that stops
+answering during the run ends it (:class:`StoreUnreachable`): every upload after that would fail the same way.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from pathlib import Path
 from crackseg.core.errors import InputError
 from crackseg.core.files import ensure_writable_folder, write_atomic
 from crackseg.core.locks import FolderLock, StoreLock
-from crackseg.core.storage import RemoteFile, StorageError, delete_file, display_url, is_url, list_keys, upload_file
+from crackseg.core.storage import (RemoteFile, StorageError, answers, delete_file, display_url, is_url, list_keys,
+                                   upload_file)
+
+
+class StoreUnreachable(StorageError):
+    """An upload failed and the store no longer answers at all (a server that died, a network gone, credentials that
+    expired): the run stops instead of failing every file that follows."""
 
 
 def location(text: str | Path) -> str | Path:
@@ -61,6 +68,7 @@ class StagedFolder:
         self._made = False  # a local folder this run created
         self._downloaded: dict[str, tuple[int, int]] = {}  # staged files as they were downloaded
         self._sent: dict[str, tuple[int, int] | None] = {}  # staged files as they were uploaded (None: the upload failed)
+        self._lost: StoreUnreachable | None = None  # the store stopped answering
 
     def __enter__(self) -> StagedFolder:
         return self
@@ -108,12 +116,34 @@ class StagedFolder:
         return True
 
     def upload(self, paths: Iterable[Path]) -> None:
-        """Finished files sent up now, each whole (nothing to do for a local folder)."""
-        if self.remote:
-            for path in paths:
-                self._sent[self._key(path)] = None  # a failed upload is the run's error to report, not sent again
+        """Finished files sent up now, each whole (nothing to do for a local folder). A failed upload raises its
+        :class:`StorageError`, or :class:`StoreUnreachable` when the store does not answer at all any more."""
+        if not self.remote:
+            return
+        for path in paths:
+            self.check_answering()
+            self._sent[self._key(path)] = None  # a failed upload is the run's error to report, not sent again
+            try:
                 upload_file(path, self._url_of(path))
-                self._sent[self._key(path)] = _identity(path)
+            except StorageError as error:
+                if not answers(self.url):
+                    self._lost = StoreUnreachable(error.url, f"the store stopped answering ({error.reason})")
+                    raise self._lost from None
+                raise
+            self._sent[self._key(path)] = _identity(path)
+
+    def check_answering(self) -> None:
+        """Raise :class:`StoreUnreachable` once an upload found that the store does not answer any more."""
+        if self._lost is not None:
+            raise self._lost
+
+    def stored(self, paths: Iterable[Path]) -> bool:
+        """Whether every one of ``paths`` is in the folder: on a store, sent by this run, or there before it and not
+        sent again."""
+        if not self.remote:
+            return all(Path(path).exists() for path in paths)
+        keys = [self._key(path) for path in paths]
+        return all(self._sent[key] is not None if key in self._sent else key in self.existing for key in keys)
 
     def hand_over(self, paths: Iterable[Path]) -> None:
         """Files for another process of the run, which may run on another machine: sent through the store (a local

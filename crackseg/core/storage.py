@@ -187,6 +187,16 @@ def upload_file(path: Path, url: str) -> None:
     _call(url, lambda fs: fs.put_file(str(path), _s3_path(url)))
 
 
+def answers(url: str) -> bool:
+    """Whether the store of the s3:// ``url`` answers at all: one request for its bucket (retried as every request)."""
+    bucket = _s3_path(url).split("/", 1)[0]
+    try:
+        _call(url, lambda fs: fs.info(bucket))
+        return True
+    except StorageError:
+        return False
+
+
 def create_if_absent(url: str, data: bytes) -> bool:
     """Write ``data`` as the object ``url`` only if no object has that key (``If-None-Match: *``, atomic on the store);
     False when one has. A store that cannot write conditionally (HTTP 501) raises :class:`UnsupportedByStore`."""
@@ -237,11 +247,22 @@ def _scheme(url: str) -> str:
 def _filesystem(scheme: str):
     """fsspec's filesystem for ``scheme``: one per process and thread (fsspec's cache), so loader workers get their own."""
     fsspec = require("fsspec", EXTRA, "reading s3:// and http(s):// URLs")
+    loop = require("fsspec.asyn", EXTRA, "reading s3:// and http(s):// URLs").get_loop()
+    if loop.get_exception_handler() is None:
+        loop.set_exception_handler(_unless_connection_lost)
     if scheme == "s3":
         require("s3fs", EXTRA, "reading s3:// URLs")
         return fsspec.filesystem("s3", config_kwargs=_BOTOCORE_CONFIG, use_listings_cache=False)
     aiohttp = require("aiohttp", EXTRA, "reading http(s):// URLs")
     return fsspec.filesystem("https", encoded=True, client_kwargs={"timeout": aiohttp.ClientTimeout(**HTTP_TIMEOUTS_S)})
+
+
+def _unless_connection_lost(loop, context: dict) -> None:
+    """fsspec's event loop reports what its tasks raised that nobody awaited, as the default does, except a connection
+    lost in a request that failed anyway: that request's error is the one said, once."""
+    error = context.get("exception")
+    if error is None or not {kind.__name__ for kind in type(error).__mro__} & _CONNECTIONS:
+        loop.default_exception_handler(context)
 
 
 def _call(url: str, action: Callable[[object], _T]) -> _T:

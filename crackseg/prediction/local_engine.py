@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from crackseg.core.staging import StoreUnreachable
 from crackseg.core.storage import RemoteFile, StorageError
 from crackseg.data.images import describe_error, load_image
 from crackseg.model import distributed
@@ -85,10 +86,13 @@ def _predict_photos(job: Job) -> None:
         futures = []
         probabilities = job.predictor.probabilities(images())
         for key, prob in tqdm(probabilities, total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
+            plan.staged.check_answering()
             futures.append((key, writers.submit(_write_photo, plan, key, names[key], decoded.pop(key), prob, job.run.threshold)))
         for key, future in futures:
             try:
                 records.add(key, *future.result())
+            except StoreUnreachable:
+                raise
             except (OSError, StorageError) as error:
                 records.errors.append({"path": str(names[key][0]), "error": f"cannot write outputs: {error}"})
 

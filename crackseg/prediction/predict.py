@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from crackseg.core.errors import InputError
-from crackseg.core.staging import StagedFolder
+from crackseg.core.staging import StagedFolder, StoreUnreachable
 from crackseg.core.storage import RemoteFile
 from crackseg.cracks.widths import PX_PER_BAND
 from crackseg.data.inputs import collect_inputs
@@ -80,11 +80,14 @@ def _run(engine: Engine, job: Job) -> int:
     if env.is_main:
         for warning in plan.warnings:
             print(f"crackseg: warning: {warning}", file=sys.stderr)
-    engine.run(job)
-    for row in records.rows.values():  # each process names its own staged masks as --out holds them
-        row["mask"] = plan.staged.shown(row["mask"])
-    gathered = Records.joined(distributed.gather_objects(records, env))
-    return _write_tables(plan, gathered, job.options, job.run.threshold) if env.is_main else 0
+    try:
+        engine.run(job)
+        for row in records.rows.values():  # each process names its own staged masks as --out holds them
+            row["mask"] = plan.staged.shown(row["mask"])
+        gathered = Records.joined(distributed.gather_objects(records, env))
+        return _write_tables(plan, gathered, job.options, job.run.threshold) if env.is_main else 0
+    except StoreUnreachable as error:
+        raise plan.unfinished(error) from None
 
 
 def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitStack) -> Plan:

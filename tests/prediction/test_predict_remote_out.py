@@ -239,3 +239,44 @@ def test_sigterm_ends_a_run_into_the_store_as_ctrl_c_does(s3, synth_root, tmp_pa
     assert "crackseg: terminated (SIGTERM)" in err and "Traceback" not in err
     assert LOCK_NAME not in _keys(s3, "survey/pred") and not any(staging.iterdir())
     assert len(_keys(s3, "survey/pred")) < 120  # stopped part way: the rest is for --skip-existing
+
+
+def test_a_store_that_dies_mid_run_says_what_is_missing_and_skip_existing_finishes_exactly_that(
+        s3, photos, tmp_path, checkpoint, monkeypatch, staging):
+    """The server goes away after the first photo's outputs are stored: the run stops at once naming what the prefix
+    lacks, leaves nothing staged, and a rerun from this host (taking over the lock the dead run could not remove)
+    predicts exactly the rest, into tables equal to a run that never failed."""
+    import os
+    import subprocess
+    import sys
+
+    import s3fs
+    from services import Relay
+
+    relay = Relay(s3.endpoint.split("://")[1], cut_at=b"/survey/pred/masks/b.png")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.endpoint)
+    s3fs.S3FileSystem.clear_instance_cache()
+    source, out = s3.upload(photos, "survey/photos"), s3.url("survey/pred/")
+    command = ["predict", "--checkpoint", str(checkpoint), source, "--out", out, "--recursive", "--device", "cpu", "--workers", "0"]
+    died = subprocess.run([sys.executable, "-m", "crackseg", *command], env={**os.environ, "TMPDIR": str(staging)},
+                          capture_output=True, text=True, timeout=300)
+    assert died.returncode == 2 and "Traceback" not in died.stderr and "Task exception" not in died.stderr, died.stderr
+    assert died.stderr.splitlines()[-1] == (
+        f"crackseg: error: {out}masks/b.png: the store stopped answering (cannot connect to {relay.endpoint}: check "
+        f"AWS_ENDPOINT_URL and the network): {out} lacks the outputs of 2 of 3 inputs ({source}b.jpg, {source}sub/c.jpg) "
+        "and the tables; once the store answers, rerun with --skip-existing to finish exactly those")
+    assert _keys(s3, "survey/pred") == [LOCK_NAME, "masks/a.png"] and not any(staging.iterdir())
+
+    relay.restore()
+    written = _written(monkeypatch)
+    code, err = cli_result([*command, "--skip-existing"])
+    assert code == 0 and f"{out}{LOCK_NAME}: left by pid " in err and "no longer running; taking it over" in err, err
+    assert written == ["b", "sub/c"] and not any(staging.iterdir())
+    assert predict_cli("--checkpoint", checkpoint, photos, "--out", tmp_path / "local", "--recursive") == 0
+    remote = _download(s3, "survey/pred", tmp_path / "remote")
+    assert sorted(p.relative_to(remote).as_posix() for p in remote.rglob("*")) == \
+        sorted(p.relative_to(tmp_path / "local").as_posix() for p in (tmp_path / "local").rglob("*"))
+    for table in ("predictions.csv", "cracks.csv"):
+        assert [{k: v for k, v in row.items() if k not in ("path", "mask", "status")} for row in csv_rows(remote / table)] == \
+            [{k: v for k, v in row.items() if k not in ("path", "mask", "status")} for row in csv_rows(tmp_path / "local" / table)]
+    assert [row["status"] for row in csv_rows(remote / "predictions.csv")] == ["skipped: exists", "ok", "ok"]
