@@ -12,6 +12,7 @@ answering during the run ends it (:class:`StoreUnreachable`): every upload after
 
 from __future__ import annotations
 
+import errno
 import shutil
 import sys
 import tempfile
@@ -25,9 +26,14 @@ from crackseg.core.storage import (RemoteFile, StorageError, answers, delete_fil
                                    upload_file)
 
 
-class StoreUnreachable(StorageError):
+class OutFailed(InputError):
+    """The ``--out`` folder takes no more files: the run stops instead of failing every file that follows, and says
+    which inputs lack their outputs (``--skip-existing`` finishes them)."""
+
+
+class StoreUnreachable(StorageError, OutFailed):
     """An upload failed and the store no longer answers at all (a server that died, a network gone, credentials that
-    expired): the run stops instead of failing every file that follows."""
+    expired)."""
 
 
 def location(text: str | Path) -> str | Path:
@@ -121,7 +127,8 @@ class StagedFolder:
         if not self.remote:
             return
         for path in paths:
-            self.check_answering()
+            if self._lost is not None:
+                raise self._lost
             self._sent[self._key(path)] = None  # a failed upload is the run's error to report, not sent again
             try:
                 upload_file(path, self._url_of(path))
@@ -132,10 +139,13 @@ class StagedFolder:
                 raise
             self._sent[self._key(path)] = _identity(path)
 
-    def check_answering(self) -> None:
-        """Raise :class:`StoreUnreachable` once an upload found that the store does not answer any more."""
-        if self._lost is not None:
-            raise self._lost
+    def check_room(self, error: OSError) -> None:
+        """Raise :class:`OutFailed` when ``error``, met writing a file below the root, says its device is full (or the
+        user's quota spent): every later file would fail the same way."""
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = (f"{self.root}, the staging folder of {display_url(self.url)}/ (set TMPDIR to a folder with room)"
+                     if self.remote else str(self.root))
+            raise OutFailed(f"no space left in {where}") from None
 
     def stored(self, paths: Iterable[Path]) -> bool:
         """Whether every one of ``paths`` is in the folder: on a store, sent by this run, or there before it and not

@@ -6,13 +6,14 @@ Photos are decoded in loader workers and written in writer threads, beside the m
 
 from __future__ import annotations
 
+from collections import deque
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from crackseg.core.staging import StoreUnreachable
+from crackseg.core.staging import OutFailed
 from crackseg.core.storage import RemoteFile, StorageError
 from crackseg.data.images import describe_error, load_image
 from crackseg.model import distributed
@@ -82,19 +83,31 @@ def _predict_photos(job: Job) -> None:
             decoded[key] = image
             yield key, image
 
-    with ThreadPoolExecutor(workers) if workers else _Inline() as writers:
-        futures = []
-        probabilities = job.predictor.probabilities(images())
-        for key, prob in tqdm(probabilities, total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
-            plan.staged.check_answering()
-            futures.append((key, writers.submit(_write_photo, plan, key, names[key], decoded.pop(key), prob, job.run.threshold)))
-        for key, future in futures:
+    pending: deque[tuple[int, Future]] = deque()
+
+    def collect(wait: bool) -> None:
+        """Record the written photos in order, as far as they are done (all of them with ``wait``)."""
+        while pending and (wait or pending[0][1].done()):
+            key, future = pending.popleft()
             try:
                 records.add(key, *future.result())
-            except StoreUnreachable:
+            except OutFailed:
                 raise
             except (OSError, StorageError) as error:
+                if isinstance(error, OSError):
+                    plan.staged.check_room(error)
                 records.errors.append({"path": str(names[key][0]), "error": f"cannot write outputs: {error}"})
+
+    with ThreadPoolExecutor(workers) if workers else _Inline() as writers:
+        try:
+            probabilities = job.predictor.probabilities(images())
+            for key, prob in tqdm(probabilities, total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
+                pending.append((key, writers.submit(_write_photo, plan, key, names[key], decoded.pop(key), prob, job.run.threshold)))
+                collect(wait=False)
+            collect(wait=True)
+        except BaseException:
+            writers.shutdown(cancel_futures=True)  # no photo queued for writing is written after the run stopped
+            raise
 
 
 def _write_photo(plan: Plan, key: int, named: tuple[Path | RemoteFile, str], image: torch.Tensor, prob: torch.Tensor,

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from crackseg.core.errors import InputError
-from crackseg.core.staging import StagedFolder, StoreUnreachable
+from crackseg.core.staging import OutFailed, StagedFolder
 from crackseg.core.storage import RemoteFile
 from crackseg.cracks.widths import PX_PER_BAND
 from crackseg.data.inputs import collect_inputs
@@ -86,7 +86,7 @@ def _run(engine: Engine, job: Job) -> int:
             row["mask"] = plan.staged.shown(row["mask"])
         gathered = Records.joined(distributed.gather_objects(records, env))
         return _write_tables(plan, gathered, job.options, job.run.threshold) if env.is_main else 0
-    except StoreUnreachable as error:
+    except OutFailed as error:
         raise plan.unfinished(error) from None
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from crackseg.core.errors import InputError
-from crackseg.core.staging import StagedFolder, StoreUnreachable
+from crackseg.core.staging import OutFailed, StagedFolder
 from crackseg.core.storage import RemoteFile
 from crackseg.data.images import DECODE_ERRORS, describe_error
 from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, summarize_existing
@@ -67,14 +67,14 @@ class Plan:
         """For an --out in object storage: upload an input's files, each whole, as soon as all are written."""
         self.staged.upload(self.outputs[key])
 
-    def unfinished(self, error: StoreUnreachable) -> InputError:
-        """The error of a run whose store stopped answering: which inputs' outputs it lacks, and how to finish them."""
+    def unfinished(self, error: OutFailed) -> InputError:
+        """The error of a run whose --out took no more files: which inputs' outputs it lacks, and how to finish them."""
         names = [str(path) for key, path, _ in (*self.photos, *((r.key, r.path, r.name) for r in self.rasters))
                  if not self.staged.stored(self.outputs[key])]
         listed = ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
         lacking = f"the outputs of {len(names)} of {len(self.outputs)} inputs ({listed}) and " if names else ""
-        return InputError(f"{error}: {self.staged.shown()} lacks {lacking}the tables; once the store answers, rerun with "
-                          "--skip-existing to finish exactly those")
+        return InputError(f"{error}: {self.staged.shown()} lacks {lacking}the tables; rerun with --skip-existing to finish "
+                          "exactly those")
 
 
 @dataclass(frozen=True)

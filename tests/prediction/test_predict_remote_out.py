@@ -264,7 +264,7 @@ def test_a_store_that_dies_mid_run_says_what_is_missing_and_skip_existing_finish
     assert died.stderr.splitlines()[-1] == (
         f"crackseg: error: {out}masks/b.png: the store stopped answering (cannot connect to {relay.endpoint}: check "
         f"AWS_ENDPOINT_URL and the network): {out} lacks the outputs of 2 of 3 inputs ({source}b.jpg, {source}sub/c.jpg) "
-        "and the tables; once the store answers, rerun with --skip-existing to finish exactly those")
+        "and the tables; rerun with --skip-existing to finish exactly those")
     assert _keys(s3, "survey/pred") == [LOCK_NAME, "masks/a.png"] and not any(staging.iterdir())
 
     relay.restore()
@@ -280,3 +280,33 @@ def test_a_store_that_dies_mid_run_says_what_is_missing_and_skip_existing_finish
         assert [{k: v for k, v in row.items() if k not in ("path", "mask", "status")} for row in csv_rows(remote / table)] == \
             [{k: v for k, v in row.items() if k not in ("path", "mask", "status")} for row in csv_rows(tmp_path / "local" / table)]
     assert [row["status"] for row in csv_rows(remote / "predictions.csv")] == ["skipped: exists", "ok", "ok"]
+
+
+@pytest.mark.parametrize("where", ["store", "local"])
+def test_a_full_disk_stops_the_run_naming_the_folder_and_the_photos_left(where, s3, photos, tmp_path, checkpoint, monkeypatch,
+                                                                       staging):
+    """No space left where the outputs are written (the staging folder of a store, or a local --out): every later
+    photo would fail the same way, so the run stops, naming the folder and the photos it could not write."""
+    write = local_engine.write_image_outputs
+
+    def full_at_b(folder, path, name, *args):
+        if name == "b":
+            raise OSError(errno.ENOSPC, "No space left on device", str(folder.mask(name)))
+        return write(folder, path, name, *args)
+
+    monkeypatch.setattr(local_engine, "write_image_outputs", full_at_b)
+    source = s3.upload(photos, "survey/photos") if where == "store" else f"{photos}/"
+    out = s3.url("survey/pred/") if where == "store" else str(tmp_path / "pred")
+    code, err = cli_result(["predict", "--checkpoint", checkpoint, source, "--out", out, "--recursive", "--device", "cpu",
+                            "--workers", "0"])
+    left = f"the outputs of 2 of 3 inputs ({source}b.jpg, {source}sub/c.jpg) and the tables; rerun with --skip-existing"
+    if where == "store":
+        (folder,) = {line.split("no space left in ")[1].split(",")[0] for line in err.splitlines() if "no space left" in line}
+        assert Path(folder).parent == staging and not any(staging.iterdir())
+        assert err.splitlines()[-1] == (f"crackseg: error: no space left in {folder}, the staging folder of {out} (set TMPDIR to a "
+                                        f"folder with room): {out} lacks {left} to finish exactly those")
+        assert _keys(s3, "survey/pred") == ["masks/a.png"]
+    else:
+        assert err.splitlines()[-1] == f"crackseg: error: no space left in {out}: {out} lacks {left} to finish exactly those"
+        assert sorted(p.relative_to(out).as_posix() for p in Path(out).rglob("*")) == ["masks", "masks/a.png"]
+    assert code == 2 and "Traceback" not in err
