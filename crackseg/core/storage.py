@@ -114,7 +114,8 @@ class RemoteFile:
     def check_readable(self) -> None:
         """Raise the :class:`StorageError` that says why the file cannot be read (missing, denied, unreachable), if any:
         GDAL's own messages for these are terse, and may not name the cause."""
-        _call(self.url, lambda fs: fs.info(self.url))
+        limit = {} if _scheme(self.url) == "s3" else {"timeout": HTTP_TIMEOUTS_S["sock_read"]}  # its HEAD and GET together
+        _call(self.url, lambda fs: fs.info(self.url, **limit))
 
     def read_bytes(self) -> bytes:
         """The whole file, in one GET (s3fs would first ask for the size, to fetch files over 50 MB in parallel parts)."""
@@ -252,7 +253,9 @@ def _filesystem(scheme: str):
         loop.set_exception_handler(_unless_connection_lost)
     if scheme == "s3":
         require("s3fs", EXTRA, "reading s3:// URLs")
-        return fsspec.filesystem("s3", config_kwargs=_BOTOCORE_CONFIG, use_listings_cache=False)
+        filesystem = fsspec.filesystem("s3", config_kwargs=_BOTOCORE_CONFIG, use_listings_cache=False)
+        filesystem.retries = 1  # s3fs would repeat botocore's attempts up to 5 times over: a dead endpoint took minutes
+        return filesystem
     aiohttp = require("aiohttp", EXTRA, "reading http(s):// URLs")
     return fsspec.filesystem("https", encoded=True, client_kwargs={"timeout": aiohttp.ClientTimeout(**HTTP_TIMEOUTS_S)})
 

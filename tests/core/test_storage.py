@@ -13,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from conftest import S3_KEY_ID, S3_SECRET, s3_authentication
 
+import crackseg.core.storage as storage
 from crackseg.core.errors import InputError
 from crackseg.core.storage import (
     HTTP_ATTEMPTS,
@@ -175,6 +176,48 @@ def test_transient_errors_are_retried_a_bounded_number_of_times(s3, flaky, monke
     with pytest.raises(StorageError) as caught:
         RemoteFile(url).read_bytes()
     assert handler.requests == attempts and "503" in _safe_one_line(caught.value, url)
+
+
+@pytest.fixture
+def silent():
+    """(a list of the connections made, a base URL): a server that accepts connections and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    connections = []
+
+    def accept():
+        while True:
+            try:
+                connections.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield connections, f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
+    for connection in connections:
+        connection.close()
+
+
+@pytest.mark.parametrize("scheme", ["s3", "http"])
+@pytest.mark.parametrize("request_kind", ["check", "head", "whole", "list"])
+def test_a_server_that_never_answers_gets_three_attempts_of_one_timeout(s3, silent, monkeypatch, scheme, request_kind):
+    """Each request made of several (HEAD, then GET) or repeated by s3fs over botocore's own attempts is still the
+    documented number of attempts, each bounded by one read timeout."""
+    import s3fs
+
+    connections, endpoint = silent
+    monkeypatch.setitem(storage.HTTP_TIMEOUTS_S, "sock_read", 0.5)
+    monkeypatch.setitem(storage._BOTOCORE_CONFIG, "read_timeout", 0.5)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    s3fs.S3FileSystem.clear_instance_cache()
+    url = s3.url("photos/a.jpg") if scheme == "s3" else f"{endpoint}/photos/a.jpg"
+    act = {"check": lambda: RemoteFile(url).check_readable(), "head": lambda: RemoteFile(url).read_head(65536),
+           "whole": lambda: RemoteFile(url).read_bytes(), "list": lambda: list_files(url, SUFFIXES)}[request_kind]
+    with pytest.raises(StorageError) as caught:
+        act()
+    assert "timed out" in _safe_one_line(caught.value, url) and len(connections) == 3
 
 
 def test_a_refused_http_request_is_not_retried(flaky):
