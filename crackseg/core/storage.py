@@ -16,6 +16,7 @@ fsspec, s3fs and aiohttp are imported on first use; ``pip install 'crackseg[s3]'
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import re
@@ -253,7 +254,8 @@ def _filesystem(scheme: str):
         loop.set_exception_handler(_unless_connection_lost)
     if scheme == "s3":
         require("s3fs", EXTRA, "reading s3:// URLs")
-        filesystem = fsspec.filesystem("s3", config_kwargs=_BOTOCORE_CONFIG, use_listings_cache=False)
+        config = copy.deepcopy(_BOTOCORE_CONFIG)  # botocore writes the attempts it resolved into the dict given
+        filesystem = fsspec.filesystem("s3", config_kwargs=config, use_listings_cache=False)
         filesystem.retries = 1  # s3fs would repeat botocore's attempts up to 5 times over: a dead endpoint took minutes
         return filesystem
     aiohttp = require("aiohttp", EXTRA, "reading http(s):// URLs")

@@ -211,6 +211,7 @@ def test_a_server_that_never_answers_gets_three_attempts_of_one_timeout(s3, sile
     monkeypatch.setitem(storage.HTTP_TIMEOUTS_S, "sock_read", 0.5)
     monkeypatch.setitem(storage._BOTOCORE_CONFIG, "read_timeout", 0.5)
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
     s3fs.S3FileSystem.clear_instance_cache()
     url = s3.url("photos/a.jpg") if scheme == "s3" else f"{endpoint}/photos/a.jpg"
     act = {"check": lambda: RemoteFile(url).check_readable(), "head": lambda: RemoteFile(url).read_head(65536),
