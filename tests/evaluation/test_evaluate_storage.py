@@ -81,3 +81,32 @@ def test_an_http_out_is_one_line(model, dataset, tmp_path):
     code, err = _evaluate(tmp_path / "m.pt", str(dataset), "https://example.org/reports/")
     assert (code, err) == (2, "crackseg: error: --out https://example.org/reports/: reports are written to a local folder or an "
                               "s3://bucket/prefix/ URL (http(s):// is read-only)\n")
+
+
+@pytest.mark.parametrize("where", ["store", "local"])
+def test_any_file_of_a_report_is_kept_unless_overwrite(model, dataset, s3, tmp_path, staging, where):
+    """As predict's outputs: a folder or prefix holding part of a report (one that failed half-way, or another tool's
+    per_image.csv) is not written over unless asked."""
+    save_model(model, tmp_path / "m.pt")
+    if where == "store":
+        s3.put("reports/cfd/per_image.csv", b"image,f1\nmine,1\n")
+        out = s3.url("reports/cfd/")
+    else:
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "per_image.csv").write_text("image,f1\nmine,1\n")
+        out = f"{tmp_path / 'out'}/"
+    assert _evaluate(tmp_path / "m.pt", str(dataset), out) == (
+        2, f"crackseg: error: {out}per_image.csv already exists; choose another --out or pass --overwrite\n")
+    kept = s3.client.get_object(Bucket=s3.name, Key="reports/cfd/per_image.csv")["Body"].read() if where == "store" \
+        else (tmp_path / "out" / "per_image.csv").read_bytes()
+    assert kept == b"image,f1\nmine,1\n" and not any(staging.iterdir())
+    code, err = cli_result(["evaluate", "--checkpoint", tmp_path / "m.pt", "--data", dataset, "--split", "test", "--device", "cpu",
+                            "--out", out, "--overwrite"])
+    assert (code, err) == (0, "")
+
+
+def test_a_missing_bucket_for_out_reads_as_predicts(model, dataset, tmp_path, s3, staging):
+    save_model(model, tmp_path / "m.pt")
+    code, err = _evaluate(tmp_path / "m.pt", str(dataset), "s3://crackseg-no-such-bucket/reports/")
+    assert (code, err) == (2, "crackseg: error: s3://crackseg-no-such-bucket/reports/: no such bucket 'crackseg-no-such-bucket'\n")
+    assert not any(staging.iterdir())
