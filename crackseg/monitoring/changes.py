@@ -15,7 +15,8 @@ the AFTER frame. An unlinked crack that lies outside the other date's frame, or 
 little to have been seen there (fewer than ``MATCH_MIN_POINTS`` centreline pixels away from its
 edge), is ``not seen``, never ``gone`` or ``new``. A group of linked cracks that reaches the
 shared view's edge is cut there on one date or both: its lengths are compared over the parts of
-it both dates see (each crack's length times the share of its centreline well inside that view),
+it both dates see (each crack's length times the share of its centreline well inside that view, by one margin
+for every crack of the group on both dates, so that both are cut by the same line),
 and it is wider by its mean width only (its widest place may lie where one date does not look).
 
 Sizes are compared in AFTER pixels: BEFORE lengths and widths are multiplied by the mapping's
@@ -157,8 +158,7 @@ def match(before: DateCracks, after: DateCracks, alignment: Alignment, tolerance
     margins = {("before", c.id): tolerance_px + 0.5 * c.max_width_px * scales[c.id] for c in every_before}
     margins |= {("after", c.id): tolerance_px + 0.5 * c.max_width_px for c in every_after}
     seen = {key: np.count_nonzero(inset >= margins[key]) >= min(MATCH_MIN_POINTS, len(inset)) for key, inset in insets.items()}
-    shared = {key: _inset(points, view) >= margins[key] for key, points in centrelines.items()}  # well inside the view both share
-    at_edge = {key: not inside.all() for key, inside in shared.items()}
+    inset_shared = {key: _inset(points, view) for key, points in centrelines.items()}  # inside the view both share
     overlaps = _links(every_before, every_after, mapped, after.points, insets, scales, tolerance_px)
     groups = DisjointSet([("before", c.id) for c in every_before] + [("after", c.id) for c in every_after])
     for b, a in overlaps:
@@ -176,9 +176,11 @@ def match(before: DateCracks, after: DateCracks, alignment: Alignment, tolerance
         elif not olds:
             changes.append(_new(news[0], after.points[news[0].id], alignment, seen["after", news[0].id]))
         else:
-            cut = any(at_edge[key] for key in group)
             # a group cut by the view's edge is measured on the parts both dates see: its lengths times the share of
-            # its centreline well inside that view
+            # its centreline well inside that view, one line for every crack of the group on both dates
+            margin = max(margins[key] for key in group)
+            shared = {key: inset_shared[key] >= margin for key in group}
+            cut = not all(inside.all() for inside in shared.values())
             seen_share = {key: float(shared[key].mean()) if cut and len(shared[key]) else 1.0 for key in group}
             growth = _growth(olds, news, scales, seen_share, centrelines)
             counted = sum(("before", c.id) in listed for c in olds), sum(("after", c.id) in listed for c in news)

@@ -302,3 +302,25 @@ def test_a_crack_shorter_than_the_minimum_length_on_one_date_is_compared_with_wh
     assert changes[0].length_growth_px == pytest.approx(50 * 1.25, rel=0.15) and changes[0].scale == pytest.approx(1.25)
 
     assert match(_measure(_before(nine)), _measure(_after(nine, alignment=smaller)), smaller) == []
+
+
+@pytest.mark.parametrize("scale, shift, crack", [
+    (1.25, (-0.31, -2.12), ([(313.3, 278.7), (319.6, 324.5)], 2)),  # runs out of the frame by a corner
+    (0.8, (1.37, 2.21), ([(129.7, -11.2), (280.1, 8.0)], 3)),  # enters at a shallow angle
+    (1.5, (1.81, -0.33), ([(236.6, 0.4), (182.4, 2.7)], 2)),  # hugs the edge
+])
+def test_a_crack_at_the_frame_edge_seen_again_at_another_pixel_size_is_unchanged(scale, shift, crack):
+    """The same view photographed at 0.8x to 1.5x the pixels: both dates' centrelines are cut by one line, the
+    shared view's edge less the largest margin of the group, so the parts compared are the same stretch of crack."""
+    global SIZE
+    matrix = np.eye(3)
+    matrix[:2, :2] *= scale
+    matrix[:2, 2] = (scale - 1) * 0.5 + np.array(shift)  # pixel centres: BEFORE (col, row) -> AFTER
+    view = Alignment(matrix=matrix, method="orb-similarity")
+    before = _measure(_before(crack))
+    size, SIZE = SIZE, (round(SIZE[0] * scale), round(SIZE[1] * scale))
+    try:
+        after = _measure(_after(crack, alignment=view))
+    finally:
+        SIZE = size
+    assert [c.status for c in match(before, after, view)] == [UNCHANGED]
