@@ -233,3 +233,34 @@ def test_an_address_where_nothing_listens_fails_in_seconds(photos, tmp_path, che
     assert result.returncode == 2 and time.monotonic() - start < 30
     assert result.stderr.count("\n") == 1 and f"--ray-address 127.0.0.1:{port}: nothing answers" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_store_that_dies_mid_run_stops_the_driver_naming_what_is_missing(cluster, s3, tmp_path, checkpoint):
+    """The driver uploads what the actors send: a store gone after the first photos stops it at once, as the local
+    engine, with no scratch left, and --skip-existing then predicts exactly the rest."""
+    from services import Relay
+
+    before = _scratch()
+    photos = _many_photos(tmp_path / "in", 6, size=128)
+    relay = Relay(s3.endpoint.split("://")[1], cut_at=b"/survey/pred/masks/p03.png")
+    env = cluster | {"AWS_ENDPOINT_URL": relay.endpoint}
+    out = s3.url("survey/pred/")
+    died = _predict("--checkpoint", checkpoint, photos, "--out", out, "--engine", "ray", "--actors", 2, env=env)
+    assert died.returncode == 2 and "Traceback" not in died.stderr, died.stderr[-3000:]
+    last = died.stderr.splitlines()[-1]
+    assert last.startswith(f"crackseg: error: {out}masks/p03.png: the store stopped answering (cannot connect to {relay.endpoint}")
+    assert f"{out} lacks the outputs of " in last and "rerun with --skip-existing to finish exactly those" in last
+    stored = {item["Key"] for item in s3.client.list_objects_v2(Bucket=s3.name, Prefix="survey/pred/masks/").get("Contents", [])}
+    assert "survey/pred/masks/p03.png" not in stored
+    time.sleep(2)
+    assert _scratch() <= before
+
+    relay.restore()
+    again = _predict("--checkpoint", checkpoint, photos, "--out", out, "--skip-existing", env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    table = tmp_path / "predictions.csv"
+    table.write_bytes(s3.client.get_object(Bucket=s3.name, Key="survey/pred/predictions.csv")["Body"].read())
+    statuses = {Path(row["mask"]).stem: row["status"] for row in csv_rows(table)}
+    assert statuses == {f"p{index:02d}": "skipped: exists" if f"survey/pred/masks/p{index:02d}.png" in stored else "ok"
+                        for index in range(6)}
