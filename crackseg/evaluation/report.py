@@ -75,12 +75,13 @@ if set(_TABLES) != set(PROTOCOLS):  # protocols.PROTOCOLS names them, these tabl
 
 
 _CURVE = ("pr_curve.csv", "pr_curve.png")
-REPORT_FILES = ("report.json", "report.md", "per_image.csv", *_CURVE)  # what a report is made of, any of them replaced only on --overwrite
+REPORT_FILES = ("report.json", "report.md", "per_image.csv", *_CURVE)  # any of them is replaced only on --overwrite
 
 
 def prepare_report_folder(out: StagedFolder, overwrite: bool) -> None:
     """Before any work: ``out`` prepared (a local folder that can be written, or an s3:// prefix: a missing bucket or a
-    refused request stops here), holding no file of a report unless ``overwrite``; a curve there is the run's to keep or remove."""
+    refused request stops here), holding no file of a report unless ``overwrite``; a curve there is the run's to keep or
+    remove."""
     out.prepare(lambda key: key in _CURVE)
     existing = [name for name in REPORT_FILES if out.existed(out.root / name)]
     if existing and not overwrite:

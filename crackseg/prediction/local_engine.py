@@ -13,7 +13,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from crackseg.core.staging import OutFailed
 from crackseg.core.storage import RemoteFile, StorageError
 from crackseg.data.images import describe_error, load_image
 from crackseg.model import distributed
@@ -91,12 +90,8 @@ def _predict_photos(job: Job) -> None:
             key, future = pending.popleft()
             try:
                 records.add(key, *future.result())
-            except OutFailed:
-                raise
             except (OSError, StorageError) as error:
-                if isinstance(error, OSError):
-                    plan.staged.check_room(error)
-                records.errors.append({"path": str(names[key][0]), "error": f"cannot write outputs: {error}"})
+                records.errors.append({"path": str(names[key][0]), "error": plan.write_error(error)})
 
     with ThreadPoolExecutor(workers) if workers else _Inline() as writers:
         try:

@@ -38,7 +38,6 @@ from tqdm import tqdm
 
 from crackseg.core.errors import InputError, RunError, require
 from crackseg.core.files import write_atomic
-from crackseg.core.staging import OutFailed
 from crackseg.core.storage import StorageError
 from crackseg.core.version import __version__
 from crackseg.data.images import describe_error, load_image
@@ -292,12 +291,8 @@ class _Collector:
                     write_atomic(self.run.folder.root / name, content)
                 if item.band is None:
                     self.plan.upload(item.key)
-            except OutFailed:
-                raise
             except (OSError, StorageError) as failure:
-                if isinstance(failure, OSError):
-                    self.plan.staged.check_room(failure)
-                error = f"cannot write outputs: {failure}"
+                error = self.plan.write_error(failure)
         if item.band is not None:
             self._band(item, error, result.counts)
         elif error is not None:

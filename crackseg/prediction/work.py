@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from crackseg.core.errors import InputError
 from crackseg.core.staging import OutFailed, StagedFolder
-from crackseg.core.storage import RemoteFile
+from crackseg.core.storage import RemoteFile, StorageError
 from crackseg.data.images import DECODE_ERRORS, describe_error
 from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, summarize_existing
 from crackseg.prediction.streamed import Raster, RasterRun
@@ -66,6 +66,15 @@ class Plan:
     def upload(self, key: int) -> None:
         """For an --out in object storage: upload an input's files, each whole, as soon as all are written."""
         self.staged.upload(self.outputs[key])
+
+    def write_error(self, error: OSError | StorageError) -> str:
+        """What errors.csv says of an input whose outputs could not be written or uploaded; raises :class:`OutFailed`
+        when no later input's could be either (a store gone, a full disk)."""
+        if isinstance(error, OutFailed):
+            raise error
+        if isinstance(error, OSError):
+            self.staged.check_room(error)
+        return f"cannot write outputs: {error}"
 
     def unfinished(self, error: OutFailed) -> InputError:
         """The error of a run whose --out took no more files: which inputs' outputs it lacks, and how to finish them."""
