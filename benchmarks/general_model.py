@@ -34,7 +34,7 @@ from PIL import Image
 
 from generalization import score
 from recipe import DATASETS as RECIPE_BUDGETS
-from recipe import ROOT, spread
+from recipe import ROOT, experiment_parser, spread
 
 DATASETS = {"cfd": "cfd", "crack500": "crack500-subset", "masonry": "masonry", "walls": "walls-mixed"}
 CRACK_FREE = "walls"  # the dataset whose test split holds real crack-free photos
@@ -142,10 +142,7 @@ def pictures(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=ROOT.parent / "shared" / "datasets", help="folder holding the datasets")
-    parser.add_argument("--runs", type=Path, default=ROOT / "checkpoints" / "general-runs", help="folder of the run folders")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = experiment_parser(__doc__, "general-runs")
     one = commands.add_parser("train", help="train on every dataset (all but --leave-out, or --only one), then score the best model")
     one.add_argument("--seed", type=int, required=True)
     chosen = one.add_mutually_exclusive_group()

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recipe import DATASETS, ROOT, VARIANTS, run, spread
+from recipe import DATASETS, VARIANTS, experiment_parser, run, spread
 
 LOOKALIKES = "lookalikes"  # the synthetic crack-free test set, a test set name beside the datasets'
 TEST_SETS = (*DATASETS, LOOKALIKES)
@@ -97,10 +97,7 @@ def table(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=ROOT.parent / "shared" / "datasets", help="folder holding the datasets")
-    parser.add_argument("--runs", type=Path, default=ROOT / "checkpoints" / "recipe", help="folder of the run folders")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = experiment_parser(__doc__, "recipe")
     one = commands.add_parser("run", help="train a variant with one seed (unless finished), then score it on every test set")
     one.add_argument("--train", choices=DATASETS, required=True)
     one.add_argument("--variant", choices=VARIANTS, required=True)

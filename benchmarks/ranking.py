@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recipe import BUDGET, DATASETS, ROOT, VARIANTS, evaluate_run, read_scores, spread
+from recipe import BUDGET, DATASETS, ROOT, VARIANTS, evaluate_run, experiment_parser, read_scores, spread
 
 VARIANT = VARIANTS["bce+dice-sqrt-bf16cl"]  # the default recipe on this CPU
 SPLIT_SEED = 0
@@ -141,10 +141,7 @@ def _crack_share(dataset_root: Path, stem: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=ROOT.parent / "shared" / "datasets", help="folder holding the datasets")
-    parser.add_argument("--runs", type=Path, default=ROOT / "checkpoints" / "ranking", help="folder of the experiments")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = experiment_parser(__doc__, "ranking", "folder of the experiments")
     one = commands.add_parser("run", help="base model, ranking, then both arms for every seed (what is missing)")
     one.add_argument("--dataset", choices=DATASETS, default="cfd")
     one.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

@@ -222,11 +222,17 @@ def protocols(args: argparse.Namespace) -> None:
             print(f"| {dataset} | {len(members)} | " + " | ".join(spread([m[key] for m in members]) for key in keys) + " |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def experiment_parser(description: str, runs: str, runs_help: str = "folder of the run folders"):
+    """The command line every benchmark of training runs shares: ``--root`` (the datasets, never copied) and ``--runs``
+    (``checkpoints/RUNS``); returns the parser and its subcommands."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=ROOT.parent / "shared" / "datasets", help="folder holding the datasets")
-    parser.add_argument("--runs", type=Path, default=ROOT / "checkpoints" / "recipe", help="folder of the run folders")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--runs", type=Path, default=ROOT / "checkpoints" / runs, help=runs_help)
+    return parser, parser.add_subparsers(dest="command", required=True)
+
+
+def main() -> None:
+    parser, commands = experiment_parser(__doc__, "recipe")
     one = commands.add_parser("run", help="train one variant with one seed, then score it on the test split")
     one.add_argument("--dataset", choices=DATASETS, required=True)
     one.add_argument("--variant", choices=VARIANTS, required=True)
