@@ -49,27 +49,27 @@ def isolated(test):
     never in a short run or in a command-line run, which is one process per command). The
     test's fixture values must pickle; assertion errors come back as they are. One worker
     serves every isolated test (its imports are paid once); a worker that dies fails the test
-    (BrokenProcessPool) rather than hanging it.
+    (BrokenProcessPool) rather than hanging it. A helper so wrapped returns what it returns.
     """
 
     @functools.wraps(test)
     def run(*args, **kwargs):
         if not _ISOLATED or _ISOLATED[0]._broken:
             _ISOLATED[:] = [ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))]
-        skipped = _ISOLATED[0].submit(_call_unwrapped, test.__module__, test.__name__, args, kwargs).result()
+        skipped, value = _ISOLATED[0].submit(_call_unwrapped, test.__module__, test.__name__, args, kwargs).result()
         if skipped is not None:
             pytest.skip(skipped)
+        return value
 
     return run
 
 
-def _call_unwrapped(module: str, name: str, args, kwargs) -> str | None:
-    """Runs the test; a skip comes back as its reason (pytest's Skipped does not pickle)."""
+def _call_unwrapped(module: str, name: str, args, kwargs) -> tuple[str | None, object]:
+    """Runs the test: (the reason of its skip, None) or (None, what it returned); pytest's Skipped does not pickle."""
     try:
-        getattr(importlib.import_module(module), name).__wrapped__(*args, **kwargs)
+        return None, getattr(importlib.import_module(module), name).__wrapped__(*args, **kwargs)
     except pytest.skip.Exception as skip:
-        return skip.msg
-    return None
+        return skip.msg, None
 
 
 def dark_pixel_model(folder: Path) -> Path:
