@@ -5,6 +5,9 @@ offset away and no image-sized array is made per operation. :func:`components`, 
 give, bit for bit, scipy.ndimage's 8-connected labels and Euclidean distance transform and scikit-image's
 skeletonize (Zhang and Suen's thinning, with scikit-image's table). Kept apart from :mod:`crackseg.cracks.measure`,
 which builds lengths, widths and joins on them, because they are the pixel morphology, not the crack measures.
+
+Their loops over pixels are compiled by numba (cached on disk after the first call of a machine): vectorized NumPy
+spent most of its time on many small arrays, and measuring must keep up with a GPU's masks.
 """
 
 from __future__ import annotations
@@ -12,9 +15,8 @@ from __future__ import annotations
 from functools import cached_property
 
 import numpy as np
+from numba import njit
 from scipy import ndimage
-from scipy.sparse import coo_array
-from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
 
 
@@ -90,6 +92,7 @@ class Pixels:
 
 # a pixel's 8 neighbours (row, col offsets) NW N NE E SE S SW W: bits 0 to 7 of its neighbourhood code
 _RING = np.array([(-1, -1), (-1, 0), (-1, 1), (0, 1), (1, 1), (1, 0), (1, -1), (0, -1)])
+_RING_ROWS, _RING_COLS = _RING[:, 0].copy(), _RING[:, 1].copy()
 # scikit-image's table for Zhang and Suen's thinning (skeletonize), one digit per neighbourhood code:
 # 1 = the pixel goes in the first sub-pass, 2 = in the second, 3 = in either
 _THINNING = np.array([int(digit) for digit in (
@@ -101,16 +104,7 @@ _THINNING = np.array([int(digit) for digit in (
 
 def components(pixels: Pixels) -> np.ndarray:
     """The 8-connected component of each pixel, numbered from 1 in scan order of their first pixels, as ndimage.label numbers them."""
-    count = len(pixels.index)
-    forward = pixels.neighbours[:, 3:7]  # E, SE, S, SW: each link once, from its upper or left pixel
-    heads, which = np.nonzero(forward >= 0)
-    graph = coo_array((np.ones(len(heads), np.int8), (heads, forward[heads, which])), shape=(count, count))
-    found, component = connected_components(graph, directed=False)
-    first = np.full(found, count)
-    np.minimum.at(first, component, np.arange(count))
-    number = np.empty(found, np.int64)
-    number[np.argsort(first)] = np.arange(1, found + 1)
-    return number[component]
+    return _components(pixels.neighbours)
 
 
 def distances(pixels: Pixels) -> np.ndarray:
@@ -118,23 +112,23 @@ def distances(pixels: Pixels) -> np.ndarray:
 
     That is 1 beside the background and sqrt(2) where only a corner touches it; inside a crack, the
     nearest background pixel is one along its edges (a step from any other towards the pixel would
-    land on background nearer to it).
+    land on background nearer to it). Pixels deeper than a few rings of neighbours (blobs rather than
+    cracks) are measured to those edge pixels through a k-d tree.
     """
     height, width = pixels.shape
-    background = pixels.neighbours < 0
+    if len(pixels.index) == height * width:  # the whole image is crack: scipy then measures to the pixel above the top-left corner
+        return ndimage.distance_transform_edt(np.ones(pixels.shape, bool)).ravel()
     rows, cols = pixels.points.T
-    border = np.flatnonzero((rows == 0) | (rows == height - 1) | (cols == 0) | (cols == width - 1))
-    around_rows, around_cols = rows[border, None] + _RING[:, 0], cols[border, None] + _RING[:, 1]
-    background[border] &= (around_rows >= 0) & (around_rows < height) & (around_cols >= 0) & (around_cols < width)
-    distance = np.where(background[:, 1::2].any(axis=1), 1.0, np.sqrt(2.0))  # odd places of the ring: N, E, S, W
-    inside = ~background.any(axis=1)
-    if inside.any():
+    distance = _ring_distances(pixels.neighbours, rows, cols, _slots(pixels), pixels.stride, height, width, _RINGS_SEARCHED)
+    deep = np.flatnonzero(distance < 0)
+    if len(deep):
+        background = pixels.neighbours < 0
+        border = np.flatnonzero((rows == 0) | (rows == height - 1) | (cols == 0) | (cols == width - 1))
+        around_rows, around_cols = rows[border, None] + _RING[:, 0], cols[border, None] + _RING[:, 1]
+        background[border] &= (around_rows >= 0) & (around_rows < height) & (around_cols >= 0) & (around_cols < width)
         pixel, place = np.nonzero(background)
-        around = pixels.index[pixel] + _RING[place, 0] * pixels.stride + _RING[place, 1]
-        edge = _once(around, np.zeros((height + 2) * pixels.stride, np.int32))
-        if not len(edge):  # the whole image is crack: scipy then measures to the pixel above the top-left corner
-            return ndimage.distance_transform_edt(np.ones(pixels.shape, bool)).ravel()
-        distance[inside] = cKDTree(Pixels(pixels.shape, edge).points).query(pixels.points[inside])[0]
+        edge = np.unique(pixels.index[pixel] + _RING[place, 0] * pixels.stride + _RING[place, 1])
+        distance[deep] = cKDTree(Pixels(pixels.shape, edge).points).query(pixels.points[deep])[0]
     return distance
 
 
@@ -145,25 +139,131 @@ def thin(pixels: Pixels) -> Pixels:
     A sub-pass looks again only at the pixels beside one removed since that sub-pass last looked:
     the others, with the same neighbours, would stay again.
     """
-    neighbours = pixels.neighbours
-    present = np.ones(len(pixels.index) + 1, np.uint8)
-    present[-1] = 0  # where a neighbour is not in the set (-1)
-    seen = np.zeros(len(present), np.int64)
-    due = [np.arange(len(pixels.index)), np.arange(len(pixels.index))]
-    while len(due[0]) or len(due[1]):
-        for sub_pass in (0, 1):
-            look = due[sub_pass][present[due[sub_pass]] == 1]
-            kind = _THINNING[np.packbits(present[neighbours[look]], axis=1, bitorder="little")[:, 0]]
-            removed = look[(kind == 3) | (kind == sub_pass + 1)]
-            present[removed] = 0
-            beside = neighbours[removed].ravel()
-            beside = _once(beside[beside >= 0], seen)
-            due[sub_pass], due[1 - sub_pass] = beside, _once(np.concatenate([due[1 - sub_pass], beside]), seen)
-    return pixels.subset(present[:-1] == 1)
+    return pixels.subset(_thinned(pixels.neighbours, _THINNING))
 
 
-def _once(values: np.ndarray, seen: np.ndarray) -> np.ndarray:
-    """``values`` without repeats, in no particular order, in time linear in their number (``seen``: scratch indexed by value)."""
-    order = np.arange(len(values), dtype=seen.dtype)
-    seen[values] = order
-    return values[seen[values] == order]
+def _slots(pixels: Pixels) -> np.ndarray:
+    """1 + each pixel's position over the padded image, 0 elsewhere (a subset's own table)."""
+    return pixels._slots if pixels.parent is None else Pixels(pixels.shape, pixels.index)._slots
+
+
+_RINGS_SEARCHED = 8  # rings of pixels searched around a pixel for the nearest background before the k-d tree
+
+
+@njit(cache=True, nogil=True)
+def _components(neighbours: np.ndarray) -> np.ndarray:
+    count = len(neighbours)
+    parent = np.arange(count)
+    for pixel in range(count):
+        for place in range(3, 7):  # E, SE, S, SW: each link once, from its upper or left pixel
+            other = neighbours[pixel, place]
+            if other < 0:
+                continue
+            a, b = pixel, other
+            while parent[a] != a:
+                parent[a] = parent[parent[a]]
+                a = parent[a]
+            while parent[b] != b:
+                parent[b] = parent[parent[b]]
+                b = parent[b]
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    number = np.zeros(count, np.int64)
+    found = 0
+    for pixel in range(count):  # pixels in scan order: a root is numbered at its component's first pixel
+        root = pixel
+        while parent[root] != root:
+            root = parent[root]
+        if number[root] == 0:
+            found += 1
+            number[root] = found
+        number[pixel] = number[root]
+    return number
+
+
+@njit(cache=True, nogil=True)
+def _ring_distances(neighbours, rows, cols, slots, stride, height, width, rings):
+    """The distance to the nearest background pixel inside the image, -1 where none lies within ``rings`` rings."""
+    count = len(neighbours)
+    distance = np.empty(count)
+    for pixel in range(count):
+        row, col = rows[pixel], cols[pixel]
+        best = -1
+        for place in range(8):
+            if neighbours[pixel, place] >= 0:
+                continue
+            other_row, other_col = row + _RING_ROWS[place], col + _RING_COLS[place]
+            if 0 <= other_row < height and 0 <= other_col < width:
+                squared = 1 if place % 2 == 1 else 2
+                if best < 0 or squared < best:
+                    best = squared
+        ring = 1
+        while (best < 0 or best > (ring + 1) * (ring + 1)) and ring < rings:  # farther rings are at least ring + 1 away
+            ring += 1
+            for step in range(-ring, ring + 1):
+                for other_row, other_col in ((row - ring, col + step), (row + ring, col + step),
+                                             (row + step, col - ring), (row + step, col + ring)):
+                    if 0 <= other_row < height and 0 <= other_col < width \
+                            and slots[(other_row + 1) * stride + other_col + 1] == 0:
+                        squared = (other_row - row) ** 2 + (other_col - col) ** 2
+                        if best < 0 or squared < best:
+                            best = squared
+        if best < 0 or best > (ring + 1) * (ring + 1):
+            distance[pixel] = -1.0
+        else:
+            distance[pixel] = np.sqrt(np.float64(best))
+    return distance
+
+
+@njit(cache=True, nogil=True)
+def _thinned(neighbours: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Which pixels stay (see thin)."""
+    count = len(neighbours)
+    present = np.ones(count, np.bool_)
+    due = [np.arange(count), np.arange(count)]
+    due_count = [count, count]
+    stamp = np.zeros(count, np.int64)
+    stamps = 0
+    removed = np.empty(count, np.int64)
+    while due_count[0] or due_count[1]:
+        for sub_pass in range(2):
+            gone = 0
+            looked = due[sub_pass]
+            for k in range(due_count[sub_pass]):
+                pixel = looked[k]
+                if not present[pixel]:
+                    continue
+                code = 0
+                for place in range(8):
+                    other = neighbours[pixel, place]
+                    if other >= 0 and present[other]:
+                        code |= 1 << place
+                kind = table[code]
+                if kind == 3 or kind == sub_pass + 1:
+                    removed[gone] = pixel
+                    gone += 1
+            for k in range(gone):
+                present[removed[k]] = False
+            stamps += 1
+            beside = np.empty(8 * gone, np.int64)
+            found = 0
+            for k in range(gone):
+                for place in range(8):
+                    other = neighbours[removed[k], place]
+                    if other >= 0 and stamp[other] != stamps:
+                        stamp[other] = stamps
+                        beside[found] = other
+                        found += 1
+            other_pass = 1 - sub_pass
+            stamps += 1
+            merged = np.empty(due_count[other_pass] + found, np.int64)
+            size = 0
+            for values, length in ((due[other_pass], due_count[other_pass]), (beside, found)):
+                for k in range(length):
+                    if stamp[values[k]] != stamps:
+                        stamp[values[k]] = stamps
+                        merged[size] = values[k]
+                        size += 1
+            due[sub_pass], due_count[sub_pass] = beside, found
+            due[other_pass], due_count[other_pass] = merged, size
+    return present

@@ -172,11 +172,14 @@ def test_find_cracks_equals_the_whole_image_computation_bit_for_bit():
     assert joined >= 10  # the masks do have pieces joined across gaps
 
 
-@pytest.mark.parametrize("name", ["empty", "dot", "full", "full-but-one", "one-row", "noise"])
+@pytest.mark.parametrize("name", ["empty", "dot", "full", "full-but-one", "one-row", "noise", "blob"])
 def test_degenerate_masks_equal_the_whole_image_computation(name):
+    """Blob: pixels far deeper than a crack's (measured through the k-d tree), touching the image's edge."""
+    rows, cols = np.mgrid[:70, :90]
     mask = {"empty": np.zeros((7, 9), bool), "dot": np.ones((1, 1), bool), "full": np.ones((6, 8), bool),
             "full-but-one": np.arange(99).reshape(9, 11) != 49, "one-row": np.array([[1, 1, 0, 1, 1, 1, 0, 1]], bool),
-            "noise": np.random.default_rng(0).random((60, 80)) > 0.4}[name]
+            "noise": np.random.default_rng(0).random((60, 80)) > 0.4,
+            "blob": ((rows - 40) ** 2 + (cols - 30) ** 2 < 27 ** 2) | (np.random.default_rng(1).random((70, 90)) > 0.9)}[name]
     for join_gap in (0.0, JOIN_GAP):
         labels, cracks = find_cracks(mask, join_gap, 3)
         want_labels, want_cracks = _whole_image_cracks(mask, join_gap, 3)
