@@ -1,13 +1,17 @@
 """``predict --engine local``: this process predicts its share of the work, or torchrun's processes theirs.
 
-Photos are decoded in loader workers and written in writer threads, beside the model; rasters are predicted by windows
+Photos are decoded in loader workers and their files made (masks encoded, cracks measured, overlays drawn) in measuring
+processes, beside the model: in threads they shared one GIL and measuring fell far behind a GPU. Writer threads hand each
+photo to a process, upload its files and keep the photos' order; rasters are predicted by windows
 (:mod:`crackseg.prediction.streamed`), each process a share of their tile rows, rank 0 joining the parts.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import signal
 from collections import deque
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -93,24 +97,35 @@ def _predict_photos(job: Job) -> None:
             except (OSError, StorageError) as error:
                 records.errors.append({"path": str(names[key][0]), "error": plan.write_error(error)})
 
-    with ThreadPoolExecutor(workers) if workers else _Inline() as writers:
+    with _measurers(workers if todo else 0) as measurers, ThreadPoolExecutor(workers) if workers else _Inline() as writers:
         try:
             probabilities = job.predictor.probabilities(images())
             for key, prob in tqdm(probabilities, total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
-                pending.append((key, writers.submit(_write_photo, plan, key, names[key], decoded.pop(key), prob, job.run.threshold)))
+                pending.append((key, writers.submit(_write_photo, plan, measurers, key, names[key], decoded.pop(key), prob,
+                                                    job.run.threshold)))
                 collect(wait=False)
             collect(wait=True)
         except BaseException:
-            writers.shutdown(cancel_futures=True)  # no photo queued for writing is written after the run stopped
+            measurers.shutdown(cancel_futures=True)  # no photo queued for writing is written after the run stopped
+            writers.shutdown(cancel_futures=True)
             raise
 
 
-def _write_photo(plan: Plan, key: int, named: tuple[Path | RemoteFile, str], image: torch.Tensor, prob: torch.Tensor,
-                 threshold: float) -> tuple[dict, list[dict]]:
-    """One photo's files written (in a writer thread) and, for an --out in object storage, uploaded as soon as they are."""
-    rows = write_image_outputs(plan.folder, *named, image, prob, threshold, plan.spec)
+def _write_photo(plan: Plan, measurers: Executor, key: int, named: tuple[Path | RemoteFile, str], image: torch.Tensor,
+                 prob: torch.Tensor, threshold: float) -> tuple[dict, list[dict]]:
+    """One photo's files made (in a measuring process) and, for an --out in object storage, uploaded as soon as they are."""
+    rows = measurers.submit(write_image_outputs, plan.folder, *named, image.numpy(), prob.numpy(), threshold, plan.spec).result()
     plan.upload(key)
     return rows
+
+
+def _measurers(count: int) -> Executor:
+    """``count`` measuring processes, started fresh (spawned: the CUDA and thread state of this one stay here), leaving
+    Ctrl-C to this process, which stops them; none: in this thread."""
+    if not count:
+        return _Inline()
+    return ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn"), initializer=signal.signal,
+                               initargs=(signal.SIGINT, signal.SIG_IGN))
 
 
 def default_workers(device: torch.device) -> int:

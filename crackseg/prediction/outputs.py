@@ -211,24 +211,26 @@ class Records:
         return joined
 
 
-def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image: torch.Tensor, prob: torch.Tensor,
-                        threshold: float, spec: OutputSpec) -> tuple[dict, list[dict]]:
-    """Write one photo's files; returns its predictions.csv row and cracks.csv rows.
+def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image: np.ndarray | torch.Tensor,
+                        prob: np.ndarray | torch.Tensor, threshold: float, spec: OutputSpec) -> tuple[dict, list[dict]]:
+    """Write one photo's files (``image``: (3, H, W) uint8; ``prob``: (H, W) float32); returns its predictions.csv row
+    and cracks.csv rows.
 
-    Runs in writer threads: numpy, not torch, does the per-pixel work, so that the threads do not
-    each start torch's intra-op pool.
+    Runs in measuring processes and Ray's actors: numpy, not torch, does the per-pixel work, so that a
+    process need not import torch nor start its intra-op pool.
     """
-    mask = prob.numpy() >= threshold
+    image, prob = np.asarray(image), np.asarray(prob)
+    mask = prob >= threshold
     mask_path = folder.mask(name)
     write_png(mask_path, mask.astype(np.uint8) * 255)
     counts = mask_counts(mask)
     if spec.save_prob:
-        levels = probability_levels(prob.numpy(), spec.save_prob)
+        levels = probability_levels(prob, spec.save_prob)
         write_png(folder.probabilities(name), levels)
         counts |= uncertainty(levels.astype(np.float32) / float(np.iinfo(levels.dtype).max), threshold)  # as rank reads the file
     labels, cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px) if spec.measure else (None, [])
     if spec.overlay:
-        write_atomic(folder.overlay(name), overlay_jpeg(image.permute(1, 2, 0).numpy(), mask if labels is None else labels > 0, cracks))
+        write_atomic(folder.overlay(name), overlay_jpeg(image.transpose(1, 2, 0), mask if labels is None else labels > 0, cracks))
     row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, "ok")
     if spec.vectors:
         lines = centrelines(skeleton_links(skeletonize(labels > 0), labels))

@@ -3,8 +3,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,21 +65,67 @@ def test_no_measure_writes_the_same_masks_without_measurements(tmp_path, checkpo
 
 
 @pytest.mark.slow
-def test_workers_and_writer_threads_give_what_the_main_process_gives(tmp_path, checkpoint):
+def test_loader_workers_and_measuring_processes_give_what_the_main_process_gives(tmp_path, checkpoint):
     """Run as commands: loader workers leave a SIGCHLD handler in the process that started them,
     which crashed this test process later, once OpenVINO had run in it (a CLI run is one process)."""
-    _photos(tmp_path / "in", [(40, 56), (64, 64), (33, 47)])
+    _photos(tmp_path / "in", [(40, 56), (64, 64), (33, 47), (70, 90), (50, 52)])
     (tmp_path / "in" / "broken.jpg").write_bytes(b"not an image")
     outputs = []
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     for workers in ("0", "2"):
         out = tmp_path / f"out{workers}"
         assert subprocess.run([sys.executable, "-m", "crackseg", "predict", str(tmp_path / "in"), "--checkpoint", str(checkpoint),
-                               "--out", str(out), "--device", "cpu", "--workers", workers], env=env, capture_output=True).returncode == 1
-        masks = {p.name: p.read_bytes() for p in (out / "masks").iterdir()}
+                               "--out", str(out), "--device", "cpu", "--workers", workers, "--overlay", "--save-prob", "8",
+                               "--px-size", "0.5"], env=env, capture_output=True).returncode == 1
+        files = {p.relative_to(out).as_posix(): p.read_bytes() for folder in ("masks", "probs", "overlays")
+                 for p in (out / folder).iterdir()}
         rows = [{k: v for k, v in row.items() if k != "mask"} for row in csv_rows(out / "predictions.csv")]
-        outputs.append((masks, rows, (out / "cracks.csv").read_text(), len(csv_rows(out / "errors.csv"))))
-    assert outputs[0] == outputs[1] and len(outputs[0][0]) == 3 and outputs[0][3] == 1
+        outputs.append((files, rows, (out / "cracks.csv").read_text(), len(csv_rows(out / "errors.csv"))))
+    assert outputs[0] == outputs[1] and len(outputs[0][0]) == 15 and len(outputs[0][1]) == 5 and outputs[0][3] == 1
+
+
+def _running_in_group(group: int) -> list[int]:
+    """The processes of a process group that have not ended (an ended one may wait, a zombie, for a busy init to reap it)."""
+    running = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            running.append(int(stat.parent.name))
+    return running
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_measuring_processes_with_the_run_and_leaves_only_whole_files(tmp_path, checkpoint):
+    """Ctrl-C reaches every process of the terminal's group: the run ends with 130 and no traceback, its measuring
+    processes end with it, and what it wrote is whole (no temp file, no lock); --skip-existing then finishes the rest."""
+    _photos(tmp_path / "in", [(256, 256)] * 60)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    command = [sys.executable, "-m", "crackseg", "predict", str(tmp_path / "in"), "--checkpoint", str(checkpoint),
+               "--out", str(tmp_path / "out"), "--device", "cpu", "--workers", "2", "--overlay"]
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    masks = tmp_path / "out" / "masks"
+    deadline = time.monotonic() + 240
+    while not (masks.is_dir() and len(list(masks.glob("*.png"))) >= 3) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    time.sleep(1)
+    assert not _running_in_group(run.pid)
+    written = sorted(p.name for p in masks.glob("*.png"))
+    assert 3 <= len(written) < 60
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.name.startswith(".") or "crackseg-tmp" in p.name]
+    for path in masks.glob("*.png"):
+        Image.open(path).load()  # whole
+    finished = subprocess.run([*command, "--skip-existing"], env=env, capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    rows = csv_rows(tmp_path / "out" / "predictions.csv")
+    assert len(rows) == 60 and sum(row["status"] == "skipped: exists" for row in rows) == len(written)
 
 
 def test_default_workers_leave_cpu_cores_to_the_model_and_share_them_on_gpu_machines(monkeypatch):
