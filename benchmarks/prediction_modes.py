@@ -1,7 +1,8 @@
 """bench.py's prediction modes (docs/benchmarks.md: prediction throughput, CPU runtimes).
 
 predict compares the model alone (tensors on the device) with ``crackseg predict`` from
-image files and with the classic tool's naive loop, and counts FLOPs per image. runtimes
+image files and with the classic tool's naive loop, counts FLOPs per image, and times each stage
+of the files-to-outputs path on its own (one process, one core for the CPU stages). runtimes
 does the same on the CPU for torch (eager, channels_last, bf16), ONNX Runtime and OpenVINO
 (f32, bf16). The untrained models' threshold is set to mark about 2% of the pixels as crack.
 """
@@ -9,9 +10,11 @@ does the same on the CPU for torch (eager, channels_last, bf16), ONNX Runtime an
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,10 @@ import torch
 from PIL import Image
 
 from crackseg.core.errors import InputError
+from crackseg.core.files import write_atomic
+from crackseg.cracks.measure import find_cracks
+from crackseg.cracks.options import JOIN_GAP, MIN_LENGTH
+from crackseg.data.images import load_image
 from crackseg.data.synth import write_dataset
 from crackseg.model.checkpoint import save_model
 from crackseg.model.distributed import resolve_amp
@@ -102,6 +109,8 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
             predict_folder(Path(tmp) / "model.pt", [str(Path(tmp) / "data" / "images")],
                            PredictOptions(out=Path(tmp) / "out", inference=inference, measure=measure, workers=args.workers, overwrite=True))
         files = sorted((Path(tmp) / "data" / "images").iterdir())
+        for timed_files in (files[:args.batch_size], files):  # the first batch warms up (numba's compiled code is loaded)
+            stages = _stage_costs(timed_files, model, device, amp_dtype, args.batch_size, args.channels_last, Path(tmp) / "stages")
 
         rates = median_rates({
             "model": (model_window, count // args.batch_size * args.batch_size),
@@ -120,7 +129,54 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
                      "images_per_s": round(rate, 2), "efficiency": round(rate / model_rate, 3)})
     rows.append({"mode": "predict", "path": "naive loop (batch 1, fp32, resize to 448, no workers)", **common, "batch": 1, "amp": "off",
                  "images_per_s": round(naive_rate, 2), "crackseg_speedup": round(end_rates[False] / naive_rate, 2)})
+    total = sum(stages.values())
+    for stage, seconds in stages.items():
+        rows.append({"mode": "predict stages", "path": f"stage: {stage}", **common, "ms_per_image": round(seconds * 1e3, 3),
+                     "share_of_stages": round(seconds / total, 3)})
     return rows
+
+
+def _png(mask: np.ndarray) -> bytes:
+    """A mask as predict encodes it."""
+    buffer = io.BytesIO()
+    Image.fromarray(mask.astype(np.uint8) * 255).save(buffer, "PNG", compress_level=1)
+    return buffer.getvalue()
+
+
+@torch.inference_mode()
+def _stage_costs(files: list[Path], model: torch.nn.Module, device: torch.device, amp_dtype: torch.dtype | None,
+                 batch_size: int, channels_last: bool, folder: Path) -> dict[str, float]:
+    """Seconds per image of each stage of the files-to-outputs path, each timed alone over ``files`` in one process
+    (the device stages per batch, synchronized): where an image's time goes, whichever stage a pipeline overlaps."""
+    folder.mkdir(exist_ok=True)
+    spent = dict.fromkeys(["read", "decode", "copy to device", "forward", "copy back", "threshold", "measure", "encode PNG",
+                           "write"], 0.0)
+
+    def timed(stage: str, work, *args):
+        start = time.perf_counter()
+        result = work(*args)
+        if stage in ("copy to device", "forward", "copy back"):
+            device_sync(device)
+        spent[stage] += time.perf_counter() - start
+        return result
+
+    for first in range(0, len(files), batch_size):
+        batch = files[first:first + batch_size]
+        data = [timed("read", Path.read_bytes, path) for path in batch]
+        images = [timed("decode", load_image, io.BytesIO(item)) for item in data]
+        pixels = torch.stack(images).pin_memory() if device.type == "cuda" else torch.stack(images)
+        pixels = timed("copy to device", lambda: pixels.to(device, non_blocking=True))
+        if channels_last:
+            pixels = pixels.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            logits = timed("forward", model, pixels)
+        probs = timed("copy back", lambda: torch.sigmoid(logits.float())[:, 0].cpu()).numpy()
+        for index, prob in enumerate(probs):
+            mask = timed("threshold", np.greater_equal, prob, model.threshold)
+            timed("measure", find_cracks, mask, JOIN_GAP.value, MIN_LENGTH.value)
+            encoded = timed("encode PNG", _png, mask)
+            timed("write", write_atomic, folder / f"{first + index}.png", encoded)
+    return {stage: seconds / len(files) for stage, seconds in spent.items()}
 
 
 def bench_runtimes(args: argparse.Namespace) -> list[dict]:

@@ -22,7 +22,6 @@ Pieces that one crack joins are tracked by scipy's DisjointSet (here and across 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
@@ -64,19 +63,16 @@ def find_cracks(mask: np.ndarray, join_gap: float = 0.0, min_length: float = 0.0
     """
     mask = np.asarray(mask, bool)
     parts = crack_parts(mask, join_gap)
-    found = []
-    for number in range(1, len(parts.area)):
-        if parts.area[number] == 0:
-            continue
-        measure = parts.measure(number)
-        if measure.length_px >= min_length:
-            found.append((number, measure))
-    found.sort(key=lambda item: (-item[1].length_px, item[0]))
+    numbers = np.flatnonzero(parts.area[1:]) + 1
+    box = parts.box[numbers]
+    length = parts.length[numbers]
+    length = np.where(length <= 0, np.maximum(box[:, 2] - box[:, 0], box[:, 3] - box[:, 1]), length)  # as crack_measure takes it
+    kept = length >= min_length
+    numbers, length = numbers[kept], length[kept]
+    found = numbers[np.lexsort((numbers, -length))]  # longest first, then in label order
     renumber = np.zeros(len(parts.area), np.int32)
-    cracks = []
-    for new_id, (old, measure) in enumerate(found, 1):
-        renumber[old] = new_id
-        cracks.append(dataclasses.replace(measure, id=new_id))
+    renumber[found] = np.arange(1, len(found) + 1)
+    cracks = [parts.measure(int(old), new_id) for new_id, old in enumerate(found, 1)]
     labels = np.zeros(mask.shape, np.int32)
     crack = np.flatnonzero(mask)  # the ids go on the mask's pixels only, not on the bridges across gaps
     labels.reshape(-1)[crack] = renumber[parts.labels.reshape(-1)[crack]]
@@ -101,21 +97,21 @@ class CrackParts:
     anchors: dict[int, tuple[int, int]]
     skeleton: np.ndarray  # (H, W) bool, of the joined cracks
 
-    def measure(self, number: int) -> CrackMeasure:
-        """Label ``number`` as a CrackMeasure (id = number), anchored on its skeleton where it has one."""
-        crack = crack_measure(number, float(self.length[number]), float(self.gap[number]), int(self.area[number]),
-                              float(self.max_width[number]), tuple(int(v) for v in self.box[number]), int(self.fragments[number]))
-        anchor = self.anchors.get(number)
-        return crack if anchor is None else dataclasses.replace(crack, anchor=anchor)
+    def measure(self, number: int, crack_id: int) -> CrackMeasure:
+        """Label ``number`` as CrackMeasure ``crack_id``, anchored on its skeleton where it has one."""
+        return crack_measure(crack_id, float(self.length[number]), float(self.gap[number]), int(self.area[number]),
+                             float(self.max_width[number]), tuple(int(v) for v in self.box[number]), int(self.fragments[number]),
+                             self.anchors.get(number))
 
 
 def crack_measure(number: int, length: float, gap: float, area: int, max_width: float, box: tuple[int, int, int, int],
-                  fragments: int) -> CrackMeasure:
-    """A CrackMeasure from a crack's sums (of one mask, or of several bands of one), anchored at its box's top-left corner."""
+                  fragments: int, anchor: tuple[int, int] | None = None) -> CrackMeasure:
+    """A CrackMeasure from a crack's sums (of one mask, or of several bands of one), anchored at ``anchor``, else at its
+    box's top-left corner."""
     if length <= 0:  # a speck whose skeleton is one pixel: take the bounding extent
         length = float(max(box[2] - box[0], box[3] - box[1]))
     seen = max(length - gap, 1.0)
-    return CrackMeasure(number, length, area / seen, max(max_width, 1.0), area, box, box[:2], fragments)
+    return CrackMeasure(number, length, area / seen, max(max_width, 1.0), area, box, box[:2] if anchor is None else anchor, fragments)
 
 
 def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(None)) -> CrackParts:
@@ -165,11 +161,14 @@ def _join_pieces(cracks: Pixels, pieces: np.ndarray, distance: np.ndarray, skele
     """A one-pixel bridge across each gap a skeleton end points over: (row, col) of its start, the gap, its pixels' padded indices."""
     points, owner, depth = skeleton.points, pieces[skeleton.in_parent], distance[skeleton.in_parent]
     bridges = []
-    joined_pieces = DisjointSet(range(pieces.max() + 1))  # one bridge per pair of pieces, none around a loop
+    joined_pieces = DisjointSet()  # one bridge per pair of pieces, none around a loop; a piece is added when first met
     for end, direction, found in _aimed_at(skeleton, owner, depth, join_gap + 2 * distance.max(), join_gap):
         piece = owner[end]
         best, best_gap = None, join_gap
         for i in found:  # each candidate as it always was tested: the filters before only drop sure misses
+            for met in (owner[i], piece):
+                if met not in joined_pieces:
+                    joined_pieces.add(met)
             if joined_pieces.connected(owner[i], piece):
                 continue
             step = points[i] - points[end]
@@ -228,7 +227,8 @@ def _anchors(skeleton: Pixels, labels: np.ndarray, count: int) -> dict[int, tupl
     points, owners = skeleton.points[order], labels[order]
     starts = np.searchsorted(owners, np.arange(1, count + 1))
     ends = np.searchsorted(owners, np.arange(1, count + 1), side="right")
-    return {label: tuple(int(v) for v in points[(a + b) // 2]) for label, a, b in zip(range(1, count + 1), starts, ends) if b > a}
+    some = ends > starts
+    return dict(zip(np.arange(1, count + 1)[some].tolist(), map(tuple, points[(starts[some] + ends[some]) // 2].tolist())))
 
 
 def _boxes(points: np.ndarray, labels: np.ndarray, shape: tuple[int, int], count: int) -> np.ndarray:

@@ -222,7 +222,7 @@ def _whole_image_cracks(mask: np.ndarray, join_gap: float, min_length: float) ->
     for number in range(1, len(parts.area)):
         if parts.area[number] == 0:
             continue
-        measure = parts.measure(number)
+        measure = parts.measure(number, number)
         if measure.length_px >= min_length:
             found.append((number, measure))
     found.sort(key=lambda item: (-item[1].length_px, item[0]))
