@@ -61,28 +61,26 @@ crack joining by benchmarks/cracks.py, training recipes by benchmarks/recipe.py.
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 
-import torch
-
-from crackseg.prediction.local_engine import default_workers
-from crackseg.core.options import parse_size
-from data_modes import bench_data, bench_evaluate, bench_synth
-from engine_modes import bench_engines
-from harness import RESULTS, write_report
-from monitoring_modes import bench_compare
-from prediction_modes import bench_predict, bench_runtimes
-from raster_modes import bench_rasters
-from storage_modes import bench_storage
-from training_modes import bench_strategies, bench_train
-
-MODES = {"synth": bench_synth, "data": bench_data, "evaluate": bench_evaluate, "train": bench_train, "strategies": bench_strategies,
-         "predict": bench_predict, "runtimes": bench_runtimes, "rasters": bench_rasters, "compare": bench_compare,
-         "storage": bench_storage, "engines": bench_engines}
+# mode: (module, function). Imported when run, so that processes that import this script (crackseg predict's measuring
+# processes, started as multiprocessing starts them) do not import torch for nothing.
+MODES = {"synth": ("data_modes", "bench_synth"), "data": ("data_modes", "bench_data"), "evaluate": ("data_modes", "bench_evaluate"),
+         "train": ("training_modes", "bench_train"), "strategies": ("training_modes", "bench_strategies"),
+         "predict": ("prediction_modes", "bench_predict"), "runtimes": ("prediction_modes", "bench_runtimes"),
+         "rasters": ("raster_modes", "bench_rasters"), "compare": ("monitoring_modes", "bench_compare"),
+         "storage": ("storage_modes", "bench_storage"), "engines": ("engine_modes", "bench_engines")}
 
 
 def main() -> None:
     """Run one mode, print its rows as Markdown and write them with the environment as JSON."""
+    import torch
+
+    from crackseg.core.options import parse_size
+    from crackseg.prediction.local_engine import default_workers
+    from harness import RESULTS, write_report
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=MODES)
     parser.add_argument("--images", type=Path, default=None, help="runtimes: a folder of real photos to predict (default: synthetic)")
@@ -111,7 +109,8 @@ def main() -> None:
         args.workers = (args.workers or [2])[0]
     args.amp = args.amp or ("bf16" if args.device.startswith("cuda") else "off")
 
-    write_report(MODES[args.mode](args), args.out or RESULTS / f"{args.mode}.json")
+    module, function = MODES[args.mode]
+    write_report(getattr(importlib.import_module(module), function)(args), args.out or RESULTS / f"{args.mode}.json")
 
 
 if __name__ == "__main__":

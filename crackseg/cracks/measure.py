@@ -162,7 +162,7 @@ def _join_pieces(cracks: Pixels, pieces: np.ndarray, distance: np.ndarray, skele
     points, owner, depth = skeleton.points, pieces[skeleton.in_parent], distance[skeleton.in_parent]
     bridges = []
     joined_pieces = DisjointSet()  # one bridge per pair of pieces, none around a loop; a piece is added when first met
-    for end, direction, found in _aimed_at(skeleton, owner, depth, join_gap + 2 * distance.max(), join_gap):
+    for end, direction, found in _aimed_at(skeleton, owner, depth, join_gap):
         piece = owner[end]
         best, best_gap = None, join_gap
         for i in found:  # each candidate as it always was tested: the filters before only drop sure misses
@@ -184,7 +184,7 @@ def _join_pieces(cracks: Pixels, pieces: np.ndarray, distance: np.ndarray, skele
     return bridges
 
 
-def _aimed_at(skeleton: Pixels, owner: np.ndarray, depth: np.ndarray, reach: float,
+def _aimed_at(skeleton: Pixels, owner: np.ndarray, depth: np.ndarray,
               join_gap: float) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Each skeleton end that has candidates, in scan order: the end, its unit direction (away from its own piece's
     skeleton within 10 px) and the other pieces' skeleton pixels it may point at across a gap, in the tree's order
@@ -202,7 +202,7 @@ def _aimed_at(skeleton: Pixels, owner: np.ndarray, depth: np.ndarray, reach: flo
         size = np.hypot(direction[:, 0], direction[:, 1])
         pointing = size >= 1.0
         ends, direction = ends[pointing], direction[pointing] / size[pointing, None]
-        which, found = _within(tree, points[ends], reach)
+        which, found = _within(tree, points[ends], join_gap + depth[ends] + depth.max() + _SLACK)  # all a gap may span
         steps = points[found] - points[ends[which]]
         spans = np.hypot(steps[:, 0], steps[:, 1])
         likely = ((owner[found] != owner[ends[which]]) & (spans - depth[ends[which]] - depth[found] <= join_gap + _SLACK)
@@ -211,9 +211,9 @@ def _aimed_at(skeleton: Pixels, owner: np.ndarray, depth: np.ndarray, reach: flo
         yield from zip(ends[heads], direction[heads], np.split(found[likely], starts[1:]))
 
 
-def _within(tree: cKDTree, centres: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray]:
-    """The tree's points within ``radius`` of each centre as pairs (centre's position, point's), centre by centre, each
-    centre's points in the order the tree gives them for that centre alone."""
+def _within(tree: cKDTree, centres: np.ndarray, radius: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The tree's points within ``radius`` (one, or one per centre) of each centre as pairs (centre's position, point's),
+    centre by centre, each centre's points in the order the tree gives them for that centre alone."""
     if not len(centres):
         return np.zeros(0, np.intp), np.zeros(0, np.intp)
     found = tree.query_ball_point(centres, radius, return_sorted=False)

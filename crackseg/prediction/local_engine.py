@@ -120,12 +120,20 @@ def _write_photo(plan: Plan, measurers: Executor, key: int, named: tuple[Path | 
 
 
 def _measurers(count: int) -> Executor:
-    """``count`` measuring processes, started fresh (spawned: the CUDA and thread state of this one stay here), leaving
-    Ctrl-C to this process, which stops them; none: in this thread."""
+    """``count`` measuring processes, leaving Ctrl-C to this process, which stops them; none: in this thread.
+
+    They are forked from a fresh server process (the CUDA and thread state of this one stay here) that imported the
+    measuring code once: spawned, each imported it itself. Each still imports the program's main module, as
+    multiprocessing does (nothing for ``python -m crackseg``, crackseg's light command-line module for ``crackseg``).
+    """
     if not count:
         return _Inline()
-    return ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn"), initializer=signal.signal,
-                               initargs=(signal.SIGINT, signal.SIG_IGN))
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["crackseg.prediction.outputs"])
+    else:
+        context = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(count, mp_context=context, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN))
 
 
 def default_workers(device: torch.device) -> int:
