@@ -11,6 +11,7 @@ Training (training_modes.py):
 Prediction (prediction_modes.py):
     python benchmarks/bench.py predict [--device ...] [--encoder ...] [--size 448] [--batch-size 8] [--count 64] [--quick]
     python benchmarks/bench.py runtimes [--encoder resnet34] [--images DIR] [--count 40] [--quick]
+    python benchmarks/bench.py measure [--masks DIR ...] [--count 40] [--quick]
 Rasters (raster_modes.py):
     python benchmarks/bench.py rasters [--quick]
 Monitoring (monitoring_modes.py):
@@ -36,6 +37,10 @@ On CPU the DDP processes are gloo processes sharing the cores.
 
 runtimes compares CPU prediction by torch (eager, channels_last, bf16), ONNX Runtime and
 OpenVINO (f32, bf16) (model alone, and crackseg predict --no-measure from files), and the naive loop.
+
+measure times crack measuring (find_cracks at predict's defaults, and without joining) against one
+scikit-image skeletonize of the same masks, alternated: the first --count masks of each --masks folder
+(default: synthetic ones of --size).
 
 rasters predicts synthetic GeoTIFFs of 100 megapixels and 1 gigapixel by windows (peak RSS,
 megapixels/s) beside a photo decoded whole.
@@ -69,6 +74,7 @@ from pathlib import Path
 MODES = {"synth": ("data_modes", "bench_synth"), "data": ("data_modes", "bench_data"), "evaluate": ("data_modes", "bench_evaluate"),
          "train": ("training_modes", "bench_train"), "strategies": ("training_modes", "bench_strategies"),
          "predict": ("prediction_modes", "bench_predict"), "runtimes": ("prediction_modes", "bench_runtimes"),
+         "measure": ("prediction_modes", "bench_measure"),
          "rasters": ("raster_modes", "bench_rasters"), "compare": ("monitoring_modes", "bench_compare"),
          "storage": ("storage_modes", "bench_storage"), "engines": ("engine_modes", "bench_engines")}
 
@@ -84,6 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=MODES)
     parser.add_argument("--images", type=Path, default=None, help="runtimes: a folder of real photos to predict (default: synthetic)")
+    parser.add_argument("--masks", type=Path, nargs="+", default=None, help="measure: folders of crack masks (default: synthetic)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (data, train, predict)")
     parser.add_argument("--encoder", default="resnet34", help="smp encoder of the UNet (train, predict)")
     parser.add_argument("--batch-size", type=int, default=8, help="images per step (train, predict)")
@@ -100,7 +107,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few, short windows: a smoke test, not a figure")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/MODE.json)")
     args = parser.parse_args()
-    args.count = args.count or {"data": 64, "evaluate": 1000, "compare": 4, "storage": 200, "engines": 200}.get(args.mode, 64)
+    args.count = args.count or {"data": 64, "evaluate": 1000, "compare": 4, "storage": 200, "engines": 200, "measure": 40}.get(args.mode, 64)
     if args.mode == "data":
         args.workers = args.workers or [0, 1, 2]
     elif args.mode in ("predict", "storage", "engines"):

@@ -25,7 +25,7 @@ from crackseg.core.errors import InputError
 from crackseg.core.files import write_atomic
 from crackseg.cracks.measure import find_cracks
 from crackseg.cracks.options import JOIN_GAP, MIN_LENGTH
-from crackseg.data.images import load_image
+from crackseg.data.images import crack_mask, load_image
 from crackseg.data.synth import write_dataset
 from crackseg.model.checkpoint import save_model
 from crackseg.model.distributed import resolve_amp
@@ -33,6 +33,8 @@ from crackseg.model.networks import build_model
 from crackseg.model.options import InferenceOptions
 from crackseg.prediction.options import PredictOptions
 from crackseg.prediction.predict import predict_folder
+from skimage.morphology import skeletonize
+
 from harness import compute_figures, device_sync, flops_per_image, median_rates, window_count
 
 
@@ -264,4 +266,27 @@ def bench_runtimes(args: argparse.Namespace) -> list[dict]:
                      "window_rates_end": [round(r, 2) for r in rates[(name, "end")][1]]})
     rows.append({"mode": "runtimes", "runtime": "naive loop (torch eager, resize to 448)", **common,
                  "images_per_s": round(rates["naive"][0], 2), "vs_torch_eager_end_to_end": round(rates["naive"][0] / eager_end, 2)})
+    return rows
+
+
+def bench_measure(args: argparse.Namespace) -> list[dict]:
+    """find_cracks against one skimage skeletonize of the same masks, per folder: ms per mask and the ratio."""
+    windows = window_count(args, 5)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = args.masks
+        if not folders:
+            size = args.size[0]
+            write_dataset(Path(tmp) / "data", 4 if args.quick else args.count, (size, size), seed=0, workers=os.cpu_count() or 1)
+            folders = [Path(tmp) / "data" / "masks"]
+        for folder in folders:
+            masks = [crack_mask(path) for path in sorted(folder.iterdir())[: 4 if args.quick else args.count]]
+            rates = median_rates({
+                "skeletonize": (lambda index: [skeletonize(mask) for mask in masks], len(masks)),
+                "find_cracks": (lambda index: [find_cracks(mask, JOIN_GAP.value, MIN_LENGTH.value) for mask in masks], len(masks)),
+                "find_cracks, no joining": (lambda index: [find_cracks(mask) for mask in masks], len(masks)),
+            }, windows, warmup=not args.quick)
+            for path, (rate, _) in rates.items():
+                rows.append({"mode": "measure", "masks": str(folder), "count": len(masks), "crack_fraction": round(float(np.mean([m.mean() for m in masks])), 4),
+                             "path": path, "ms_per_mask": round(1e3 / rate, 3), "times_skeletonize": round(rates["skeletonize"][0] / rate, 2)})
     return rows
