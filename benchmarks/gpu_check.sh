@@ -179,10 +179,11 @@ small=(--data "$work/data" --epochs 2 --encoder resnet18 --encoder-weights none 
        --workers 2 --val-fraction 0.125 --log-every 1)
 for index in "${!flags[@]}"; do
   read -ra extra <<<"${flags[$index]}"
+  [[ ${flags[$index]} == --compile ]] || extra+=(--no-compile)  # compile is on by default on CUDA: one flag at a time
   launch "train$index" 240 bash launch.sh --nproc 1 --max-restarts 0 train --run "$work/runs/$index" "${small[@]}" "${extra[@]}"
 done
 large=(--data "$work/data448" --epochs 1 --encoder resnet34 --encoder-weights none --crop-size 448 --batch-size 32
-       --workers 4 --val-fraction 0.1 --amp bf16 --channels-last --log-every 1)
+       --workers 4 --val-fraction 0.1 --amp bf16 --channels-last --no-compile --log-every 1)
 launch memory_plain 180 bash launch.sh --nproc 1 --max-restarts 0 train --run "$work/runs/memory_plain" "${large[@]}"
 launch memory_checkpointed 180 bash launch.sh --nproc 1 --max-restarts 0 train --run "$work/runs/memory_checkpointed" \
   "${large[@]}" --activation-checkpointing

@@ -116,7 +116,7 @@ def bench_strategies(args: argparse.Namespace) -> list[dict]:
                 "train", "--data", str(data), "--run", str(run), "--epochs", "2", "--encoder", args.encoder,
                 "--encoder-weights", "none", "--crop-size", str(size), "--batch-size", str(args.batch_size),
                 "--workers", str(args.workers), "--device", args.device, "--val-fraction", "0.1",
-                *([] if "--amp" in flags else ["--amp", "off"]), *flags,
+                *([] if "--amp" in flags else ["--amp", "off"]), *([] if "--compile" in flags else ["--no-compile"]), *flags,
             ]
             env = {**os.environ, "PYTHON": sys.executable}
             for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):

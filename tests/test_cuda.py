@@ -49,9 +49,11 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = torch.device("cuda", 0)
-TINY = dict(encoder="mobilenet_v2", encoder_weights="none", crop_size=64, batch_size=2, workers=0, val_fraction=0.25, log_every=1)
+# eager unless a test is about compile (on by default on CUDA): compiling would only slow these tests down
+TINY = dict(encoder="mobilenet_v2", encoder_weights="none", crop_size=64, batch_size=2, workers=0, val_fraction=0.25, log_every=1,
+            compile=False)
 TINY_FLAGS = ["--encoder", "mobilenet_v2", "--encoder-weights", "none", "--crop-size", "64", "--batch-size", "2",
-              "--val-fraction", "0.25", "--log-every", "1"]
+              "--val-fraction", "0.25", "--log-every", "1", "--no-compile"]
 multi_gpu = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 
 
@@ -324,6 +326,14 @@ def test_compiled_channels_last_model_under_ddp_gives_the_eager_loss_and_saves_p
     saved = read_checkpoint(tmp_path / "model.pt")["model"]["state_dict"]
     assert saved.keys() == eager.state_dict().keys()
     torch._dynamo.reset()
+
+
+def test_a_cuda_run_compiles_by_default_and_not_with_no_compile():
+    env = distributed.Environment(0, 0, 1, CUDA)
+    common = dict(run="unused", data="unused", encoder="resnet18", encoder_weights="none")
+    compiled, _, _ = build_training_model(TrainConfig(**common), env, None)
+    plain, _, _ = build_training_model(TrainConfig(**common, compile=False), env, None)
+    assert compiled._compiled_call_impl is not None and plain._compiled_call_impl is None
 
 
 # Activation checkpointing, pinned memory

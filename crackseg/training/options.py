@@ -35,7 +35,7 @@ from crackseg.model.shipped import model_file
 PATH_OPTIONS = frozenset({"data", "images", "masks", "init", "negatives"})
 # Options that may change when a run is resumed; any other difference is an error.
 RESUMABLE_CHANGES = frozenset(
-    {"run", "epochs", "workers", "val_every", "keep_last", "log_every", "resume", "device", "cache", "val_batch_size"}
+    {"run", "epochs", "workers", "val_every", "keep_last", "log_every", "resume", "device", "cache", "val_batch_size", "compile"}
 )
 # Options added after runs were saved without them: such a run trained as their default says.
 ADDED_OPTIONS = frozenset({"negatives", "negative_share", "data_weights", "input_scaling"})
@@ -186,7 +186,9 @@ class TrainConfig(Options):
     amp: str = option("auto", "mixed precision; auto = bf16 on GPUs that support it, and bf16 with channels_last on CPUs that compute "
                               "bf16 in hardware (AVX512-BF16, AMX, Arm BF16), else off", section="speed and memory", choices=AMP_CHOICES)
     channels_last: bool = option(False, "NHWC memory layout (faster convolutions on tensor cores)", section="speed and memory")
-    compile: bool = option(False, "torch.compile the model (slow first steps)", section="speed and memory")
+    compile: bool | None = option(None, "torch.compile the model (slow first steps); default: on a CUDA device, where it trains a "
+                                        "third faster (docs/benchmarks.md), off on the CPU", section="speed and memory",
+                                  off=("--no-compile", "never torch.compile the model"))
     sync_bn: bool = option(False, "synchronize BatchNorm statistics across the GPUs of a torchrun (DDP) run (small per-GPU batches)", section="speed and memory")
     activation_checkpointing: bool = option(
         False, "recompute activations in the backward pass to save memory (--arch unet)", section="speed and memory"

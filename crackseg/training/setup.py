@@ -172,7 +172,7 @@ def build_training_model(config: TrainConfig, env: distributed.Environment,
         if payload is not None and "live_weights" in payload:
             ema.module.load_state_dict(payload["model"]["state_dict"])
             ema.n_averaged.fill_(payload["ema_updates"])
-    if config.compile:
+    if config.compile or (config.compile is None and env.device.type == "cuda"):
         model.compile()  # in place: parameter names, and so checkpoints, do not change
     if env.distributed:
         model = DistributedDataParallel(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)

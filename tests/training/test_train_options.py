@@ -67,6 +67,26 @@ def test_a_resume_may_change_only_the_resumable_options(tmp_path):
         check_same_run(TrainConfig(run="r", data="d", lr=0.1), saved, tmp_path / "last.pt")
 
 
+def test_compile_is_left_to_the_device_unless_a_switch_says_otherwise(tmp_path, capsys):
+    """On by default on CUDA only (tests/test_cuda.py), off on the CPU; either switch may change on a resume, and a run
+    saved before the default existed (compile false) resumes under it."""
+    assert (_parse().compile, _parse("--compile").compile, _parse("--no-compile").compile) == (None, True, False)
+    with pytest.raises(SystemExit) as exit:
+        _parse("--compile", "--no-compile")
+    assert exit.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    saved = TrainConfig(run="r", data="d", compile=False).to_dict()
+    check_same_run(TrainConfig(run="r", data="d"), saved, tmp_path / "last.pt")
+    check_same_run(TrainConfig(run="r", data="d", compile=True), saved, tmp_path / "last.pt")
+    import torch
+
+    from crackseg.model.distributed import Environment
+    from crackseg.training.setup import build_training_model
+
+    model, _, _ = build_training_model(TrainConfig(run="r", data="d", encoder="resnet18", encoder_weights="none"),
+                                       Environment(0, 0, 1, torch.device("cpu")), None)
+    assert model._compiled_call_impl is None
+
+
 def test_the_options_module_does_not_import_torch():
     code = "import sys, crackseg.training.options; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
