@@ -18,6 +18,7 @@ import torch
 
 from crackseg.data.datasets import open_dataset
 
+from crackseg.training.image_cache import decoded_samples
 from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
 from crackseg.data.synth import write_dataset
 from crackseg.training.transforms import PhotometricJitter, train_transform
@@ -58,7 +59,7 @@ def bench_data(args: argparse.Namespace) -> list[dict]:
         for augment in (False, True):
             for cache in (False, True):
                 transform = train_transform(args.crop_size) if augment else None
-                dataset = CrackDataset(found.samples, transform, seed=0, cache=cache)
+                dataset = CrackDataset(found.samples, transform, seed=0, cached=decoded_samples(found.samples) if cache else None)
                 for workers in args.workers:
                     sampler = EpochSampler(torch.utils.data.RandomSampler(dataset))
                     loader = make_loader(dataset, 8, sampler, workers=workers)

@@ -178,6 +178,12 @@ def broadcast_buffers(module: torch.nn.Module) -> None:
             dist.broadcast(buffer, src=0)
 
 
+def barrier() -> None:
+    """Wait until every process gets here (nothing to wait for alone)."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def broadcast_from_main(value):
     """Rank 0's ``value`` on every process (any picklable object): decisions made once."""
     if not dist.is_initialized():

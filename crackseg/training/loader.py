@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,10 +16,9 @@ import torch
 from torch.utils.data import DistributedSampler, SequentialSampler, Subset
 from torchvision import tv_tensors
 
-from crackseg.core.errors import InputError
 from crackseg.data.collection import dataset_of
-from crackseg.data.datasets import Sample, decoding_threads
-from crackseg.data.images import DECODE_ERRORS, describe_error, load_image, load_mask
+from crackseg.data.datasets import Sample
+from crackseg.training.image_cache import Decoded, decode_sample, decoded_samples
 from crackseg.training.seeding import mix_seed
 from crackseg.training.transforms import train_transform
 
@@ -38,40 +36,22 @@ class CrackDataset(torch.utils.data.Dataset):
     what an uninterrupted one would, whatever the number of loader workers. A key
     ``(epoch, index, repeat)`` (:class:`NegativeMixSampler`) draws anew for a sample seen again in one epoch.
     A sample without a mask file (a crack-free photo) gets an all-background mask.
-    ``cache=True`` decodes everything once up front; loader workers forked afterwards
-    share those tensors instead of decoding again every epoch.
+    ``cached``: every sample already decoded (:func:`crackseg.training.image_cache.decoded_samples`, ``--cache``),
+    which loader workers forked afterwards share instead of decoding again every epoch.
     """
 
-    def __init__(
-        self,
-        samples: list[Sample],
-        transform=None,
-        seed: int | None = None,
-        cache: bool = False,
-        workers: int | None = None,
-    ):
+    def __init__(self, samples: list[Sample], transform=None, seed: int | None = None, cached: list[Decoded] | None = None):
         self.samples = list(samples)
         self.transform = transform
         self.seed = seed
-        self._cache = None
-        if cache:
-            with ThreadPoolExecutor(workers or decoding_threads()) as pool:
-                self._cache = list(pool.map(self._decode, range(len(self.samples))))
+        self._cached = cached
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def _decode(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        sample = self.samples[index]
-        try:
-            image = load_image(sample.image)
-            return image, load_mask(sample.mask) if sample.mask else torch.zeros((1, *image.shape[1:]), dtype=torch.uint8)
-        except DECODE_ERRORS as error:
-            raise InputError(f"{sample.image}: {describe_error(error)} (changed since the dataset was checked?)") from None
-
     def __getitem__(self, key: int | tuple[int, ...]) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
         epoch, index, *repeat = key if isinstance(key, tuple) else (0, key)
-        image, mask = self._cache[index] if self._cache is not None else self._decode(index)
+        image, mask = self._cached[index] if self._cached is not None else decode_sample(self.samples[index])
         image, mask = tv_tensors.Image(image), tv_tensors.Mask(mask)
         if self.transform is None:
             return image, mask
@@ -234,12 +214,14 @@ def run_loaders(config: TrainConfig, env: distributed.Environment, prepared: Pre
     split, workers, pin = prepared.split, prepared.resolved.workers, env.device.type == "cuda"
     positives, share = [by_stem[stem] for stem in split["train"]], prepared.resolved.negative_share
     negatives = prepared.negatives if share > 0 else []  # at share 0 the epochs are those of a run without any
-    train_set = CrackDataset(positives + negatives, train_transform(config.crop_size), seed=config.seed, cache=config.cache)
+    cached = decoded_samples(positives + negatives, env) if config.cache else None
+    train_set = CrackDataset(positives + negatives, train_transform(config.crop_size), seed=config.seed, cached=cached)
     train_sampler = _train_sampler(config, env, prepared, len(positives), len(negatives))
     train_loader = make_loader(train_set, config.batch_size, train_sampler, workers, pin, drop_last=True)
     val_loaders = {}
     for name in prepared.weights:  # crack images only, as without negatives
-        val_set = CrackDataset([by_stem[stem] for stem in split["val"] if dataset_of(stem) == name], cache=config.cache)
+        samples = [by_stem[stem] for stem in split["val"] if dataset_of(stem) == name]
+        val_set = CrackDataset(samples, cached=decoded_samples(samples, env) if config.cache else None)
         if len(val_set):
             val_shard = Subset(val_set, list(range(env.rank, len(val_set), env.world_size)))  # every image once, no padding
             val_loaders[name] = make_loader(val_shard, None, SequentialSampler(val_shard), workers, pin)  # one image at a time

@@ -112,7 +112,7 @@ class TrainConfig(Options):
         valid=Range(0, 1, high_open=True),
     )
     crop_size: int = option(384, "training crop side in px (random scaled crops, flips, 90-degree turns)", section="data", valid=AT_LEAST_ONE)
-    cache: bool = option(False, "decode every image once into RAM (datasets that fit)", section="data")
+    cache: bool = option(False, "decode every image once into RAM (datasets that fit), one copy per machine that its processes share (/dev/shm)", section="data")
     workers: int | None = option(
         None, "loader processes per training process (default: CPU cores / processes - 1, at most 8)", section="data", valid=NON_NEGATIVE
     )

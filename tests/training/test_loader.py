@@ -7,6 +7,7 @@ import torch
 from PIL import Image
 
 from crackseg.data.datasets import Sample, open_dataset
+from crackseg.training.image_cache import decoded_samples
 from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
 from crackseg.training.transforms import PhotometricJitter, gaussian_blur, train_transform
 
@@ -85,7 +86,7 @@ def test_loader_workers_and_cache_give_the_same_batches(synth_root):
     found = open_dataset(synth_root)
     batches = []
     for workers, cache in [(0, False), (2, True)]:
-        dataset = CrackDataset(found.samples, train_transform(32), seed=4, cache=cache)
+        dataset = CrackDataset(found.samples, train_transform(32), seed=4, cached=decoded_samples(found.samples) if cache else None)
         sampler = EpochSampler(torch.utils.data.SequentialSampler(dataset))
         sampler.set_epoch(5)
         loader = make_loader(dataset, 4, sampler, workers=workers)
