@@ -1,7 +1,8 @@
 """bench.py's training modes (docs/benchmarks.md: training throughput, training strategies).
 
 train compares model-only throughput (tensors already on the device) with end-to-end
-throughput from image files, and counts FLOPs per image (forward and backward).
+throughput from image files, counts FLOPs per image (forward and backward), and times each
+stage of a training step's input on its own (one process, one core for the CPU stages).
 strategies runs real ``crackseg train`` jobs under ``launch.sh``, one per strategy.
 """
 
@@ -9,16 +10,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
-from crackseg.data.datasets import open_dataset
+from crackseg.data.datasets import Sample, open_dataset
+from crackseg.data.images import load_image, load_mask
 
 from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
 from crackseg.model.distributed import resolve_amp
@@ -72,7 +76,9 @@ def bench_train(args: argparse.Namespace) -> list[dict]:
 
         rates = median_rates({"model": (model_window, steps * args.batch_size),
                               "end": (loader_window, count // args.batch_size * args.batch_size)}, windows)
+        stages = _stage_costs(dataset.samples, train_transform(size), args.batch_size, device, args.channels_last)
     model_rate, end_rate = rates["model"][0], rates["end"][0]
+    stages["step (forward, backward, update)"] = 1 / model_rate
     common = {"encoder": args.encoder, "size": size, "batch": args.batch_size, "amp": args.amp,
               "channels_last": args.channels_last, "peak_memory_mb": peak_memory_mb(device)}
     return [
@@ -81,7 +87,42 @@ def bench_train(args: argparse.Namespace) -> list[dict]:
         {"mode": "train", "path": "end to end (files, augmentation, loader)", **common, "workers": args.workers,
          "images_per_s": round(end_rate, 2), "efficiency": round(end_rate / model_rate, 3),
          **compute_figures(flops, end_rate, device, args.amp, args.peak_tflops)},
+        *({"mode": "train stages", "path": f"stage: {stage}", **common, "ms_per_image": round(seconds * 1e3, 3),
+           "share_of_stages": round(seconds / sum(stages.values()), 3)} for stage, seconds in stages.items()),
     ]
+
+
+def _stage_costs(samples: list[Sample], transform, batch_size: int, device: torch.device, channels_last: bool) -> dict[str, float]:
+    """Seconds per image of each stage of a training step's input, each timed alone over ``samples`` in one process
+    (after one untimed pass): where an image's time goes, whichever stages the loader's workers overlap."""
+    jitter = PhotometricJitter()
+    spent: dict[str, float] = {}
+
+    def timed(stage: str, work, *args):
+        start = time.perf_counter()
+        result = work(*args)
+        if stage in ("copy to device", "photometric jitter (on the device)"):
+            device_sync(device)
+        spent[stage] = spent.get(stage, 0.0) + time.perf_counter() - start
+        return result
+
+    for _ in range(2):  # the first pass warms up, and is forgotten
+        spent.clear()
+        for first in range(0, len(samples), batch_size):
+            pairs = []
+            for sample in samples[first:first + batch_size]:
+                data = timed("read", lambda: (sample.image.read_bytes(), sample.mask.read_bytes()))
+                image = timed("decode image", load_image, io.BytesIO(data[0]))
+                mask = timed("decode mask", load_mask, io.BytesIO(data[1]))
+                pairs.append(timed("augment (crop, flips, turns)", transform, image, mask))
+            images, masks = timed("collate", lambda: (torch.stack([image for image, _ in pairs]), torch.stack([mask for _, mask in pairs])))
+            if device.type == "cuda":
+                images, masks = images.pin_memory(), masks.pin_memory()
+            images, masks = timed("copy to device", lambda: (images.to(device, non_blocking=True), masks.to(device, non_blocking=True)))
+            if channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            timed("photometric jitter (on the device)", jitter, images)
+    return {stage: seconds / len(samples) for stage, seconds in spent.items()}
 
 
 def bench_strategies(args: argparse.Namespace) -> list[dict]:
