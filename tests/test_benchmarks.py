@@ -23,6 +23,7 @@ MODE_ARGUMENTS = {
     "strategies": ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "2", "--workers", "0"],
     "predict": ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "4", "--workers", "0"],
     "runtimes": ["--size", "64", "--encoder", "mobilenet_v2"],
+    "measure": ["--size", "64"],
     "rasters": [],
     "compare": [],
     "storage": ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "1"],

@@ -22,6 +22,7 @@ Pieces that one crack joins are tracked by scipy's DisjointSet (here and across 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
@@ -99,19 +100,19 @@ class CrackParts:
 
     def measure(self, number: int, crack_id: int) -> CrackMeasure:
         """Label ``number`` as CrackMeasure ``crack_id``, anchored on its skeleton where it has one."""
-        return crack_measure(crack_id, float(self.length[number]), float(self.gap[number]), int(self.area[number]),
-                             float(self.max_width[number]), tuple(int(v) for v in self.box[number]), int(self.fragments[number]),
-                             self.anchors.get(number))
+        crack = crack_measure(crack_id, float(self.length[number]), float(self.gap[number]), int(self.area[number]),
+                              float(self.max_width[number]), tuple(int(v) for v in self.box[number]), int(self.fragments[number]))
+        anchor = self.anchors.get(number)
+        return crack if anchor is None else dataclasses.replace(crack, anchor=anchor)
 
 
 def crack_measure(number: int, length: float, gap: float, area: int, max_width: float, box: tuple[int, int, int, int],
-                  fragments: int, anchor: tuple[int, int] | None = None) -> CrackMeasure:
-    """A CrackMeasure from a crack's sums (of one mask, or of several bands of one), anchored at ``anchor``, else at its
-    box's top-left corner."""
+                  fragments: int) -> CrackMeasure:
+    """A CrackMeasure from a crack's sums (of one mask, or of several bands of one), anchored at its box's top-left corner."""
     if length <= 0:  # a speck whose skeleton is one pixel: take the bounding extent
         length = float(max(box[2] - box[0], box[3] - box[1]))
     seen = max(length - gap, 1.0)
-    return CrackMeasure(number, length, area / seen, max(max_width, 1.0), area, box, box[:2] if anchor is None else anchor, fragments)
+    return CrackMeasure(number, length, area / seen, max(max_width, 1.0), area, box, box[:2], fragments)
 
 
 def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(None)) -> CrackParts:
