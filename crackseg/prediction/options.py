@@ -66,8 +66,9 @@ class PredictOptions(Options):
     cpus_per_actor: int | None = option(None, "--engine ray: CPUs each actor takes, the threads its model runs with (default 1); "
                                               "a CPU model's probabilities equal a local run's to the bit with as many threads "
                                               "(OMP_NUM_THREADS)", valid=AT_LEAST_ONE)
-    workers: int | None = option(None, "decoding processes and writer threads (0: all in the main process; default: 0 on CPU, "
-                                       "where the model's threads use every core, else CPU cores / processes - 1, at most 8)",
+    workers: int | None = option(None, "decoding processes, and as many that write each photo's files and measure its cracks "
+                                       "(0: all in the main process; default: 0 on CPU, where the model's threads use every "
+                                       "core, else CPU cores / processes - 1, at most 8)",
                                  valid=NON_NEGATIVE)
     inference: InferenceOptions = group(InferenceOptions, "inference")
 
