@@ -16,7 +16,7 @@ from crackseg.cli.main import main
 from crackseg.training.options import TrainConfig, check_same_run
 from crackseg.core.errors import InputError
 from crackseg.data.datasets import Sample
-from crackseg.training import loader
+from crackseg.training import image_cache
 from crackseg.training.loader import CrackDataset, NegativeMixSampler, negatives_per_epoch
 from crackseg.training.transforms import train_transform
 
@@ -122,13 +122,13 @@ def test_training_mixes_in_the_crack_free_photos_and_records_them(synth_root, tm
     (data / "negatives.txt").write_text("free1\nfree2\n")
     photos = _crack_free_photos(tmp_path / "negatives", ["joint.png", "shadow.jpg"], seed=10)
     loaded = Counter()
-    original = loader.load_image
+    original = image_cache.load_image
 
     def counted(path):
         loaded[Path(path)] += 1
         return original(path)
 
-    monkeypatch.setattr(loader, "load_image", counted)
+    monkeypatch.setattr(image_cache, "load_image", counted)
     run = tmp_path / "run"
     code, error = _train(capsys, "--data", data, "--run", run, "--negatives", tmp_path / "negatives", "--epochs", "2", *TINY_FLAGS)
     assert code == 0, error
