@@ -114,7 +114,8 @@ def _predict_photos(job: Job) -> None:
 def _write_photo(plan: Plan, measurers: Executor, key: int, named: tuple[Path | RemoteFile, str], image: torch.Tensor,
                  prob: torch.Tensor, threshold: float) -> tuple[dict, list[dict]]:
     """One photo's files made (in a measuring process) and, for an --out in object storage, uploaded as soon as they are."""
-    rows = measurers.submit(write_image_outputs, plan.folder, *named, image.numpy(), prob.numpy(), threshold, plan.spec).result()
+    shown = image.numpy() if plan.spec.overlay else None  # the photo travels to the process only to be drawn on
+    rows = measurers.submit(write_image_outputs, plan.folder, *named, shown, prob.numpy(), threshold, plan.spec).result()
     plan.upload(key)
     return rows
 
@@ -137,7 +138,7 @@ def _measurers(count: int) -> Executor:
 
 
 def default_workers(device: torch.device) -> int:
-    """Decoding processes (and writer threads) when the user names none.
+    """Decoding processes (and as many measuring processes) when the user names none.
 
     On CPU the model's threads already use every core, and decoding and writing beside them
     slowed prediction down more than doing them in turn (docs/benchmarks.md).

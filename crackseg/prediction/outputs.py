@@ -211,15 +211,15 @@ class Records:
         return joined
 
 
-def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image: np.ndarray | torch.Tensor,
+def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image: np.ndarray | torch.Tensor | None,
                         prob: np.ndarray | torch.Tensor, threshold: float, spec: OutputSpec) -> tuple[dict, list[dict]]:
-    """Write one photo's files (``image``: (3, H, W) uint8; ``prob``: (H, W) float32); returns its predictions.csv row
-    and cracks.csv rows.
+    """Write one photo's files (``image``: (3, H, W) uint8, needed for an overlay only; ``prob``: (H, W) float32);
+    returns its predictions.csv row and cracks.csv rows.
 
     Runs in measuring processes and Ray's actors: numpy, not torch, does the per-pixel work, so that a
     process need not import torch nor start its intra-op pool.
     """
-    image, prob = np.asarray(image), np.asarray(prob)
+    prob = np.asarray(prob)
     mask = prob >= threshold
     mask_path = folder.mask(name)
     write_png(mask_path, mask.astype(np.uint8) * 255)
@@ -230,7 +230,7 @@ def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image:
         counts |= uncertainty(levels.astype(np.float32) / float(np.iinfo(levels.dtype).max), threshold)  # as rank reads the file
     labels, cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px) if spec.measure else (None, [])
     if spec.overlay:
-        write_atomic(folder.overlay(name), overlay_jpeg(image.transpose(1, 2, 0), mask if labels is None else labels > 0, cracks))
+        write_atomic(folder.overlay(name), overlay_jpeg(np.asarray(image).transpose(1, 2, 0), mask if labels is None else labels > 0, cracks))
     row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, "ok")
     if spec.vectors:
         lines = centrelines(skeleton_links(skeletonize(labels > 0), labels))
