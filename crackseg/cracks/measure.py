@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 from scipy.cluster.hierarchy import DisjointSet
 from scipy.spatial import cKDTree
 from skimage.draw import line as draw_line
@@ -193,13 +194,12 @@ def _aimed_at(skeleton: Pixels, owner: np.ndarray, depth: np.ndarray,
     points = skeleton.points
     tree = cKDTree(points)
     all_ends = np.flatnonzero(_ends(skeleton))
+    cracks = skeleton.parent
     for first in range(0, len(all_ends), _BATCH):
         ends = all_ends[first:first + _BATCH]
-        which, near = _within(tree, points[ends], 10.0)
-        own = owner[near] == owner[ends[which]]
-        count = np.bincount(which[own], minlength=len(ends))[:, None]
-        mean = np.stack([np.bincount(which[own], points[near[own], axis], len(ends)) for axis in (0, 1)], axis=1) / count
-        direction = points[ends] - mean  # the sums are of integers, exact in any order: np.mean's values
+        sums, count = _own_sums(points[ends, 0], points[ends, 1], owner[ends], cracks._slots, skeleton._from_parent, owner,
+                                cracks.stride)
+        direction = points[ends] - sums / count[:, None]  # the sums are of integers, exact in any order: np.mean's values
         size = np.hypot(direction[:, 0], direction[:, 1])
         pointing = size >= 1.0
         ends, direction = ends[pointing], direction[pointing] / size[pointing, None]
@@ -210,6 +210,29 @@ def _aimed_at(skeleton: Pixels, owner: np.ndarray, depth: np.ndarray,
                   & ((steps * direction[which]).sum(axis=1) >= spans * _COS_30 - _SLACK))
         heads, starts = np.unique(which[likely], return_index=True)
         yield from zip(ends[heads], direction[heads], np.split(found[likely], starts[1:]))
+
+
+@njit(cache=True, nogil=True)
+def _own_sums(rows, cols, owners, slots, in_skeleton, owner, stride):
+    """Per end: the sums of the rows and of the columns of its own piece's skeleton pixels within 10 px (itself
+    included), and their count."""
+    height, width = len(slots) // stride - 2, stride - 2
+    sums = np.zeros((len(rows), 2))
+    count = np.zeros(len(rows), np.int64)
+    for end in range(len(rows)):
+        for row in range(max(rows[end] - 10, 0), min(rows[end] + 10, height - 1) + 1):
+            for col in range(max(cols[end] - 10, 0), min(cols[end] + 10, width - 1) + 1):
+                if (row - rows[end]) ** 2 + (col - cols[end]) ** 2 > 100:
+                    continue
+                slot = slots[(row + 1) * stride + col + 1]
+                if slot == 0:
+                    continue
+                pixel = in_skeleton[slot - 1]
+                if pixel >= 0 and owner[pixel] == owners[end]:
+                    sums[end, 0] += row
+                    sums[end, 1] += col
+                    count[end] += 1
+    return sums, count
 
 
 def _within(tree: cKDTree, centres: np.ndarray, radius: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -278,11 +301,31 @@ def _max_width_by_label(cracks: Pixels, distance: np.ndarray, skeleton: Pixels, 
     widths = 2.0 * depth - 1.0 + np.isclose(twin, depth)
     result = np.zeros(count + 1)
     np.maximum.at(result, owner, 2.0 * depth - 1.0)
-    end_points = skeleton.points[ends]
-    if len(end_points):
-        to_end, _ = cKDTree(end_points).query(skeleton.points[on_mask])
-        away = to_end > depth + 1  # near an end the cap distorts the local width
-        np.maximum.at(result, owner[away], widths[away])
-    else:
-        np.maximum.at(result, owner, widths)
+    joined = skeleton.parent  # the pixels it was thinned from: the mask's, and the bridges'
+    is_end = np.zeros(len(joined.index) + 1, np.bool_)  # by slot: 1 + position among the joined pixels
+    is_end[skeleton.in_parent[ends] + 1] = True
+    rows, cols = skeleton.points[on_mask].T
+    away = _far_from_ends(rows, cols, depth, joined._slots, is_end, joined.stride)  # near an end the cap distorts the width
+    np.maximum.at(result, owner[away], widths[away])
     return result[1:]
+
+
+@njit(cache=True, nogil=True)
+def _far_from_ends(rows, cols, depth, slots, is_end, stride):
+    """Whether each pixel lies farther than its depth + 1 from every skeleton end (the ends within that reach are all
+    in the square of that half-side around it), compared as a k-d tree's distances would be."""
+    height, width = len(slots) // stride - 2, stride - 2
+    away = np.ones(len(rows), np.bool_)
+    for pixel in range(len(rows)):
+        reach = depth[pixel] + 1
+        side = int(reach)
+        nearest = -1
+        for row in range(max(rows[pixel] - side, 0), min(rows[pixel] + side, height - 1) + 1):
+            for col in range(max(cols[pixel] - side, 0), min(cols[pixel] + side, width - 1) + 1):
+                if is_end[slots[(row + 1) * stride + col + 1]]:
+                    squared = (row - rows[pixel]) ** 2 + (col - cols[pixel]) ** 2
+                    if nearest < 0 or squared < nearest:
+                        nearest = squared
+        if nearest >= 0 and not np.sqrt(np.float64(nearest)) > reach:
+            away[pixel] = False
+    return away

@@ -71,7 +71,7 @@ class Pixels:
         """(n, 8) positions of each pixel's neighbours, in _RING order, -1 where a neighbour is not in the set."""
         if self.parent is not None:
             return self._from_parent[self.parent.neighbours[self.in_parent]]
-        return np.stack([self.find(self.index + row * self.stride + col) for row, col in _RING], axis=1)
+        return _neighbour_table(self.index, self._slots, _RING[:, 0] * self.stride + _RING[:, 1])
 
     def subset(self, keep: np.ndarray) -> Pixels:
         positions = np.flatnonzero(keep)
@@ -133,6 +133,16 @@ def thin(pixels: Pixels) -> Pixels:
 def _slots(pixels: Pixels) -> np.ndarray:
     """1 + each pixel's position over the padded image, 0 elsewhere (a subset's own table)."""
     return pixels._slots if pixels.parent is None else Pixels(pixels.shape, pixels.index)._slots
+
+
+@njit(cache=True, nogil=True)
+def _neighbour_table(index: np.ndarray, slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Pixels.neighbours of a whole set: each pixel's slot, at each offset of the ring, less one."""
+    table = np.empty((len(index), len(offsets)), slots.dtype)
+    for pixel in range(len(index)):
+        for place in range(len(offsets)):
+            table[pixel, place] = slots[index[pixel] + offsets[place]] - 1
+    return table
 
 
 @njit(cache=True, nogil=True)
