@@ -36,7 +36,7 @@ def decode_sample(sample: Sample) -> Decoded:
         image = load_image(sample.image)
         return image, load_mask(sample.mask) if sample.mask else torch.zeros((1, *image.shape[1:]), dtype=torch.uint8)
     except DECODE_ERRORS as error:
-        raise InputError(f"{sample.image}: {describe_error(error)} (changed since the dataset was checked?)") from None
+        raise _changed(sample, describe_error(error)) from None
 
 
 def decoded_samples(samples: list[Sample], env: distributed.Environment | None = None,
@@ -45,8 +45,7 @@ def decoded_samples(samples: list[Sample], env: distributed.Environment | None =
     processes of this machine."""
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if env is None or not env.distributed or local_processes == 1:
-        with ThreadPoolExecutor(workers or decoding_threads()) as pool:
-            return list(pool.map(decode_sample, samples))
+        return _decoded_here(samples, workers)
     shapes = _shapes(samples, workers)
     sizes = [4 * height * width for height, width in shapes]  # 3 channels of image, then 1 of mask
     ends = np.cumsum(sizes)
@@ -59,8 +58,7 @@ def decoded_samples(samples: list[Sample], env: distributed.Environment | None =
             name.unlink(missing_ok=True)
         log.info(f"--cache: {SHARED_MEMORY} lacks the room for {len(samples)} decoded images ({megabytes:.1f} MB) on some "
                  "machine: each process decodes and holds them")
-        with ThreadPoolExecutor(workers or decoding_threads()) as pool:
-            return list(pool.map(decode_sample, samples))
+        return _decoded_here(samples, workers)
     try:
         with open(name, "r+b") as file:
             buffer = mmap.mmap(file.fileno(), 0) if len(ends) else bytearray()
@@ -75,8 +73,8 @@ def decoded_samples(samples: list[Sample], env: distributed.Environment | None =
             with ThreadPoolExecutor(workers or decoding_threads()) as pool:
                 for index, (image, mask) in zip(mine, pool.map(decode_sample, [samples[i] for i in mine])):
                     if image.shape != views[index][0].shape or mask.shape != views[index][1].shape:
-                        raise InputError(f"{samples[index].image}: decoded as {tuple(image.shape[1:])} px, its header says "
-                                         f"{tuple(views[index][0].shape[1:])} (changed since the dataset was checked?)")
+                        raise _changed(samples[index], f"decoded as {tuple(image.shape[1:])} px, its header says "
+                                                       f"{tuple(views[index][0].shape[1:])}")
                     views[index][0].copy_(image)
                     views[index][1].copy_(mask)
         except InputError as failed:
@@ -102,10 +100,19 @@ def _shapes(samples: list[Sample], workers: int | None) -> list[tuple[int, int]]
                 width, height = displayed_size(picture)
             return height, width
         except DECODE_ERRORS as error:
-            raise InputError(f"{sample.image}: {describe_error(error)} (changed since the dataset was checked?)") from None
+            raise _changed(sample, describe_error(error)) from None
 
     with ThreadPoolExecutor(workers or decoding_threads()) as pool:
         return list(pool.map(shape, samples))
+
+
+def _decoded_here(samples: list[Sample], workers: int | None) -> list[Decoded]:
+    with ThreadPoolExecutor(workers or decoding_threads()) as pool:
+        return list(pool.map(decode_sample, samples))
+
+
+def _changed(sample: Sample, problem: str) -> InputError:
+    return InputError(f"{sample.image}: {problem} (changed since the dataset was checked?)")
 
 
 def _make(name: Path, size: int) -> bool:
