@@ -197,7 +197,7 @@ def _aimed_at(skeleton: Pixels, owner: np.ndarray, depth: np.ndarray,
     cracks = skeleton.parent
     for first in range(0, len(all_ends), _BATCH):
         ends = all_ends[first:first + _BATCH]
-        sums, count = _own_sums(points[ends, 0], points[ends, 1], owner[ends], cracks._slots, skeleton._from_parent, owner,
+        sums, count = _own_sums(points[ends, 0], points[ends, 1], owner[ends], cracks.slots, skeleton.from_parent, owner,
                                 cracks.stride)
         direction = points[ends] - sums / count[:, None]  # the sums are of integers, exact in any order: np.mean's values
         size = np.hypot(direction[:, 0], direction[:, 1])
@@ -305,7 +305,7 @@ def _max_width_by_label(cracks: Pixels, distance: np.ndarray, skeleton: Pixels, 
     is_end = np.zeros(len(joined.index) + 1, np.bool_)  # by slot: 1 + position among the joined pixels
     is_end[skeleton.in_parent[ends] + 1] = True
     rows, cols = skeleton.points[on_mask].T
-    away = _far_from_ends(rows, cols, depth, joined._slots, is_end, joined.stride)  # near an end the cap distorts the width
+    away = _far_from_ends(rows, cols, depth, joined.slots, is_end, joined.stride)  # near an end the cap distorts the width
     np.maximum.at(result, owner[away], widths[away])
     return result[1:]
 

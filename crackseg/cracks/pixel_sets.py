@@ -49,18 +49,19 @@ class Pixels:
     def find(self, index: np.ndarray) -> np.ndarray:
         """Position of each padded flat index among the pixels, -1 where it is not one."""
         if self.parent is None:
-            return self._slots[index] - 1
-        return self._from_parent[self.parent.find(index)]
+            return self.slots[index] - 1
+        return self.from_parent[self.parent.find(index)]
 
     @cached_property
-    def _slots(self) -> np.ndarray:
-        """1 + each pixel's position over the padded image, 0 elsewhere."""
+    def slots(self) -> np.ndarray:
+        """1 + each pixel's position over the padded image, 0 elsewhere: an image-sized table, made when first asked
+        (a subset finds pixels through its parent's, and makes its own only when asked)."""
         slots = np.zeros((self.shape[0] + 2) * self.stride, np.int32)
         slots[self.index] = np.arange(1, len(self.index) + 1)
         return slots
 
     @cached_property
-    def _from_parent(self) -> np.ndarray:
+    def from_parent(self) -> np.ndarray:
         """Position in this set of each pixel of the parent set, -1 for the others and, last, for -1."""
         where = np.full(len(self.parent.index) + 1, -1, np.int32)
         where[self.in_parent] = np.arange(len(self.index))
@@ -70,8 +71,8 @@ class Pixels:
     def neighbours(self) -> np.ndarray:
         """(n, 8) positions of each pixel's neighbours, in _RING order, -1 where a neighbour is not in the set."""
         if self.parent is not None:
-            return self._from_parent[self.parent.neighbours[self.in_parent]]
-        return _neighbour_table(self.index, self._slots, _RING[:, 0] * self.stride + _RING[:, 1])
+            return self.from_parent[self.parent.neighbours[self.in_parent]]
+        return _neighbour_table(self.index, self.slots, _RING[:, 0] * self.stride + _RING[:, 1])
 
     def subset(self, keep: np.ndarray) -> Pixels:
         positions = np.flatnonzero(keep)
@@ -117,7 +118,7 @@ def distances(pixels: Pixels) -> np.ndarray:
     if len(pixels.index) == height * width:  # the whole image is crack: scipy then measures to the pixel above the top-left corner
         return ndimage.distance_transform_edt(np.ones(pixels.shape, bool)).ravel()
     rows, cols = pixels.points.T
-    return _distances(pixels.neighbours, rows, cols, _slots(pixels), pixels.stride, height, width)
+    return _distances(pixels.neighbours, rows, cols, pixels.slots, pixels.stride, height, width)
 
 
 def thin(pixels: Pixels) -> Pixels:
@@ -128,11 +129,6 @@ def thin(pixels: Pixels) -> Pixels:
     the others, with the same neighbours, would stay again.
     """
     return pixels.subset(_thinned(pixels.neighbours, _THINNING))
-
-
-def _slots(pixels: Pixels) -> np.ndarray:
-    """1 + each pixel's position over the padded image, 0 elsewhere (a subset's own table)."""
-    return pixels._slots if pixels.parent is None else Pixels(pixels.shape, pixels.index)._slots
 
 
 @njit(cache=True, nogil=True)
