@@ -15,7 +15,7 @@ Measuring works on the crack pixels alone, not on whole-image arrays (one scan o
 the images returned aside): a 12-megapixel photo with a few cracks costs about what its cracks
 cost. The results are, bit for bit, those of the whole-image operations they stand for:
 scipy.ndimage's 8-connected labels and Euclidean distance transform, and scikit-image's
-skeletonize (Zhang and Suen's thinning, with scikit-image's table), done on pixel sets
+thin (Guo and Hall's thinning, with scikit-image's tables), done on pixel sets
 (:mod:`crackseg.cracks.pixel_sets`).
 Pieces that one crack joins are tracked by scipy's DisjointSet (here and across raster bands).
 """
@@ -175,7 +175,7 @@ def _join_pieces(cracks: Pixels, pieces: np.ndarray, distance: np.ndarray, skele
                 continue
             step = points[i] - points[end]
             span = np.hypot(*step)
-            gap = span - depth[end] - depth[i]
+            gap = span - (depth[end] - 0.5) - (depth[i] - 0.5)  # each edge half a pixel beyond its last crack pixel
             if gap <= best_gap and step @ direction >= span * _COS_30:
                 best, best_gap = i, gap
         if best is not None:
@@ -188,8 +188,9 @@ def _join_pieces(cracks: Pixels, pieces: np.ndarray, distance: np.ndarray, skele
 
 def _aimed_at(skeleton: Pixels, owner: np.ndarray, depth: np.ndarray,
               join_gap: float) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """Each skeleton end that has candidates, in scan order: the end, its unit direction (away from its own piece's
-    skeleton within 10 px) and the other pieces' skeleton pixels it may point at across a gap, in the tree's order
+    """Each skeleton end that has candidates, in scan order: the end, its unit direction (from its own piece's skeleton
+    within 10 px to the end and its neighbour: a thinning spur at the tip tilts it half as much as from the end
+    alone) and the other pieces' skeleton pixels it may point at across a gap, in the tree's order
     (the last of equal gaps wins). All ends of a batch are worked out at once; batches bound the memory of the pairs."""
     points = skeleton.points
     tree = cKDTree(points)
@@ -197,16 +198,17 @@ def _aimed_at(skeleton: Pixels, owner: np.ndarray, depth: np.ndarray,
     cracks = skeleton.parent
     for first in range(0, len(all_ends), _BATCH):
         ends = all_ends[first:first + _BATCH]
-        sums, count = _own_sums(points[ends, 0], points[ends, 1], owner[ends], cracks.slots, skeleton.from_parent, owner,
-                                cracks.stride)
-        direction = points[ends] - sums / count[:, None]  # the sums are of integers, exact in any order: np.mean's values
+        tip_sums, tip_count, sums, count = _own_sums(points[ends, 0], points[ends, 1], owner[ends], cracks.slots,
+                                                     skeleton.from_parent, owner, cracks.stride)
+        # the sums are of integers, exact in any order: np.mean's values
+        direction = tip_sums / tip_count[:, None] - sums / count[:, None]
         size = np.hypot(direction[:, 0], direction[:, 1])
-        pointing = size >= 1.0
+        pointing = size >= 0.5
         ends, direction = ends[pointing], direction[pointing] / size[pointing, None]
         which, found = _within(tree, points[ends], join_gap + depth[ends] + depth.max() + _SLACK)  # all a gap may span
         steps = points[found] - points[ends[which]]
         spans = np.hypot(steps[:, 0], steps[:, 1])
-        likely = ((owner[found] != owner[ends[which]]) & (spans - depth[ends[which]] - depth[found] <= join_gap + _SLACK)
+        likely = ((owner[found] != owner[ends[which]]) & (spans - depth[ends[which]] - depth[found] + 1 <= join_gap + _SLACK)
                   & ((steps * direction[which]).sum(axis=1) >= spans * _COS_30 - _SLACK))
         heads, starts = np.unique(which[likely], return_index=True)
         yield from zip(ends[heads], direction[heads], np.split(found[likely], starts[1:]))
@@ -214,9 +216,11 @@ def _aimed_at(skeleton: Pixels, owner: np.ndarray, depth: np.ndarray,
 
 @njit(cache=True, nogil=True)
 def _own_sums(rows, cols, owners, slots, in_skeleton, owner, stride):
-    """Per end: the sums of the rows and of the columns of its own piece's skeleton pixels within 10 px (itself
-    included), and their count."""
+    """Per end: the sums of the rows and of the columns of its own piece's skeleton pixels within 1.5 px (itself and
+    its neighbour) and their count, then the same within 10 px."""
     height, width = len(slots) // stride - 2, stride - 2
+    tip_sums = np.zeros((len(rows), 2))
+    tip_count = np.zeros(len(rows), np.int64)
     sums = np.zeros((len(rows), 2))
     count = np.zeros(len(rows), np.int64)
     for end in range(len(rows)):
@@ -232,7 +236,11 @@ def _own_sums(rows, cols, owners, slots, in_skeleton, owner, stride):
                     sums[end, 0] += row
                     sums[end, 1] += col
                     count[end] += 1
-    return sums, count
+                    if (row - rows[end]) ** 2 + (col - cols[end]) ** 2 <= 2:
+                        tip_sums[end, 0] += row
+                        tip_sums[end, 1] += col
+                        tip_count[end] += 1
+    return tip_sums, tip_count, sums, count
 
 
 def _within(tree: cKDTree, centres: np.ndarray, radius: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:

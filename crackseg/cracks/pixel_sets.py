@@ -3,7 +3,7 @@
 A :class:`Pixels` holds pixels as flat indices into the image padded with background, so a neighbour is a fixed
 offset away and no image-sized array is made per operation. :func:`components`, :func:`distances` and :func:`thin`
 give, bit for bit, scipy.ndimage's 8-connected labels and Euclidean distance transform and scikit-image's
-skeletonize (Zhang and Suen's thinning, with scikit-image's table). Kept apart from :mod:`crackseg.cracks.measure`,
+thin (Guo and Hall's thinning, with scikit-image's tables). Kept apart from :mod:`crackseg.cracks.measure`,
 which builds lengths, widths and joins on them, because they are the pixel morphology, not the crack measures.
 
 Their loops over pixels are compiled by numba (cached on disk after the first call of a machine): vectorized NumPy
@@ -92,13 +92,14 @@ class Pixels:
 
 # a pixel's 8 neighbours (row, col offsets) NW N NE E SE S SW W: bits 0 to 7 of its neighbourhood code
 _RING = np.array([(-1, -1), (-1, 0), (-1, 1), (0, 1), (1, 1), (1, 0), (1, -1), (0, -1)])
-# scikit-image's table for Zhang and Suen's thinning (skeletonize), one digit per neighbourhood code:
+# scikit-image's tables for Guo and Hall's thinning (thin: G123_LUT, G123P_LUT), one digit per neighbourhood code:
 # 1 = the pixel goes in the first sub-pass, 2 = in the second, 3 = in either
 _THINNING = np.array([int(digit) for digit in (
-    "0001001300311013000000002020303300000000300000000000000020003022"
-    "0000000000000000000000000000000020000000200020003000000030003020"
-    "0031001300000001000000000000000131000000000000002000000000000000"
-    "2313001300000001000000000000000023010001000000003301000022002000")], np.uint8)
+    "0000000300220022000000000022202200000000202220220000000030222022"
+    "0000000000000000000000000000000000000000202020203000000030202020"
+    "0013001300020002000000000002000211110011000000001111000011000000"
+    "0111001100000000000000000000000011110011000000001111000011000000"
+    )], np.uint8)
 
 
 def components(pixels: Pixels) -> np.ndarray:
@@ -122,8 +123,9 @@ def distances(pixels: Pixels) -> np.ndarray:
 
 
 def thin(pixels: Pixels) -> Pixels:
-    """skimage.morphology.skeletonize of the pixels: Zhang and Suen's parallel thinning with scikit-image's
-    table, outside the image being background as there.
+    """skimage.morphology.thin of the pixels: Guo and Hall's parallel thinning with scikit-image's tables,
+    outside the image being background as there. Not skeletonize (Zhang and Suen's): that erases stretches of
+    bands near 45 degrees, up to half of a straight diagonal crack (scikit-image issue 7704).
 
     A sub-pass looks again only at the pixels beside one removed since that sub-pass last looked:
     the others, with the same neighbours, would stay again.

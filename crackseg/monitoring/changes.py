@@ -16,8 +16,10 @@ little to have been seen there (fewer than ``MATCH_MIN_POINTS`` centreline pixel
 edge), is ``not seen``, never ``gone`` or ``new``. A group of linked cracks that reaches the
 shared view's edge is cut there on one date or both: its lengths are compared over the parts of
 it both dates see (each crack's length times the share of its centreline well inside that view, by one margin
-for every crack of the group on both dates, so that both are cut by the same line),
-and it is wider by its mean width only (its widest place may lie where one date does not look).
+for every crack of the group on both dates, so that both are cut by the same line), a change in length must
+exceed how far along the cracks that line may fall (far, where it meets them at a shallow angle), it is wider
+by its mean width only (its widest place may lie where one date does not look), and it is unchanged when
+either date sees fewer than ``MATCH_MIN_POINTS`` of its centreline pixels inside that view.
 
 Sizes are compared in AFTER pixels: BEFORE lengths and widths are multiplied by the mapping's
 local scale at the crack. What predict's measurement decides in each date's own pixels is kept out of
@@ -184,7 +186,14 @@ def match(before: DateCracks, after: DateCracks, alignment: Alignment, tolerance
             seen_share = {key: float(shared[key].mean()) if cut and len(shared[key]) else 1.0 for key in group}
             growth = _growth(olds, news, scales, seen_share, centrelines)
             counted = sum(("before", c.id) in listed for c in olds), sum(("after", c.id) in listed for c in news)
-            status = _growth_status(olds, news, scales, growth, seen_share, cut, counted)
+            seen_points = Counter()
+            for date, number in group:
+                seen_points[date] += int(np.count_nonzero(shared[date, number]))
+            if cut and min(seen_points.values()) < MATCH_MIN_POINTS:
+                status = UNCHANGED  # a date sees too little of it inside the shared view to tell any change
+            else:
+                cut_px = _cut_uncertainty(group, inset_shared, margin, scales) if cut else 0.0
+                status = _growth_status(olds, news, scales, growth, seen_share, cut, cut_px, counted)
             changes += _group_rows(status, [c for c in olds if ("before", c.id) in listed], [c for c in news if ("after", c.id) in listed],
                                    overlaps, scales, growth, lambda old: _mapped_box(old, alignment, after.labels.shape, True))
     return sorted(changes, key=lambda c: (c.after.id if c.after else math.inf, c.before.id if c.before else 0))
@@ -205,6 +214,19 @@ def _shared_view(before_shape: tuple, after_shape: tuple, alignment: Alignment) 
     height, width = after_shape[:2]
     frame = np.array([[1.0, 0.0, 0.5], [-1.0, 0.0, height - 0.5], [0.0, 1.0, 0.5], [0.0, -1.0, width - 0.5]])
     return np.vstack([frame, mapped])
+
+
+def _cut_uncertainty(group: set[tuple[str, int]], insets: dict[tuple[str, int], np.ndarray], margin: float,
+                     scales: dict[int, float]) -> float:
+    """AFTER px of the group's centrelines lying within 1 px of the line that cuts them (``insets`` equal to
+    ``margin``), on the date with more: how far along its cracks the cut may move when each date places its
+    centrelines within half a pixel. A crack crossing the line square on has 2 px there; one running along
+    the view's edge at a shallow angle has many, and its seen length is that uncertain."""
+    near = {"before": 0.0, "after": 0.0}
+    for date, number in group:
+        pixels = np.count_nonzero(np.abs(insets[date, number] - margin) < 1.0)
+        near[date] += pixels * (scales[number] if date == "before" else 1.0)
+    return max(near.values())
 
 
 def _inset(rows_cols: np.ndarray, view: np.ndarray) -> np.ndarray:
@@ -303,7 +325,7 @@ def _growth(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int
 
 
 def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int, float], growth: tuple[float, float, float],
-                   seen_share: dict[tuple[str, int], float], cut: bool, counted: tuple[int, int]) -> str:
+                   seen_share: dict[tuple[str, int], float], cut: bool, cut_px: float, counted: tuple[int, int]) -> str:
     """The status of a group of linked cracks (see the module's thresholds), from the group's totals.
 
     Several BEFORE cracks in one AFTER crack are ``merged`` only when the group grew longer: cracks joined
@@ -313,14 +335,15 @@ def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: d
     One crack that got as much shorter is ``shorter``, unless it is wider: widening is the change to act
     on, and its length growth says that it got shorter. A group ``cut`` by the shared view's edge is
     measured on the parts of it both dates see, and is wider by its mean width only: its widest place
-    may lie where one date does not look. ``counted``: the group's BEFORE and AFTER cracks that are cracks of
+    may lie where one date does not look; its length must change by ``cut_px`` more, how far along it the
+    cut may move (:func:`_cut_uncertainty`). ``counted``: the group's BEFORE and AFTER cracks that are cracks of
     their date (not short ones), which alone make it merged, split or shorter.
     """
     length, mean_width, max_width = growth
     before_lengths = [c.length_px * scales[c.id] * seen_share["before", c.id] for c in olds]
     larger_mean_width = np.average([c.mean_width_px * scales[c.id] for c in olds], weights=np.add(before_lengths, 1e-9)) \
         + max(mean_width, 0.0)
-    beyond = max(LONGER_MIN_PX, LONGER_SHARE * sum(before_lengths) + larger_mean_width)
+    beyond = max(LONGER_MIN_PX, LONGER_SHARE * sum(before_lengths) + larger_mean_width + cut_px)
     longer, shorter = length > beyond, -length > beyond
     wider = mean_width > WIDER_MEAN_PX or (max_width > WIDER_MAX_PX and not cut)
     if counted[0] > 1 and longer:

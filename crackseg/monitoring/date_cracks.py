@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import ndimage
-from skimage.morphology import skeletonize
+from skimage.morphology import thin
 
 from crackseg.cracks.measure import CrackMeasure, find_cracks
 
@@ -54,6 +54,6 @@ def measure_date(mask: np.ndarray, join_gap_px: float, min_length_px: float) -> 
     points = {}
     for number, box in enumerate(ndimage.find_objects(inner), 1):
         # one crack's pixels are never 8-adjacent to another's, so thinning each alone gives the skeleton of all
-        skeleton = skeletonize(np.pad(inner[box] == number, 1))
+        skeleton = thin(np.pad(inner[box] == number, 1))
         points[number] = np.argwhere(skeleton) + (box[0].start + top - 1, box[1].start + left - 1)
     return DateCracks(labels, cracks[:kept], points, cracks[kept:])

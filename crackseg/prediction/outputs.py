@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-from skimage.morphology import skeletonize
+from skimage.morphology import thin
 from tqdm import tqdm
 
 from crackseg.core.errors import InputError
@@ -233,7 +233,7 @@ def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image:
         write_atomic(folder.overlay(name), overlay_jpeg(np.asarray(image).transpose(1, 2, 0), mask if labels is None else labels > 0, cracks))
     row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, "ok")
     if spec.vectors:
-        lines = centrelines(skeleton_links(skeletonize(labels > 0), labels))
+        lines = centrelines(skeleton_links(thin(labels > 0), labels))
         write_vectors(folder.vectors(name, spec.vectors), crack_rows, lines, None, spec.width_classes)
     return row, crack_rows
 

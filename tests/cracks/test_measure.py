@@ -9,7 +9,7 @@ from scipy import ndimage
 from scipy.cluster.hierarchy import DisjointSet
 from scipy.spatial import cKDTree
 from skimage.draw import line as draw_line
-from skimage.morphology import skeletonize
+from skimage.morphology import thin
 
 from crackseg.cracks.measure import CORNER, DIAGONAL, ORTHOGONAL, CrackMeasure, CrackParts, crack_parts, find_cracks
 
@@ -47,6 +47,16 @@ def test_length_and_widths_within_ten_percent(shape_of, width):
     assert crack.mean_width_px == pytest.approx(width, rel=0.10)
     assert crack.max_width_px == pytest.approx(width, rel=0.10)
     assert crack.area_px == mask.sum()
+
+
+@pytest.mark.parametrize("degrees", [44.5, 45.0, 135.0])
+@pytest.mark.parametrize("width", [3, 4, 6])
+@pytest.mark.parametrize("offset", [(0.5, 0.0), (0.0, 0.5), (0.7, 0.2)], ids=str)
+def test_a_crack_near_the_diagonal_keeps_its_length(degrees, width, offset):
+    """Zhang and Suen's thinning (skimage's skeletonize) erases up to half of such a band; the length must not drop."""
+    centreline = _slanted(width, 150.0, degrees) + offset + (0.0, 150.0 if degrees > 90 else 0.0)  # off the pixel centres
+    (crack,) = find_cracks(_stroke((200, 200), centreline, width))[1]
+    assert crack.length_px == pytest.approx(150 + width, rel=0.05)
 
 
 def test_separate_cracks_are_measured_separately_longest_first():
@@ -243,7 +253,7 @@ def _whole_image_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice =
     joined, bridges = _whole_image_join(mask, pieces, distance, join_gap) if join_gap > 0 and count else (mask, [])
     labels, total = ndimage.label(joined, _EIGHT) if bridges else (pieces, count)
     mine = np.where(rows[:, None], labels, 0)
-    skeleton = skeletonize(joined) if count else np.zeros(mask.shape, bool)
+    skeleton = thin(joined) if count else np.zeros(mask.shape, bool)
     length = np.concatenate([[0.0], _whole_image_chain_length(skeleton, mine, total)])
     ends = _whole_image_end_points(skeleton)
     length += np.bincount(mine[ends], weights=distance[ends] - 0.5, minlength=total + 1)
@@ -267,7 +277,7 @@ _EIGHT = np.ones((3, 3), bool)
 
 
 def _whole_image_join(mask, pieces, distance, join_gap):
-    skeleton = skeletonize(mask)
+    skeleton = thin(mask)
     points = np.argwhere(skeleton)
     owner = pieces[skeleton]
     tree = cKDTree(points)
@@ -277,8 +287,9 @@ def _whole_image_join(mask, pieces, distance, join_gap):
     for end in np.argwhere(_whole_image_end_points(skeleton)):
         piece = pieces[tuple(end)]
         near = [i for i in tree.query_ball_point(end, 10.0) if owner[i] == piece]
-        direction = end - points[near].mean(axis=0)
-        if np.hypot(*direction) < 1.0:
+        tip = [i for i in near if np.hypot(*(points[i] - end)) <= 1.5]
+        direction = points[tip].mean(axis=0) - points[near].mean(axis=0)
+        if np.hypot(*direction) < 0.5:
             continue
         direction /= np.hypot(*direction)
         best, best_gap = None, join_gap
@@ -287,7 +298,7 @@ def _whole_image_join(mask, pieces, distance, join_gap):
                 continue
             step = points[i] - end
             span = np.hypot(*step)
-            gap = span - distance[tuple(end)] - distance[tuple(points[i])]
+            gap = span - (distance[tuple(end)] - 0.5) - (distance[tuple(points[i])] - 0.5)
             if gap <= best_gap and step @ direction >= span * math.cos(math.radians(30)):
                 best, best_gap = points[i], gap
         if best is not None:
