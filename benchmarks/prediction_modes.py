@@ -33,7 +33,7 @@ from crackseg.model.networks import build_model
 from crackseg.model.options import InferenceOptions
 from crackseg.prediction.options import PredictOptions
 from crackseg.prediction.predict import predict_folder
-from skimage.morphology import skeletonize
+from skimage.morphology import skeletonize, thin
 
 from harness import compute_figures, device_sync, flops_per_image, median_rates, window_count
 
@@ -270,7 +270,8 @@ def bench_runtimes(args: argparse.Namespace) -> list[dict]:
 
 
 def bench_measure(args: argparse.Namespace) -> list[dict]:
-    """find_cracks against one skimage skeletonize of the same masks, per folder: ms per mask and the ratio."""
+    """find_cracks against one skimage skeletonize of the same masks, per folder: ms per mask and the ratio; skimage's
+    thin, the thinning find_cracks reproduces, beside them."""
     windows = window_count(args, 5)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -283,6 +284,7 @@ def bench_measure(args: argparse.Namespace) -> list[dict]:
             masks = [crack_mask(path) for path in sorted(folder.iterdir())[: 4 if args.quick else args.count]]
             rates = median_rates({
                 "skeletonize": (lambda index: [skeletonize(mask) for mask in masks], len(masks)),
+                "thin": (lambda index: [thin(mask) for mask in masks], len(masks)),
                 "find_cracks": (lambda index: [find_cracks(mask, JOIN_GAP.value, MIN_LENGTH.value) for mask in masks], len(masks)),
                 "find_cracks, no joining": (lambda index: [find_cracks(mask) for mask in masks], len(masks)),
             }, windows, warmup=not args.quick)
