@@ -85,6 +85,9 @@ class Predictor:
         self.channels_last = options.channels_last
         self.resize = options.resize
         self._windows: dict[tuple[int, int], torch.Tensor] = {}
+        # one shape for the compiler: a batch of whole tiles (a short one padded), so it compiles once
+        self._compiled = torch.compile(model, dynamic=False) if options.compile else None
+        self._compiled_shape = (self.batch_size, 3, self.tile, self.tile)
 
     def probabilities(self, images):
         """``images``: iterable of (key, (3, H, W) uint8). Yields (key, (H, W) float32 probabilities on CPU)."""
@@ -206,6 +209,15 @@ class Predictor:
             self._windows[(height, width)] = blend_weights(height, width, self.overlap)
         return self._windows[(height, width)]
 
+    def _forward(self, view: torch.Tensor) -> torch.Tensor:
+        """The model's output for ``view``: compiled for a batch of whole tiles, as it is for any other shape."""
+        count = len(view)
+        if self._compiled is None or count > self.batch_size or tuple(view.shape[1:]) != self._compiled_shape[1:]:
+            return self.model(view)
+        if count < self.batch_size:  # each image's output depends on its own pixels alone (eval mode)
+            view = torch.cat([view, view.new_zeros((self.batch_size - count, *view.shape[1:]))])
+        return self._compiled(view)[:count]
+
     def _tta_probabilities(self, pixels: torch.Tensor) -> torch.Tensor:
         """(N, H, W) probabilities, averaged over the flips / rotations that ``tta`` names."""
         views = {"none": [(0, False)], "flip": [(0, False), (0, True)], "d4": [(k, f) for k in range(4) for f in (False, True)]}
@@ -216,7 +228,7 @@ class Predictor:
             if self.channels_last:
                 view = view.contiguous(memory_format=torch.channels_last)
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                output = self.model(view)
+                output = self._forward(view)
             # Exported models (crackseg.model.runtimes.RuntimeModel) return probabilities, torch models logits.
             prob = (output.float() if getattr(self.model, "returns_probabilities", False) else torch.sigmoid(output.float()))[:, 0]
             prob = prob.flip(-1) if flip else prob

@@ -44,6 +44,9 @@ class InferenceOptions(Options):
                               "on CPUs with bfloat16 (docs/benchmarks.md)", choices=AMP_CHOICES)
     channels_last: bool = option(False, "NHWC memory layout for --backend torch (on tensor cores; on the CPU it was slower end "
                                         "to end, docs/benchmarks.md)")
+    compile: bool = option(False, "torch.compile the model for --backend torch, for one shape: batches of whole tiles, a "
+                                  "short batch padded to --batch-size; images smaller than a tile run uncompiled (the first "
+                                  "batch waits for the compiler)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -98,6 +98,8 @@ def choose_runtime(path: Path, options: InferenceOptions = InferenceOptions()) -
         return RuntimeChoice(path, backend, options.device, options)
     if options.channels_last:
         raise InputError(f"--channels-last applies to --backend torch; {backend} chooses its own layout")
+    if options.compile:
+        raise InputError(f"--compile applies to --backend torch; {backend} compiles the model itself")
     if options.amp not in ("auto", "off") and not (backend == "openvino" and options.amp == "bf16"):
         raise InputError(f"--amp {options.amp} with --backend {backend}: exported models run in float32, or in bf16 with --backend openvino")
     if options.device not in ("auto", "cpu"):

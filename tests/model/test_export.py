@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -319,3 +320,9 @@ def test_export_keeps_an_existing_bin_and_refuses_exported_models_as_input(tmp_p
     for exported, what in [(small / "m.onnx", "an exported ONNX model"), (small / "m.xml", "an exported OpenVINO model")]:
         err = _one_line_error(["export", exported, "--format", "onnx", "--out", tmp_path / "again.onnx"])
         assert f"{what}, not a crackseg checkpoint" in err and "weights_only" not in err and "Re-running" not in err
+
+
+@pytest.mark.parametrize("name, backend", [("m.onnx", "auto"), ("m.xml", "openvino"), ("m.onnx", "onnxruntime")])
+def test_compile_with_an_exported_model_is_a_one_line_error(name, backend):
+    with pytest.raises(InputError, match=f"--compile applies to --backend torch; {'openvino' if backend == 'openvino' else 'onnxruntime'}"):
+        choose_runtime(Path(name), InferenceOptions(backend=backend, compile=True))

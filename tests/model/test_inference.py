@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -73,3 +74,24 @@ def test_tile_starts_cover_the_image_and_end_flush():
         starts = tile_starts(length, 256, 64)
         assert starts[0] == 0 and starts[-1] == length - 256
         assert all(b - a <= 256 - 64 for a, b in zip(starts, starts[1:]))
+
+
+@pytest.mark.slow  # the compiler: about 40 s on 2 cores
+def test_compile_runs_whole_tiles_as_one_compiled_shape_and_gives_the_eager_probabilities():
+    """Whole tiles in batches padded to --batch-size are one shape: compiled once. Smaller images run eagerly."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 1, 3, padding=1))
+    model = CrackSegModel(net, "unet", "tiny", size_divisor=1).eval()
+    sizes = [(64, 64), (100, 90), (40, 50), (64, 64), (130, 64)]  # 1 + 4 + eager + 1 + 3 whole tiles: 9, batches 4, 4, 1
+    images = [(k, torch.randint(0, 256, (3, *size), dtype=torch.uint8)) for k, size in enumerate(sizes)]
+    options = dict(tile=64, overlap=16, batch_size=4)
+    eager = dict(Predictor(model, torch.device("cpu"), InferenceOptions(**options)).probabilities(images))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = dict(Predictor(model, torch.device("cpu"), InferenceOptions(**options, compile=True)).probabilities(images))
+    assert counters["stats"]["unique_graphs"] == 1
+    assert sorted(compiled) == sorted(eager)
+    for key in eager:
+        torch.testing.assert_close(compiled[key], eager[key], atol=1e-5, rtol=1e-5)
