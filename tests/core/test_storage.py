@@ -8,6 +8,7 @@ import pickle
 import socket
 import sys
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -216,9 +217,11 @@ def test_a_server_that_never_answers_gets_three_attempts_of_one_timeout(s3, sile
     url = s3.url("photos/a.jpg") if scheme == "s3" else f"{endpoint}/photos/a.jpg"
     act = {"check": lambda: RemoteFile(url).check_readable(), "head": lambda: RemoteFile(url).read_head(65536),
            "whole": lambda: RemoteFile(url).read_bytes(), "list": lambda: list_files(url, SUFFIXES)}[request_kind]
+    started = time.monotonic()
     with pytest.raises(StorageError) as caught:
         act()
     assert "timed out" in _safe_one_line(caught.value, url) and len(connections) == 3
+    assert time.monotonic() - started < 3 * 0.5 + (1 + 2) + 3  # attempts, their jittered backoffs at most, and slack
 
 
 def test_a_refused_http_request_is_not_retried(flaky):

@@ -99,6 +99,12 @@ def test_parameters_are_checked_before_the_model_loads(photo):
     ({"batch_size": -1}, "batch_size must be >= 1, got -1"),
     ({"tta": "all"}, "tta must be one of none, flip, d4"),
     ({"checkpoint": 3}, "checkpoint must be given as checkpoint=str:VALUE, got int 3"),
+    ({"overlap": -1}, "overlap must be >= 0, got -1"),
+    ({"device": "gpu9"}, "device gpu9: unknown device; use auto, cpu, cuda or cuda:N"),
+    ({"device": True}, "device must be given as device=str:VALUE, got bool True"),
+    ({"amp": "fp8"}, "amp must be one of auto, bf16, fp16, off, got 'fp8'"),
+    ({"backend": "tensorrt"}, "backend must be one of auto, torch, onnxruntime, openvino, got 'tensorrt'"),
+    ({"batch_size": 2.5}, "batch_size must be given as batch_size=int:VALUE, got float 2.5"),
 ])
 def test_every_parameter_is_checked_for_type_and_range_with_cvats_error(photo, parameters, message):
     from cvat_sdk.auto_annotation import BadFunctionError

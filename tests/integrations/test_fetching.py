@@ -4,6 +4,7 @@ clients that never finish a request, JSON nested thousands deep. Real HTTP serve
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -173,7 +174,7 @@ def test_clients_that_never_finish_their_headers_starve_no_one_and_are_closed():
     assert closed == len(slow)
 
 
-def test_a_body_that_never_arrives_times_out_and_deep_json_is_a_400():
+def test_a_body_that_never_arrives_times_out_and_deep_json_is_a_400(caplog):
     url = _backend(body_timeout_s=1.0)
     port = int(url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as connection:
@@ -185,6 +186,10 @@ def test_a_body_that_never_arrives_times_out_and_deep_json_is_a_400():
         answer = answer.decode()
     assert answer.startswith("HTTP/1.1 408") and "did not arrive within 1 s" in answer
     deep = b'{"tasks": ' + b"[" * 5000 + b"]" * 5000 + b"}"
-    answer = httpx.post(f"{url}/predict", content=deep, headers={"content-type": "application/json"}, timeout=10)
-    assert answer.status_code == 400 and answer.json() == {"error": "the request body nests 5001 levels deep, more than the 64 crackseg reads"}
+    caplog.set_level(logging.DEBUG)
+    for route in ("predict", "setup", "webhook"):
+        answer = httpx.post(f"{url}/{route}", content=deep, headers={"content-type": "application/json"}, timeout=10)
+        assert answer.status_code == 400, route
+        assert answer.json() == {"error": "the request body nests 5001 levels deep, more than the 64 crackseg reads"}, route
+    assert not [record for record in caplog.records if record.exc_info or "Traceback" in record.getMessage()]
     assert json.loads(httpx.get(f"{url}/health", timeout=5).text)["status"] == "UP"

@@ -69,7 +69,7 @@ def test_s3_in_s3_out_gives_the_outputs_of_a_local_run(s3, photos, tmp_path, che
         assert path.is_dir() or not {S3_KEY_ID.encode(), S3_SECRET.encode()} & {w for w in path.read_bytes().split()}, path
 
 
-def test_existing_outputs_are_refused_skipped_or_replaced(s3, photos, tmp_path, checkpoint, monkeypatch, capsys):
+def test_existing_outputs_are_refused_skipped_or_replaced(s3, photos, tmp_path, checkpoint, monkeypatch, capsys, staging):
     source, out = s3.upload(photos, "survey/photos"), s3.url("survey/pred/")
     assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive") == 0
     code, err = cli_result(["predict", "--checkpoint", checkpoint, source, "--out", out, "--recursive", "--device", "cpu", "--workers", "0"])
@@ -85,7 +85,9 @@ def test_existing_outputs_are_refused_skipped_or_replaced(s3, photos, tmp_path, 
     s3.put("survey/pred/masks/a.png", b"torn")  # a damaged mask in the store: named by its object, predicted again
     written.clear()
     assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive", "--skip-existing") == 0
-    assert written == ["a"] and f"{out}masks/a.png: the mask an earlier run wrote is not readable" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert written == ["a"] and f"{out}masks/a.png: the mask an earlier run wrote is not readable" in said
+    assert str(staging) not in said  # the object, never the staging copy it was read from
     written.clear()
     assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive", "--overwrite") == 0
     assert written == ["a", "b", "sub/c"]
