@@ -79,8 +79,10 @@ class StagedFolder:
     def __enter__(self) -> StagedFolder:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, error, trace) -> None:
         self.release()
+        if isinstance(error, OSError):
+            self.check_room(error)  # a full disk is one line naming the folder, whichever file met it
 
     def prepare(self, decides_on: Callable[[str], bool] = lambda key: False, existing: set[str] | None = None) -> set[str]:
         """Before any work: the folder checked (a store listed: a missing bucket or a refused request stops here), the lock
@@ -275,7 +277,7 @@ class StagedSources:
         for key in keys:
             if any(part in ("", ".", "..") for part in key.split("/")):
                 raise StorageError(f"{prefix}/{key}", "a key with an empty, '.' or '..' part cannot be staged; copy it to a plain key")
-            write_atomic(folder / key, RemoteFile(f"{prefix}/{key}").read_bytes())
+            self._copy(f"{prefix}/{key}", folder / key)
         copied(folder)
         return folder
 
@@ -290,9 +292,19 @@ class StagedSources:
             self._copies.append((str(Path(source)), display_url(source)))
             return Path(source)
         path = self._new_folder("files") / str(len(self._copies)) / remote.name
-        write_atomic(path, remote.read_bytes())
+        self._copy(source, path)
         self._copies.append((str(path), display_url(source)))
         return path
+
+    def _copy(self, url: str, path: Path) -> None:
+        """The object at ``url`` downloaded whole to ``path``; a full staging folder is one line naming it."""
+        try:
+            write_atomic(path, RemoteFile(url).read_bytes())
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise InputError(f"no space left in {self._temp}, the staging folder of the inputs {self._command} reads from "
+                             f"the store (set TMPDIR to a folder with room): {display_url(url)} could not be downloaded") from None
 
     def shown(self, text: str) -> str:
         """``text`` (a path, a message) with every copy named by its URL."""

@@ -112,3 +112,26 @@ def test_a_missing_bucket_for_out_reads_as_predicts(model, dataset, tmp_path, s3
     code, err = _evaluate(tmp_path / "m.pt", str(dataset), "s3://crackseg-no-such-bucket/reports/")
     assert (code, err) == (2, "crackseg: error: s3://crackseg-no-such-bucket/reports/: no such bucket 'crackseg-no-such-bucket'\n")
     assert not any(staging.iterdir())
+
+
+def test_a_full_staging_folder_is_one_line_naming_it(model, dataset, s3, tmp_path, staging, monkeypatch):
+    """A report staged for the store: a full TMPDIR names the folder and what to do, not a file's OSError; nothing
+    is left there."""
+    import errno
+
+    import crackseg.evaluation.report as report
+
+    save_model(model, tmp_path / "m.pt")
+    real = report.write_atomic
+
+    def full(path, *args, **kwargs):
+        if Path(path).name == "report.md":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(report, "write_atomic", full)
+    out = s3.url("reports/cfd/")
+    code, err = _evaluate(tmp_path / "m.pt", str(dataset), out)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"crackseg: error: no space left in {staging}/") and f"the staging folder of {out}" in err
+    assert "set TMPDIR to a folder with room" in err and not any(staging.iterdir())

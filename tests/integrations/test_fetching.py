@@ -174,6 +174,25 @@ def test_clients_that_never_finish_their_headers_starve_no_one_and_are_closed():
     assert closed == len(slow)
 
 
+def test_connections_past_the_limit_are_answered_503_at_once_until_the_idle_ones_are_closed(monkeypatch):
+    """The limit bounds what one client can hold: past it a request is refused at once, not queued, and once the
+    server has closed the idle connections (its header timeout) it answers again while their client still holds them."""
+    import crackseg.integrations.server as server
+
+    monkeypatch.setattr(server, "MAX_CONNECTIONS", 8)
+    url = _backend(header_timeout_s=1.0)
+    port = int(url.rsplit(":", 1)[1])
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]
+    try:
+        time.sleep(0.2)  # the server has accepted them
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 503
+        time.sleep(2.0)
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    finally:
+        for connection in idle:
+            connection.close()
+
+
 def test_a_body_that_never_arrives_times_out_and_deep_json_is_a_400(caplog):
     url = _backend(body_timeout_s=1.0)
     port = int(url.rsplit(":", 1)[1])

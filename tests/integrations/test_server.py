@@ -90,14 +90,36 @@ def studio(photo):
 
 
 @pytest.fixture(scope="module")
-def backends(photo, studio):
-    """Two servers, started together: one with the legacy token, basic auth and a 20 KiB request limit; one with a
-    personal access token (JWT) and no auth."""
+def internal(photo):
+    """A plain http server on loopback serving the photo's folder: an address task images may not come from unless
+    the operator allows its host."""
+    import http.server
+
+    folder = photo["folder"]
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def backends(photo, studio, internal):
+    """Two servers, started together: one with the legacy token, basic auth, a 20 KiB request limit and the internal
+    server's host:port allowed; one with a personal access token (JWT), no auth and no host allowed."""
     base = {name: value for name, value in os.environ.items() if not name.startswith(("BASIC_AUTH_", "LABEL_STUDIO_"))}
     base["LABEL_STUDIO_URL"] = studio.url
     flags = ["--checkpoint", photo["checkpoint"], "--threshold", repr(photo["threshold"]), "--port", "0", "--device", "cpu"]
     started = [_start(photo["folder"] / "token.log", base | {"LABEL_STUDIO_API_KEY": KEY, "BASIC_AUTH_USER": AUTH[0],
-                                                             "BASIC_AUTH_PASS": AUTH[1]}, flags + ["--max-request-mb", "0.02"]),
+                                                             "BASIC_AUTH_PASS": AUTH[1]}, flags + ["--max-request-mb", "0.02", "--allow-host", internal]),
                _start(photo["folder"] / "jwt.log", base | {"LABEL_STUDIO_API_KEY": JWT}, flags)]
     urls = [_url_when_up(process, log) for process, log in started]
     yield {"token": httpx.Client(base_url=urls[0], auth=AUTH, timeout=30), "jwt": httpx.Client(base_url=urls[1], timeout=30)}
@@ -217,6 +239,15 @@ def test_a_failed_task_beside_good_ones_gets_an_error_entry(backends, photo):
     good, bad = answer.json()["results"]
     assert good["result"] and "error" not in good
     assert bad["result"] == [] and bad["error"].startswith("task 2: ")
+
+
+def test_allow_host_lets_tasks_fetch_from_an_internal_host_and_only_there(backends, internal):
+    task = _task(1, f"http://{internal}/wall.png")
+    allowed = _predict(backends["token"], [task]).json()["results"][0]
+    assert allowed["result"] and "error" not in allowed
+    refused = _predict(backends["jwt"], [task])  # its only task refused: the request is
+    assert refused.status_code == 403 and "is at a non-public address" in refused.json()["error"]
+    assert "--allow-host" in refused.json()["error"]
 
 
 def test_a_bad_checkpoint_or_half_an_auth_stops_before_serving(tmp_path, monkeypatch):

@@ -150,3 +150,33 @@ def test_a_held_lock_refuses_a_second_compare_and_is_left_to_its_holder(s3, two_
         f"crackseg: error: {s3.url('held/.crackseg-compare.lock')}: another compare is writing to {s3.url('held')}/; if none is "
         f"(a run that was killed), remove the lock with: aws s3 rm {s3.url('held/.crackseg-compare.lock')}"]
     assert _keys(s3, "held/") == ["held/.crackseg-compare.lock"] and not any(staging.iterdir())
+
+
+def test_a_full_staging_folder_is_one_line_naming_it(s3, two_visits, staging, monkeypatch):
+    """Inspections downloaded from the store into a full TMPDIR: one line naming the folder, the object and what to
+    do; nothing left there. The same for the outputs staged for the store."""
+    import errno
+
+    import crackseg.core.staging as staged
+    import crackseg.monitoring.comparison_folder as outputs
+
+    before, after = two_visits
+    urls = s3.upload(before, "site/visit1"), s3.upload(after, "site/visit2")
+    real = staged.write_atomic
+
+    def full(path, *args, **kwargs):
+        if Path(path).suffix in (".png", ".json"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(staged, "write_atomic", full)
+    code, err = cli_result(["compare", *urls, "--out", s3.url("site/changes/"), "--px-size", "0.5"])
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"crackseg: error: no space left in {staging}/") and "set TMPDIR to a folder with room" in err
+    assert f": {urls[0]}" in err and err.endswith(" could not be downloaded\n") and not any(staging.iterdir())
+    monkeypatch.setattr(staged, "write_atomic", real)
+    monkeypatch.setattr(outputs, "write_atomic", full)
+    code, err = cli_result(["compare", before, after, "--out", s3.url("site/changes/"), "--px-size", "0.5"])
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"crackseg: error: no space left in {staging}/") and f"the staging folder of {s3.url('site/changes/')}" in err
+    assert not any(staging.iterdir()) and not _keys(s3, "site/changes/")

@@ -106,6 +106,24 @@ def test_an_object_that_is_no_picture_is_refused_from_its_header(s3, photos, tmp
     assert "huge.jpg" not in whole and sorted(p.name for p in (tmp_path / "out" / "masks").rglob("*.png")) == ["a.png", "b.png", "c.png"]
 
 
+def test_a_url_that_is_no_picture_is_refused_from_its_header(photos, http_folder, tmp_path, checkpoint, monkeypatch):
+    """The same over http(s)://: its first 64 KiB read, never the whole file."""
+    import shutil
+
+    from crackseg.core.storage import RemoteFile
+
+    served, base = http_folder
+    (served / "huge.jpg").write_bytes(b"PK\x03\x04" + bytes(20 * 2**20))
+    shutil.copyfile(photos / "a.jpg", served / "a.jpg")
+    whole = []
+    read_bytes = RemoteFile.read_bytes
+    monkeypatch.setattr(RemoteFile, "read_bytes", lambda self: whole.append(self.name) or read_bytes(self))
+    assert predict_cli("--checkpoint", checkpoint, base + "huge.jpg", base + "a.jpg", "--out", tmp_path / "out") == 1
+    errors = {row["path"]: row["error"] for row in csv_rows(tmp_path / "out" / "errors.csv")}
+    assert errors == {base + "huge.jpg": "not a readable image (empty, or another kind of file)"}
+    assert "huge.jpg" not in whole and [p.name for p in (tmp_path / "out" / "masks").rglob("*.png")] == ["a.png"]
+
+
 def test_a_redirect_loop_is_named_as_one(tmp_path, checkpoint, capsys):
     import http.server
     import threading
