@@ -512,7 +512,7 @@ def test_predict_on_the_gpu_gives_the_cpu_probabilities(cuda_run, photos, tmp_pa
         inference = InferenceOptions(tile=128, overlap=32, batch_size=4, tta=tta, device=device, amp="off",
                                      channels_last=channels_last and device == "cuda")
         options = PredictOptions(out=tmp_path / device, inference=inference, save_prob=16, measure=False,
-                                 workers=2 if device == "cuda" else 0)
+                                 workers=2 if device == "cuda" else 0, decode="workers")  # one JPEG decoder for both
         assert predict_folder(cuda_run / "best.pt", [str(photos)], options) == 0
         found[device] = _probabilities(tmp_path / device)
     assert found["cpu"].keys() == found["cuda"].keys() and len(found["cpu"]) == 5
@@ -521,8 +521,24 @@ def test_predict_on_the_gpu_gives_the_cpu_probabilities(cuda_run, photos, tmp_pa
         assert np.abs(found["cuda"][name] - expected).max() <= 1e-3, name
 
 
+def test_jpegs_decoded_on_the_gpu_in_a_batch_are_pillows_within_rounding(photos):
+    """nvJPEG and Pillow's libjpeg-turbo may round the inverse DCT and chroma upsampling apart: a level or so."""
+    from crackseg.data.images import load_image
+    from crackseg.prediction.decoding import decode_batch, read_photo
+
+    paths = sorted(photos.rglob("*.jpg"))
+    raws = [read_photo(path)[1] for path in paths]
+    assert len(paths) == 3 and all(raw is not None for raw in raws)
+    for path, image in zip(paths, decode_batch(raws, CUDA)):
+        expected = load_image(path).int()
+        assert image.device.type == "cuda" and image.shape == expected.shape, path
+        difference = (image.cpu().int() - expected).abs()
+        assert difference.float().mean() <= 1.0 and difference.max() <= 32, (path, difference.float().mean(), difference.max())
+
+
 def test_predict_command_on_the_gpu_with_its_defaults_stays_close_to_the_cpu(cuda_run, photos, tmp_path):
-    """`crackseg predict` as users run it on a GPU: bf16 autocast where supported, TF32, loader workers and writer threads."""
+    """`crackseg predict` as users run it on a GPU: bf16 autocast where supported, TF32, JPEGs decoded on the GPU, loader
+    workers and measuring processes."""
     from crackseg.cli.main import main
 
     common = ["predict", "--checkpoint", str(cuda_run / "best.pt"), str(photos), "--save-prob", "16", "--no-measure"]

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,13 @@ def parse_size(text: str | tuple[int, int]) -> tuple[int, int]:
     if min(height, width) < 16:
         raise ValueError(f"size must be at least 16 px, got {text!r}")
     return height, width
+
+
+def parse_device(text: str) -> str:
+    """A device's name as crackseg takes it (whether that GPU is there is asked when the model loads)."""
+    if not isinstance(text, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+        raise ValueError(f"must be auto, cpu, cuda or cuda:N (crackseg runs on cpu or cuda), got {text!r}")
+    return text
 
 
 def option(default, help: str, *, unit: str | None = None, valid: Range | None = None, choices=None, parse=None,

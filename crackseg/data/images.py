@@ -72,10 +72,17 @@ def open_picture(path: Path | RemoteFile | BinaryIO) -> Image.Image:
     is first read for its header alone: one that is no picture is refused before the rest is downloaded."""
     if not isinstance(path, RemoteFile):
         return Image.open(path)
+    return Image.open(io.BytesIO(picture_bytes(path)))
+
+
+def picture_bytes(path: Path | RemoteFile) -> bytes:
+    """The whole file; one in object storage read for its header first, and refused there if it is no picture."""
+    if not isinstance(path, RemoteFile):
+        return Path(path).read_bytes()
     head = path.read_head(_HEADER_BYTES)
     if not head.startswith(_PICTURE_SIGNATURES):
         raise UnidentifiedImageError(f"cannot identify image file {path}")
-    return Image.open(io.BytesIO(head if len(head) < _HEADER_BYTES else path.read_bytes()))
+    return head if len(head) < _HEADER_BYTES else path.read_bytes()
 
 
 def _upright(image: Image.Image) -> Image.Image:

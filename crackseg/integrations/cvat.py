@@ -48,9 +48,6 @@ def create(checkpoint: str, threshold: float | None = None, **inference) -> Crac
         raise _refused(f"parameter threshold must be in [0, 1], got {threshold!r}")
     try:
         options = InferenceOptions(**inference)
-        from crackseg.model.distributed import select_device  # loads torch, as the model that follows does
-
-        select_device(options.device)
     except InputError as error:  # its message names the flag (--batch-size); a -p parameter is named batch_size
         raise _refused("parameter " + re.sub(r"^--([a-z-]+)", lambda flag: flag.group(1).replace("-", "_"), str(error))) from None
     return CrackDetector(Path(checkpoint), threshold, options)

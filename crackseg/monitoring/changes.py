@@ -180,20 +180,11 @@ def match(before: DateCracks, after: DateCracks, alignment: Alignment, tolerance
         else:
             # a group cut by the view's edge is measured on the parts both dates see: its lengths times the share of
             # its centreline well inside that view, one line for every crack of the group on both dates
-            margin = max(margins[key] for key in group)
-            shared = {key: inset_shared[key] >= margin for key in group}
-            cut = not all(inside.all() for inside in shared.values())
-            seen_share = {key: float(shared[key].mean()) if cut and len(shared[key]) else 1.0 for key in group}
+            shared, cut_px = _cut_by_view(group, inset_shared, max(margins[key] for key in group), scales)
+            seen_share = {key: float(shared[key].mean()) if cut_px is not None and len(shared[key]) else 1.0 for key in group}
             growth = _growth(olds, news, scales, seen_share, centrelines)
             counted = sum(("before", c.id) in listed for c in olds), sum(("after", c.id) in listed for c in news)
-            seen_points = Counter()
-            for date, number in group:
-                seen_points[date] += int(np.count_nonzero(shared[date, number]))
-            if cut and min(seen_points.values()) < MATCH_MIN_POINTS:
-                status = UNCHANGED  # a date sees too little of it inside the shared view to tell any change
-            else:
-                cut_px = _cut_uncertainty(group, inset_shared, margin, scales) if cut else 0.0
-                status = _growth_status(olds, news, scales, growth, seen_share, cut, cut_px, counted)
+            status = UNCHANGED if cut_px == math.inf else _growth_status(olds, news, scales, growth, seen_share, cut_px, counted)
             changes += _group_rows(status, [c for c in olds if ("before", c.id) in listed], [c for c in news if ("after", c.id) in listed],
                                    overlaps, scales, growth, lambda old: _mapped_box(old, alignment, after.labels.shape, True))
     return sorted(changes, key=lambda c: (c.after.id if c.after else math.inf, c.before.id if c.before else 0))
@@ -216,17 +207,22 @@ def _shared_view(before_shape: tuple, after_shape: tuple, alignment: Alignment) 
     return np.vstack([frame, mapped])
 
 
-def _cut_uncertainty(group: set[tuple[str, int]], insets: dict[tuple[str, int], np.ndarray], margin: float,
-                     scales: dict[int, float]) -> float:
-    """AFTER px of the group's centrelines lying within 1 px of the line that cuts them (``insets`` equal to
-    ``margin``), on the date with more: how far along its cracks the cut may move when each date places its
-    centrelines within half a pixel. A crack crossing the line square on has 2 px there; one running along
-    the view's edge at a shallow angle has many, and its seen length is that uncertain."""
-    near = {"before": 0.0, "after": 0.0}
+def _cut_by_view(group: set[tuple[str, int]], insets: dict[tuple[str, int], np.ndarray], margin: float,
+                 scales: dict[int, float]) -> tuple[dict[tuple[str, int], np.ndarray], float | None]:
+    """Where the shared view's edge, less ``margin`` (one line for every crack of the group on both dates), cuts a
+    group of linked cracks: which centreline pixels of each lie inside it, and how far along the cracks (AFTER px)
+    that line may fall. None: it cuts none of them; infinite: a date sees fewer than ``MATCH_MIN_POINTS`` pixels
+    inside, too little to tell any change. Otherwise the centreline within 1 px of the line, on the date with more:
+    each date places its centrelines within half a pixel, so a crack crossing the line square on has 2 px there,
+    and one running along the view's edge at a shallow angle many, its seen length that uncertain."""
+    shared = {key: insets[key] >= margin for key in group}
+    if all(inside.all() for inside in shared.values()):
+        return shared, None
+    seen, near = Counter(), Counter()
     for date, number in group:
-        pixels = np.count_nonzero(np.abs(insets[date, number] - margin) < 1.0)
-        near[date] += pixels * (scales[number] if date == "before" else 1.0)
-    return max(near.values())
+        seen[date] += int(np.count_nonzero(shared[date, number]))
+        near[date] += np.count_nonzero(np.abs(insets[date, number] - margin) < 1.0) * (scales[number] if date == "before" else 1.0)
+    return shared, math.inf if min(seen.values()) < MATCH_MIN_POINTS else float(max(near.values()))
 
 
 def _inset(rows_cols: np.ndarray, view: np.ndarray) -> np.ndarray:
@@ -325,7 +321,7 @@ def _growth(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int
 
 
 def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int, float], growth: tuple[float, float, float],
-                   seen_share: dict[tuple[str, int], float], cut: bool, cut_px: float, counted: tuple[int, int]) -> str:
+                   seen_share: dict[tuple[str, int], float], cut_px: float | None, counted: tuple[int, int]) -> str:
     """The status of a group of linked cracks (see the module's thresholds), from the group's totals.
 
     Several BEFORE cracks in one AFTER crack are ``merged`` only when the group grew longer: cracks joined
@@ -333,19 +329,19 @@ def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: d
     stretch repaired or closed. Otherwise the pieces are one crack that the two dates' masks break at
     other places (a faint stretch above or below the threshold), and the group gets its growth status.
     One crack that got as much shorter is ``shorter``, unless it is wider: widening is the change to act
-    on, and its length growth says that it got shorter. A group ``cut`` by the shared view's edge is
-    measured on the parts of it both dates see, and is wider by its mean width only: its widest place
-    may lie where one date does not look; its length must change by ``cut_px`` more, how far along it the
-    cut may move (:func:`_cut_uncertainty`). ``counted``: the group's BEFORE and AFTER cracks that are cracks of
+    on, and its length growth says that it got shorter. A group cut by the shared view's edge (``cut_px``
+    not None) is measured on the parts of it both dates see, and is wider by its mean width only: its widest
+    place may lie where one date does not look; its length must change by ``cut_px`` more, how far along it
+    the cut may fall (:func:`_cut_by_view`). ``counted``: the group's BEFORE and AFTER cracks that are cracks of
     their date (not short ones), which alone make it merged, split or shorter.
     """
     length, mean_width, max_width = growth
     before_lengths = [c.length_px * scales[c.id] * seen_share["before", c.id] for c in olds]
     larger_mean_width = np.average([c.mean_width_px * scales[c.id] for c in olds], weights=np.add(before_lengths, 1e-9)) \
         + max(mean_width, 0.0)
-    beyond = max(LONGER_MIN_PX, LONGER_SHARE * sum(before_lengths) + larger_mean_width + cut_px)
+    beyond = max(LONGER_MIN_PX, LONGER_SHARE * sum(before_lengths) + larger_mean_width + (cut_px or 0.0))
     longer, shorter = length > beyond, -length > beyond
-    wider = mean_width > WIDER_MEAN_PX or (max_width > WIDER_MAX_PX and not cut)
+    wider = mean_width > WIDER_MEAN_PX or (max_width > WIDER_MAX_PX and cut_px is None)
     if counted[0] > 1 and longer:
         return MERGED
     if counted[1] > 1 and shorter:

@@ -1,7 +1,7 @@
 """``predict --engine local``: this process predicts its share of the work, or torchrun's processes theirs.
 
-Photos are decoded in loader workers and their files made (masks encoded, cracks measured, overlays drawn) in measuring
-processes, beside the model: in threads they shared one GIL and measuring fell far behind a GPU. Writer threads hand each
+Photos are decoded in loader workers (on a GPU, JPEGs in batches there: :mod:`crackseg.prediction.decoding`) and their
+files made (masks encoded, cracks measured, overlays drawn) in measuring processes, beside the model: in threads they shared one GIL and measuring fell far behind a GPU. Writer threads hand each
 photo to a process, upload its files and keep the photos' order; rasters are predicted by windows
 (:mod:`crackseg.prediction.streamed`), each process a share of their tile rows, rank 0 joining the parts.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tqdm import tqdm
 from crackseg.core.storage import RemoteFile, StorageError
 from crackseg.data.images import describe_error, load_image
 from crackseg.model import distributed
+from crackseg.prediction.decoding import DECODE_BATCH, decode_batch, read_photo
 from crackseg.prediction.outputs import write_image_outputs
 from crackseg.prediction.streamed import predict_rasters
 from crackseg.prediction.work import Job, Plan, share, work_list
@@ -40,10 +42,13 @@ class LocalEngine:
 
 
 class _Images(torch.utils.data.Dataset):
-    """Decoded inputs for loader workers; a file that fails to download or decode yields its error message."""
+    """Inputs for loader workers: (key, decoded photo, None, None), with ``raw_jpegs`` (key, None, a JPEG's bytes, None)
+    for the device to decode (:mod:`crackseg.prediction.decoding`); a file that fails to download or decode yields
+    (key, None, None, its error message)."""
 
-    def __init__(self, inputs: list[tuple[int, Path | RemoteFile]]):
+    def __init__(self, inputs: list[tuple[int, Path | RemoteFile]], raw_jpegs: bool):
         self.inputs = inputs
+        self.raw_jpegs = raw_jpegs
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -51,11 +56,11 @@ class _Images(torch.utils.data.Dataset):
     def __getitem__(self, index: int):
         key, path = self.inputs[index]
         try:
-            return key, load_image(path), None
+            return key, *(read_photo(path) if self.raw_jpegs else (load_image(path), None)), None
         except StorageError as error:
-            return key, None, error.reason
+            return key, None, None, error.reason
         except Exception as error:  # any undecodable input is reported, the others go on
-            return key, None, describe_error(error)
+            return key, None, None, describe_error(error)
 
 
 def _predict_photos(job: Job) -> None:
@@ -72,20 +77,13 @@ def _predict_photos(job: Job) -> None:
             todo.append((item.key, item.path))
     names = {key: (path, name) for key, path, name in plan.photos}
     workers = default_workers(env.device) if job.options.workers is None else job.options.workers
+    on_device = job.options.decode == "device" or (job.options.decode == "auto" and env.device.type == "cuda")
     loader = torch.utils.data.DataLoader(
-        _Images(todo), batch_size=None, num_workers=workers, pin_memory=env.device.type == "cuda",
+        _Images(todo, on_device), batch_size=None, num_workers=workers, pin_memory=env.device.type == "cuda",
         prefetch_factor=4 if workers else None,
     )
-    decoded: dict[int, torch.Tensor] = {}
-
-    def images():
-        for key, image, error in loader:
-            if error is not None:
-                records.fail(names[key][0], error)
-                continue
-            decoded[key] = image
-            yield key, image
-
+    decoded: dict[int, torch.Tensor] = {}  # each photo until its files are written
+    images = _photos(loader, env.device, lambda key, reason: records.fail(names[key][0], reason), decoded)
     pending: deque[tuple[int, Future]] = deque()
 
     def collect(wait: bool) -> None:
@@ -99,7 +97,7 @@ def _predict_photos(job: Job) -> None:
 
     with _measurers(workers if todo else 0) as measurers, ThreadPoolExecutor(workers) if workers else _Inline() as writers:
         try:
-            probabilities = job.predictor.probabilities(images())
+            probabilities = job.predictor.probabilities(images)
             for key, prob in tqdm(probabilities, total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
                 pending.append((key, writers.submit(_write_photo, plan, measurers, key, names[key], decoded.pop(key), prob,
                                                     job.run.threshold)))
@@ -111,10 +109,37 @@ def _predict_photos(job: Job) -> None:
             raise
 
 
+def _photos(loader, device: torch.device, fail: Callable[[int, str], None], decoded: dict[int, torch.Tensor]):
+    """(key, photo) as the loader gives them, JPEG bytes decoded in batches on ``device`` on the way; a photo that
+    cannot be read goes to ``fail`` (key, reason). Each photo is also kept in ``decoded``."""
+    raws: list[tuple[int, torch.Tensor]] = []
+
+    def batch():
+        for (key, _), image in zip(raws, decode_batch([raw for _, raw in raws], device) if raws else []):
+            if isinstance(image, str):
+                fail(key, image)
+            else:
+                decoded[key] = image
+                yield key, image
+        raws.clear()
+
+    for key, image, raw, error in loader:
+        if raw is not None:
+            raws.append((key, raw))
+            if len(raws) == DECODE_BATCH:
+                yield from batch()
+        elif error is not None:
+            fail(key, error)
+        else:
+            decoded[key] = image
+            yield key, image
+    yield from batch()
+
+
 def _write_photo(plan: Plan, measurers: Executor, key: int, named: tuple[Path | RemoteFile, str], image: torch.Tensor,
                  prob: torch.Tensor, threshold: float) -> tuple[dict, list[dict]]:
     """One photo's files made (in a measuring process) and, for an --out in object storage, uploaded as soon as they are."""
-    shown = image.numpy() if plan.spec.overlay else None  # the photo travels to the process only to be drawn on
+    shown = image.cpu().numpy() if plan.spec.overlay else None  # the photo travels to the process only to be drawn on
     rows = measurers.submit(write_image_outputs, plan.folder, *named, shown, prob.numpy(), threshold, plan.spec).result()
     plan.upload(key)
     return rows

@@ -70,11 +70,16 @@ class PredictOptions(Options):
                                        "(0: all in the main process; default: 0 on CPU, where the model's threads use every "
                                        "core, else CPU cores / processes - 1, at most 8)",
                                  valid=NON_NEGATIVE)
+    decode: str = option("auto", "where JPEG photos are decoded: workers = by Pillow in the decoding processes; device = in "
+                                 "batches where the model runs (nvJPEG on a GPU); auto = device on CUDA, else workers. Other "
+                                 "formats are decoded in the workers", choices=("auto", "workers", "device"))
     inference: InferenceOptions = group(InferenceOptions, "inference")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "out", output_location(self.out, "predictions"))
+        if self.decode != "auto" and self.engine == "ray":
+            raise InputError("--decode applies to --engine local; Ray's actors decode what they read")
         ray_flags = {"--ray-address": self.ray_address, "--actors": self.actors, "--gpus-per-actor": self.gpus_per_actor,
                      "--cpus-per-actor": self.cpus_per_actor}
         given = [flag for flag, value in ray_flags.items() if value is not None]

@@ -21,6 +21,7 @@ from crackseg.core.options import (
     flag,
     number_in,
     option,
+    parse_device,
 )
 from crackseg.model.architectures import (
     ARCHITECTURES,
@@ -182,7 +183,8 @@ class TrainConfig(Options):
     pos_weight_scale: float = option(1.0, "factor applied to the auto or sqrt crack pixel weight", section="optimization", valid=POSITIVE)
     seed: int = option(0, "seed of the split, initialization, order and augmentation", section="optimization", valid=NON_NEGATIVE)
     # speed and memory
-    device: str = option("auto", "auto (CUDA when present, one GPU per process by LOCAL_RANK), cuda or cpu", section="speed and memory")
+    device: str = option("auto", "auto (CUDA when present, one GPU per process by LOCAL_RANK), cuda, cuda:N or cpu",
+                         section="speed and memory", parse=parse_device)
     amp: str = option("auto", "mixed precision; auto = bf16 on GPUs that support it, and bf16 with channels_last on CPUs that compute "
                               "bf16 in hardware (AVX512-BF16, AMX, Arm BF16), else off", section="speed and memory", choices=AMP_CHOICES)
     channels_last: bool = option(False, "NHWC memory layout (faster convolutions on tensor cores)", section="speed and memory")

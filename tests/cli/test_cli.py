@@ -146,7 +146,7 @@ def test_out_of_range_numbers_are_one_line_errors(args, named):
 
 
 @pytest.mark.parametrize("device, message", [
-    ("foo", "--device foo: unknown device"),
+    ("foo", "--device: must be auto, cpu, cuda or cuda:N (crackseg runs on cpu or cuda), got 'foo'"),
     ("mps", "crackseg runs on cpu or cuda"),
     pytest.param("cuda", "--device cuda: no CUDA GPU is visible", marks=pytest.mark.skipif(
         __import__("torch").cuda.is_available(), reason="a GPU is present")),

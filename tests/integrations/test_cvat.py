@@ -100,7 +100,7 @@ def test_parameters_are_checked_before_the_model_loads(photo):
     ({"tta": "all"}, "tta must be one of none, flip, d4"),
     ({"checkpoint": 3}, "checkpoint must be given as checkpoint=str:VALUE, got int 3"),
     ({"overlap": -1}, "overlap must be >= 0, got -1"),
-    ({"device": "gpu9"}, "device gpu9: unknown device; use auto, cpu, cuda or cuda:N"),
+    ({"device": "gpu9"}, "device must be auto, cpu, cuda or cuda:N (crackseg runs on cpu or cuda), got 'gpu9'"),
     ({"device": True}, "device must be given as device=str:VALUE, got bool True"),
     ({"amp": "fp8"}, "amp must be one of auto, bf16, fp16, off, got 'fp8'"),
     ({"backend": "tensorrt"}, "backend must be one of auto, torch, onnxruntime, openvino, got 'tensorrt'"),

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import csv_rows, predict_cli
+from conftest import cli_result, csv_rows, predict_cli
 from PIL import Image
 
 from crackseg.core.errors import InputError
@@ -82,6 +82,49 @@ def test_loader_workers_and_measuring_processes_give_what_the_main_process_gives
         rows = [{k: v for k, v in row.items() if k != "mask"} for row in csv_rows(out / "predictions.csv")]
         outputs.append((files, rows, (out / "cracks.csv").read_text(), len(csv_rows(out / "errors.csv"))))
     assert outputs[0] == outputs[1] and len(outputs[0][0]) == 15 and len(outputs[0][1]) == 5 and outputs[0][3] == 1
+
+
+def test_jpegs_decoded_on_the_device_in_batches_give_what_pillow_gives(tmp_path, checkpoint, synth_root, monkeypatch):
+    """--decode device on the CPU runs the GPU's path with torchvision's CPU decoder: JPEGs in batches (3 here), the
+    rest by Pillow in the workers; the outputs are the same files. Grey, CMYK, EXIF-turned, progressive, broken and
+    truncated JPEGs and a PNG are among them: a batch the decoder refuses is decoded by Pillow, file by file."""
+    import crackseg.prediction.local_engine as local_engine
+
+    monkeypatch.setattr(local_engine, "DECODE_BATCH", 3)
+    batches = []
+    decode_batch = local_engine.decode_batch
+    monkeypatch.setattr(local_engine, "decode_batch", lambda raws, device: batches.append(len(raws)) or decode_batch(raws, device))
+    folder = tmp_path / "in"
+    photos = [Image.open(path).convert("RGB") for path in sorted((synth_root / "images").glob("*.jpg"))[:4]]
+    folder.mkdir()
+    for index, photo in enumerate(photos):
+        photo.save(folder / f"plain{index}.jpg", quality=90)
+    photos[0].convert("L").save(folder / "grey.jpg")
+    photos[1].convert("CMYK").save(folder / "cmyk.jpg")
+    photos[2].save(folder / "progressive.jpg", progressive=True)
+    turned = Image.Exif()
+    turned[0x0112] = 6
+    photos[3].save(folder / "turned.jpg", exif=turned)
+    photos[0].save(folder / "lossless.png")
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    whole = (folder / "plain0.jpg").read_bytes()
+    (folder / "truncated.jpg").write_bytes(whole[: len(whole) // 2])  # its header reads: the device's batch fails, Pillow too
+    outputs = []
+    for decode in ("workers", "device"):
+        out = tmp_path / decode
+        assert predict_cli("--checkpoint", checkpoint, folder, "--out", out, "--decode", decode, "--overlay", "--px-size", "0.5") == 1
+        files = {p.relative_to(out).as_posix(): p.read_bytes() for kind in ("masks", "overlays") for p in (out / kind).iterdir()}
+        rows = [{k: v for k, v in row.items() if k != "mask"} for row in csv_rows(out / "predictions.csv")]
+        outputs.append((files, rows, (out / "cracks.csv").read_text(), csv_rows(out / "errors.csv")))
+    assert batches == [3, 3, 1]  # the plain, grey, progressive and truncated JPEGs; the CMYK and turned ones by Pillow
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0][1]) == 9 and sorted(row["path"].rsplit("/", 1)[1] for row in outputs[0][3]) == ["broken.jpg", "truncated.jpg"]
+
+
+def test_decode_with_ray_is_a_one_line_error(tmp_path, checkpoint):
+    code, err = cli_result(["predict", tmp_path, "--checkpoint", checkpoint, "--out", tmp_path / "out", "--engine", "ray",
+                            "--decode", "device"])
+    assert code == 2 and err == "crackseg: error: --decode applies to --engine local; Ray's actors decode what they read\n"
 
 
 def _running_in_group(group: int) -> list[int]:
