@@ -3,6 +3,7 @@
     python benchmarks/general_model.py train --seed 0                        # all four train splits: crackseg-general
     python benchmarks/general_model.py train --seed 0 --leave-out masonry    # the other three
     python benchmarks/general_model.py train --seed 0 --only masonry         # masonry alone, at the recipe's budget
+    python benchmarks/general_model.py train --seed 0 --start crackpot       # crackpot's ResUNet fine-tuned on all four
     python benchmarks/general_model.py score --model crackseg/model/weights/general --name general-shipped
     python benchmarks/general_model.py score --model crackpot.pt --name crackpot-256 --resize 256
     python benchmarks/general_model.py table
@@ -38,19 +39,24 @@ from recipe import ROOT, experiment_parser, spread
 
 DATASETS = {"cfd": "cfd", "crack500": "crack500-subset", "masonry": "masonry", "walls": "walls-mixed"}
 CRACK_FREE = "walls"  # the dataset whose test split holds real crack-free photos
-RECIPE = ["--encoder", "efficientnet-lite0", "--encoder-weights", "imagenet", "--loss", "bce+dice", "--pos-weight", "sqrt",
-          "--amp", "off", "--crop-size", "320", "--batch-size", "4", "--lr", "1e-3", "--workers", "0", "--device", "cpu"]
+IMAGENET_START = ["--encoder", "efficientnet-lite0", "--encoder-weights", "imagenet"]
+RECIPE = ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "off", "--crop-size", "320", "--batch-size", "4", "--lr", "1e-3",
+          "--workers", "0", "--device", "cpu"]
 LARGE_ALARM = 0.01  # share of a crack-free photo's pixels
 
 
 def train(args: argparse.Namespace) -> None:
     names = [args.only] if args.only else [name for name in DATASETS if name != args.leave_out]
     model = f"only-{args.only}" if args.only else f"without-{args.leave_out}" if args.leave_out else "general"
+    if args.start == "crackpot":
+        model = f"{model}-from-crackpot"
     run_dir = args.runs / model / f"s{args.seed}"
     epochs = args.epochs or (RECIPE_BUDGETS[args.only][1] if args.only else 12)
     data = [flag for name in names for flag in ("--data", str(args.root / DATASETS[name]))]
-    command = [str(ROOT / "launch.sh"), "--nproc", "2", "train", *data, "--run", str(run_dir), *RECIPE,
-               "--input-scaling", args.input_scaling, "--epochs", str(epochs), "--seed", str(args.seed)]
+    start = [*IMAGENET_START, "--input-scaling", args.input_scaling] if args.start == "imagenet" else \
+        ["--arch", "resunet", "--init", str(args.crackpot), "--input-scaling", "auto"]  # its own scaling, from the file
+    command = [str(ROOT / "launch.sh"), "--nproc", "2", "train", *data, "--run", str(run_dir), *RECIPE, *start,
+               "--epochs", str(epochs), "--seed", str(args.seed)]
     print(" ".join(command), flush=True)
     start = time.time()
     subprocess.run(command, check=True, env={**os.environ, "PYTHON": sys.executable})
@@ -150,6 +156,10 @@ def main() -> None:
     chosen.add_argument("--only", choices=DATASETS)
     one.add_argument("--epochs", type=int, help="default: 12, or the recipe's budget with --only")
     one.add_argument("--input-scaling", choices=("imagenet", "tf"), default="tf")
+    one.add_argument("--start", choices=("imagenet", "crackpot"), default="imagenet",
+                     help="the recipe's ImageNet encoder, or fine-tuning crackpot's converted ResUNet (--crackpot)")
+    one.add_argument("--crackpot", type=Path, default=ROOT / "checkpoints" / "crackpot.pt",
+                     help="crackpot's model converted by crackseg convert --from crackpot")
     scored = commands.add_parser("score", help="score a model file on every test split and the crack-free photos")
     scored.add_argument("--model", type=Path, required=True)
     scored.add_argument("--name", required=True, help="the name its scores are tabulated under")

@@ -31,6 +31,7 @@ from crackseg.model.checkpoint import save_model
 from crackseg.model.distributed import resolve_amp
 from crackseg.model.networks import build_model
 from crackseg.model.options import InferenceOptions
+from crackseg.prediction.decoding import decode_batch
 from crackseg.prediction.options import PredictOptions
 from crackseg.prediction.predict import predict_folder
 from skimage.morphology import skeletonize, thin
@@ -109,9 +110,10 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
         inference = InferenceOptions(tile=max(size, 1024), batch_size=args.batch_size, device=args.device, amp=args.amp,
                                      channels_last=args.channels_last)
 
-        def crackseg_window(index: int, measure: bool) -> None:
+        def crackseg_window(index: int, measure: bool, decode: str = "auto") -> None:
             predict_folder(Path(tmp) / "model.pt", [str(Path(tmp) / "data" / "images")],
-                           PredictOptions(out=Path(tmp) / "out", inference=inference, measure=measure, workers=args.workers, overwrite=True))
+                           PredictOptions(out=Path(tmp) / "out", inference=inference, measure=measure, workers=args.workers,
+                                          overwrite=True, decode=decode))
         files = sorted((Path(tmp) / "data" / "images").iterdir())
         for timed_files in (files[:args.batch_size], files):  # the first batch warms up (numba's compiled code is loaded)
             stages = _stage_costs(timed_files, model, device, amp_dtype, args.batch_size, args.channels_last, Path(tmp) / "stages")
@@ -121,6 +123,8 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
             True: (lambda index: crackseg_window(index, measure=True), count),
             False: (lambda index: crackseg_window(index, measure=False), count),
             "naive": (lambda index: _naive_loop(model, files, device, Path(tmp) / "naive.png"), count),
+            **({"workers decode": (lambda index: crackseg_window(index, measure=False, decode="workers"), count)}
+               if device.type == "cuda" else {}),  # JPEGs decoded by Pillow in the workers, as on the CPU
         }, windows)
     model_rate, naive_rate = rates["model"][0], rates["naive"][0]
     end_rates = {measure: rates[measure][0] for measure in (True, False)}
@@ -131,6 +135,10 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
         what = "JPEG files to PNG masks + measurements" if measure else "JPEG files to PNG masks (--no-measure)"
         rows.append({"mode": "predict", "path": f"crackseg predict, {what}, {args.workers} workers", **common,
                      "images_per_s": round(rate, 2), "efficiency": round(rate / model_rate, 3)})
+    if "workers decode" in rates:
+        rows.append({"mode": "predict", "path": f"crackseg predict, JPEG files to PNG masks (--no-measure --decode workers), "
+                     f"{args.workers} workers", **common, "images_per_s": round(rates["workers decode"][0], 2),
+                     "efficiency": round(rates["workers decode"][0] / model_rate, 3)})
     rows.append({"mode": "predict", "path": "naive loop (batch 1, fp32, resize to 448, no workers)", **common, "batch": 1, "amp": "off",
                  "images_per_s": round(naive_rate, 2), "crackseg_speedup": round(end_rates[False] / naive_rate, 2)})
     total = sum(stages.values())
@@ -153,13 +161,14 @@ def _stage_costs(files: list[Path], model: torch.nn.Module, device: torch.device
     """Seconds per image of each stage of the files-to-outputs path, each timed alone over ``files`` in one process
     (the device stages per batch, synchronized): where an image's time goes, whichever stage a pipeline overlaps."""
     folder.mkdir(exist_ok=True)
-    spent = dict.fromkeys(["read", "decode", "copy to device", "forward", "copy back", "threshold", "measure", "encode PNG",
-                           "write"], 0.0)
+    on_device = ["decode on the device (batch, nvJPEG)"] if device.type == "cuda" else []  # what predict does there
+    spent = dict.fromkeys(["read", "decode", *on_device, "copy to device", "forward", "copy back", "threshold", "measure",
+                           "encode PNG", "write"], 0.0)
 
     def timed(stage: str, work, *args):
         start = time.perf_counter()
         result = work(*args)
-        if stage in ("copy to device", "forward", "copy back"):
+        if stage in ("copy to device", "forward", "copy back", *on_device):
             device_sync(device)
         spent[stage] += time.perf_counter() - start
         return result
@@ -168,6 +177,8 @@ def _stage_costs(files: list[Path], model: torch.nn.Module, device: torch.device
         batch = files[first:first + batch_size]
         data = [timed("read", Path.read_bytes, path) for path in batch]
         images = [timed("decode", load_image, io.BytesIO(item)) for item in data]
+        for stage in on_device:
+            timed(stage, decode_batch, [torch.frombuffer(bytearray(item), dtype=torch.uint8) for item in data], device)
         pixels = torch.stack(images).pin_memory() if device.type == "cuda" else torch.stack(images)
         pixels = timed("copy to device", lambda: pixels.to(device, non_blocking=True))
         if channels_last:
