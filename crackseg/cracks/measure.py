@@ -255,21 +255,37 @@ def _within(tree: cKDTree, centres: np.ndarray, radius: float | np.ndarray) -> t
 
 def _anchors(skeleton: Pixels, labels: np.ndarray, count: int) -> dict[int, tuple[int, int]]:
     """A skeleton pixel per label, the middle one of its pixels in scan order (on the crack, not beside it)."""
-    order = np.argsort(labels, kind="stable")
-    points, owners = skeleton.points[order], labels[order]
-    starts = np.searchsorted(owners, np.arange(1, count + 1))
-    ends = np.searchsorted(owners, np.arange(1, count + 1), side="right")
-    some = ends > starts
-    return dict(zip(np.arange(1, count + 1)[some].tolist(), map(tuple, points[(starts[some] + ends[some]) // 2].tolist())))
+    middle = _middles(labels, count)
+    some = np.flatnonzero(middle >= 0)
+    return dict(zip(some.tolist(), map(tuple, skeleton.points[middle[some]].tolist())))
 
 
+@njit(cache=True, nogil=True)
+def _middles(labels: np.ndarray, count: int) -> np.ndarray:
+    """Per label, the position of the middle of its pixels in scan order (the one after the middle for an even
+    count), -1 for label 0 and a label without pixels."""
+    sizes = np.zeros(count + 1, np.int64)
+    for label in labels:
+        sizes[label] += 1
+    middle = np.full(count + 1, -1, np.int64)
+    seen = np.zeros(count + 1, np.int64)
+    for position in range(len(labels)):
+        label = labels[position]
+        if label > 0 and seen[label] == sizes[label] // 2:
+            middle[label] = position
+        seen[label] += 1
+    return middle
+
+
+@njit(cache=True, nogil=True)
 def _boxes(points: np.ndarray, labels: np.ndarray, shape: tuple[int, int], count: int) -> np.ndarray:
     """ndimage.find_objects of labelled points as (count + 1, 4) top, left, bottom, right; (H, W, 0, 0) for a label without points."""
-    box = np.tile(np.array([shape[0], shape[1], 0, 0]), (count + 1, 1))
-    np.minimum.at(box[:, 0], labels, points[:, 0])
-    np.minimum.at(box[:, 1], labels, points[:, 1])
-    np.maximum.at(box[:, 2], labels, points[:, 0] + 1)
-    np.maximum.at(box[:, 3], labels, points[:, 1] + 1)
+    box = np.zeros((count + 1, 4), np.int64)
+    box[:, 0], box[:, 1] = shape[0], shape[1]
+    for k in range(len(labels)):
+        label, row, col = labels[k], points[k, 0], points[k, 1]
+        box[label, 0], box[label, 1] = min(box[label, 0], row), min(box[label, 1], col)
+        box[label, 2], box[label, 3] = max(box[label, 2], row + 1), max(box[label, 3], col + 1)
     return box
 
 
@@ -279,15 +295,33 @@ def _chain_length_by_label(skeleton: Pixels, labels: np.ndarray, count: int) -> 
     Diagonal links count only where no orthogonal path joins the pair (staircases are
     not counted twice). A corner is a pixel with two links that are not collinear.
     """
-    nw, n, ne, e, se, s, sw, w = (skeleton.neighbours >= 0).T
-    se, sw, nw, ne = se & ~e & ~s, sw & ~w & ~s, nw & ~n & ~w, ne & ~n & ~e
+    return _chain_lengths(skeleton.neighbours, labels, count)[1:]
+
+
+@njit(cache=True, nogil=True)
+def _chain_lengths(neighbours: np.ndarray, labels: np.ndarray, count: int) -> np.ndarray:
+    links = np.zeros((count + 1, 5), np.int64)  # per label: E, S, SE, SW links (each at its upper or left pixel), corners
+    for pixel in range(len(neighbours)):
+        ring = neighbours[pixel]
+        nw, n, ne, e, se, s, sw, w = ring[0] >= 0, ring[1] >= 0, ring[2] >= 0, ring[3] >= 0, ring[4] >= 0, ring[5] >= 0, \
+            ring[6] >= 0, ring[7] >= 0
+        se, sw, nw, ne = se and not e and not s, sw and not w and not s, nw and not n and not w, ne and not n and not e
+        label = labels[pixel]
+        links[label, 0] += e
+        links[label, 1] += s
+        links[label, 2] += se
+        links[label, 3] += sw
+        degree = nw + n + ne + e + se + s + sw + w
+        collinear = (e and w) or (s and n) or (se and nw) or (sw and ne)
+        links[label, 4] += degree == 2 and not collinear
     total = np.zeros(count + 1)
-    for links, step in ((e, ORTHOGONAL), (s, ORTHOGONAL), (se, DIAGONAL), (sw, DIAGONAL)):  # each link once, at its upper or left pixel
-        total += step * np.bincount(labels[links], minlength=count + 1)
-    degree = np.sum([nw, n, ne, e, se, s, sw, w], axis=0)
-    collinear = (e & w) | (s & n) | (se & nw) | (sw & ne)
-    total -= CORNER * np.bincount(labels[(degree == 2) & ~collinear], minlength=count + 1)
-    return total[1:]
+    for label in range(count + 1):  # in the order, and with the products, of summing whole arrays
+        total[label] += ORTHOGONAL * links[label, 0]
+        total[label] += ORTHOGONAL * links[label, 1]
+        total[label] += DIAGONAL * links[label, 2]
+        total[label] += DIAGONAL * links[label, 3]
+        total[label] -= CORNER * links[label, 4]
+    return total
 
 
 def _max_width_by_label(cracks: Pixels, distance: np.ndarray, skeleton: Pixels, ends: np.ndarray, labels: np.ndarray,
@@ -306,7 +340,7 @@ def _max_width_by_label(cracks: Pixels, distance: np.ndarray, skeleton: Pixels, 
     on_ridge[at] = True
     around = cracks.neighbours[at]
     twin = np.where((around >= 0) & ~on_ridge[around], distance[around], 0.0).max(axis=1, initial=0.0)
-    widths = 2.0 * depth - 1.0 + np.isclose(twin, depth)
+    widths = 2.0 * depth - 1.0 + (np.abs(twin - depth) <= 1e-8 + 1e-5 * depth)  # np.isclose, without its overhead
     result = np.zeros(count + 1)
     np.maximum.at(result, owner, 2.0 * depth - 1.0)
     joined = skeleton.parent  # the pixels it was thinned from: the mask's, and the bridges'
