@@ -27,7 +27,7 @@ from crackseg.data.images import load_image, load_mask
 from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
 from crackseg.model.distributed import resolve_amp
 from crackseg.data.synth import write_dataset
-from crackseg.training.transforms import PhotometricJitter, train_transform
+from crackseg.training.transforms import DeviceGeometry, PhotometricJitter, train_transform, window_transform
 from harness import compute_figures, device_sync, flops_per_image, median_rates, peak_memory_mb, window_count
 
 
@@ -52,7 +52,10 @@ def bench_train(args: argparse.Namespace) -> list[dict]:
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
     model_only = StepContext(env=env, loss_fn=CrackLoss(20.0), amp_dtype=resolve_amp(args.amp, device), scaler=scaler,
                              channels_last=args.channels_last, log_every=10**9)
-    end_to_end = dataclasses.replace(model_only, jitter=PhotometricJitter())
+    on_gpu = device.type == "cuda"  # where train scales, flips and turns on the device (--augment-on auto)
+    geometry = DeviceGeometry(size) if on_gpu else None
+    end_to_end = dataclasses.replace(model_only, jitter=PhotometricJitter(), geometry=geometry)
+    in_workers = dataclasses.replace(end_to_end, geometry=None)
     flops = flops_per_image(model, size, device, train=True)
     images = torch.randint(0, 256, (args.batch_size, 3, size, size), dtype=torch.uint8, device=device)
     masks = (torch.rand(args.batch_size, 1, size, size, device=device) < 0.02).to(torch.uint8)
@@ -65,18 +68,24 @@ def bench_train(args: argparse.Namespace) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         count = steps * args.batch_size
         write_dataset(Path(tmp), count, (round(size * 1.25), round(size * 1.25)), seed=0, workers=os.cpu_count() or 1)
-        dataset = CrackDataset(open_dataset(Path(tmp)).samples, train_transform(size), seed=0)
-        sampler = EpochSampler(torch.utils.data.RandomSampler(dataset))
-        loader = make_loader(dataset, args.batch_size, sampler, args.workers, device.type == "cuda", drop_last=True)
+        samples = open_dataset(Path(tmp)).samples
 
-        def loader_window(index: int) -> None:
-            sampler.set_epoch(index)
-            train_one_epoch(model, loader, optimizer, scheduler, end_to_end)
-            device_sync(device)
+        def loader_window(transform, context):
+            dataset = CrackDataset(samples, transform, seed=0)
+            sampler = EpochSampler(torch.utils.data.RandomSampler(dataset))
+            loader = make_loader(dataset, args.batch_size, sampler, args.workers, on_gpu, drop_last=True)
+
+            def window(index: int) -> None:
+                sampler.set_epoch(index)
+                train_one_epoch(model, loader, optimizer, scheduler, context)
+                device_sync(device)
+            return window, count // args.batch_size * args.batch_size
 
         rates = median_rates({"model": (model_window, steps * args.batch_size),
-                              "end": (loader_window, count // args.batch_size * args.batch_size)}, windows)
-        stages = _stage_costs(dataset.samples, train_transform(size), args.batch_size, device, args.channels_last)
+                              "end": loader_window(window_transform(size) if on_gpu else train_transform(size), end_to_end),
+                              **({"workers": loader_window(train_transform(size), in_workers)} if on_gpu else {})}, windows)
+        stages = _stage_costs(samples, window_transform(size) if on_gpu else train_transform(size), geometry, args.batch_size,
+                              device, args.channels_last)
     model_rate, end_rate = rates["model"][0], rates["end"][0]
     stages["step (forward, backward, update)"] = 1 / model_rate
     common = {"encoder": args.encoder, "size": size, "batch": args.batch_size, "amp": args.amp,
@@ -87,12 +96,16 @@ def bench_train(args: argparse.Namespace) -> list[dict]:
         {"mode": "train", "path": "end to end (files, augmentation, loader)", **common, "workers": args.workers,
          "images_per_s": round(end_rate, 2), "efficiency": round(end_rate / model_rate, 3),
          **compute_figures(flops, end_rate, device, args.amp, args.peak_tflops)},
+        *([{"mode": "train", "path": "end to end, crops, flips and turns in the loader workers (--augment-on workers)", **common,
+            "workers": args.workers, "images_per_s": round(rates["workers"][0], 2),
+            "efficiency": round(rates["workers"][0] / model_rate, 3)}] if "workers" in rates else []),
         *({"mode": "train stages", "path": f"stage: {stage}", **common, "ms_per_image": round(seconds * 1e3, 3),
            "share_of_stages": round(seconds / sum(stages.values()), 3)} for stage, seconds in stages.items()),
     ]
 
 
-def _stage_costs(samples: list[Sample], transform, batch_size: int, device: torch.device, channels_last: bool) -> dict[str, float]:
+def _stage_costs(samples: list[Sample], transform, geometry: DeviceGeometry | None, batch_size: int, device: torch.device,
+                 channels_last: bool) -> dict[str, float]:
     """Seconds per image of each stage of a training step's input, each timed alone over ``samples`` in one process
     (after one untimed pass): where an image's time goes, whichever stages the loader's workers overlap."""
     jitter = PhotometricJitter()
@@ -101,7 +114,7 @@ def _stage_costs(samples: list[Sample], transform, batch_size: int, device: torc
     def timed(stage: str, work, *args):
         start = time.perf_counter()
         result = work(*args)
-        if stage in ("copy to device", "photometric jitter (on the device)"):
+        if stage in ("copy to device", "crop, flips, turns (on the device)", "photometric jitter (on the device)"):
             device_sync(device)
         spent[stage] = spent.get(stage, 0.0) + time.perf_counter() - start
         return result
@@ -114,11 +127,13 @@ def _stage_costs(samples: list[Sample], transform, batch_size: int, device: torc
                 data = timed("read", lambda: (sample.image.read_bytes(), sample.mask.read_bytes()))
                 image = timed("decode image", load_image, io.BytesIO(data[0]))
                 mask = timed("decode mask", load_mask, io.BytesIO(data[1]))
-                pairs.append(timed("augment (crop, flips, turns)", transform, image, mask))
+                pairs.append(timed("augment (window)" if geometry else "augment (crop, flips, turns)", transform, image, mask))
             images, masks = timed("collate", lambda: (torch.stack([image for image, _ in pairs]), torch.stack([mask for _, mask in pairs])))
             if device.type == "cuda":
                 images, masks = images.pin_memory(), masks.pin_memory()
             images, masks = timed("copy to device", lambda: (images.to(device, non_blocking=True), masks.to(device, non_blocking=True)))
+            if geometry is not None:
+                images, masks = timed("crop, flips, turns (on the device)", geometry, images, masks)
             if channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
             timed("photometric jitter (on the device)", jitter, images)

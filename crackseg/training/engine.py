@@ -24,7 +24,7 @@ from crackseg.model import distributed
 from crackseg.model.inference import Predictor
 from crackseg.model.options import InferenceOptions
 from crackseg.training.losses import CrackLoss
-from crackseg.training.transforms import PhotometricJitter
+from crackseg.training.transforms import DeviceGeometry, PhotometricJitter
 
 LogCallback = Callable[[int, dict[str, float]], None]
 
@@ -43,6 +43,7 @@ class StepContext:
     log_every: int = 10
     on_log: LogCallback | None = None  # rank 0 reports training progress here every log_every steps
     epochs: int = 1  # the run's length, for the progress bar
+    geometry: DeviceGeometry | None = None  # scaled crops, flips and turns of training batches, on the device
     jitter: PhotometricJitter | None = None  # photometric augmentation of training batches, on the device
     ema: AveragedModel | None = None  # moving average of the weights, updated after every optimizer step
 
@@ -119,10 +120,12 @@ def train_one_epoch(
     micro_batches = []
     step = 0
     for images, masks in loader:
-        images = context.to_device(images)
+        images, masks = context.to_device(images), masks.to(env.device, non_blocking=True)
+        if context.geometry is not None:
+            images, masks = context.geometry(images, masks)
         if context.jitter is not None:
             images = context.jitter(images)
-        micro_batches.append((context.model_input(images), masks.to(env.device, non_blocking=True)))
+        micro_batches.append((context.model_input(images), masks))
         if len(micro_batches) < context.grad_accum:
             continue
         step += 1

@@ -20,7 +20,7 @@ from crackseg.data.collection import dataset_of
 from crackseg.data.datasets import Sample
 from crackseg.training.image_cache import Decoded, decode_sample, decoded_samples
 from crackseg.training.seeding import mix_seed
-from crackseg.training.transforms import train_transform
+from crackseg.training.transforms import train_transform, window_transform
 
 if TYPE_CHECKING:
     from crackseg.model import distributed
@@ -207,6 +207,11 @@ def make_loader(
     )
 
 
+def augments_on_device(config: TrainConfig, env: distributed.Environment) -> bool:
+    """Whether the scaled crops, flips and turns run on the device (--augment-on)."""
+    return config.augment_on == "device" or (config.augment_on == "auto" and env.device.type == "cuda")
+
+
 def run_loaders(config: TrainConfig, env: distributed.Environment, prepared: Prepared):
     """The training sampler and loader (shuffled, sharded, last partial batch dropped), and this process's validation
     shard of each dataset, by name."""
@@ -215,7 +220,8 @@ def run_loaders(config: TrainConfig, env: distributed.Environment, prepared: Pre
     positives, share = [by_stem[stem] for stem in split["train"]], prepared.resolved.negative_share
     negatives = prepared.negatives if share > 0 else []  # at share 0 the epochs are those of a run without any
     cached = decoded_samples(positives + negatives, env) if config.cache else None
-    train_set = CrackDataset(positives + negatives, train_transform(config.crop_size), seed=config.seed, cached=cached)
+    crops = window_transform if augments_on_device(config, env) else train_transform  # the rest: DeviceGeometry
+    train_set = CrackDataset(positives + negatives, crops(config.crop_size), seed=config.seed, cached=cached)
     train_sampler = _train_sampler(config, env, prepared, len(positives), len(negatives))
     train_loader = make_loader(train_set, config.batch_size, train_sampler, workers, pin, drop_last=True)
     val_loaders = {}

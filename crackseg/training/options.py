@@ -36,10 +36,11 @@ from crackseg.model.shipped import model_file
 PATH_OPTIONS = frozenset({"data", "images", "masks", "init", "negatives"})
 # Options that may change when a run is resumed; any other difference is an error.
 RESUMABLE_CHANGES = frozenset(
-    {"run", "epochs", "workers", "val_every", "keep_last", "log_every", "resume", "device", "cache", "val_batch_size", "compile"}
+    {"run", "epochs", "workers", "val_every", "keep_last", "log_every", "resume", "device", "cache", "val_batch_size", "compile",
+     "augment_on"}
 )
 # Options added after runs were saved without them: such a run trained as their default says.
-ADDED_OPTIONS = frozenset({"negatives", "negative_share", "data_weights", "input_scaling"})
+ADDED_OPTIONS = frozenset({"negatives", "negative_share", "data_weights", "input_scaling", "augment_on"})
 DEFAULT_NEGATIVE_SHARE = 0.25  # --negative-share when crack-free images are given and the share is not
 
 
@@ -191,6 +192,10 @@ class TrainConfig(Options):
     compile: bool | None = option(None, "torch.compile the model (slow first steps); default: on a CUDA device, where it trains a "
                                         "third faster (docs/benchmarks.md), off on the CPU", section="speed and memory",
                                   off=("--no-compile", "never torch.compile the model"))
+    augment_on: str = option("auto", "where the scaled crops, flips and turns run: workers (per photo, in the loader processes) "
+                                     "or device (the workers cut fixed windows, the model's device scales, flips and turns "
+                                     "whole batches of them); auto = device on a GPU, workers on the CPU",
+                             section="speed and memory", choices=("auto", "workers", "device"))
     sync_bn: bool = option(False, "synchronize BatchNorm statistics across the GPUs of a torchrun (DDP) run (small per-GPU batches)", section="speed and memory")
     activation_checkpointing: bool = option(
         False, "recompute activations in the backward pass to save memory (--arch unet)", section="speed and memory"

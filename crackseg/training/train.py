@@ -39,13 +39,13 @@ from crackseg.evaluation.metrics import improves
 from crackseg.model import distributed
 from crackseg.model.checkpoint import RunRecord, restore_training_state, training_state
 from crackseg.training.engine import StepContext, Validation, build_optimizer, build_scheduler, train_one_epoch, validate
-from crackseg.training.loader import EpochSampler, MixSampler, negatives_per_epoch, run_loaders
+from crackseg.training.loader import EpochSampler, MixSampler, augments_on_device, negatives_per_epoch, run_loaders
 from crackseg.training.losses import CrackLoss
 from crackseg.training.options import TrainConfig, check_options, check_same_run, expand_datasets, resolved_encoder
 from crackseg.training.run_folder import RunFolder, TrainingPass
 from crackseg.training.seeding import mix_seed, seed_everything
 from crackseg.training.setup import Prepared, build_training_model, prepare_run
-from crackseg.training.transforms import PhotometricJitter
+from crackseg.training.transforms import DeviceGeometry, PhotometricJitter
 
 
 def fit(config: TrainConfig) -> dict:
@@ -140,6 +140,7 @@ def _build(config: TrainConfig, env: distributed.Environment, folder: RunFolder,
         scaler=torch.amp.GradScaler(env.device.type, enabled=amp_dtype == torch.float16), grad_accum=config.grad_accum,
         channels_last=layout, clip_grad=config.clip_grad, log_every=config.log_every, on_log=folder.log_step,
         epochs=config.epochs, jitter=PhotometricJitter(), ema=ema,
+        geometry=DeviceGeometry(config.crop_size) if augments_on_device(config, env) else None,
     )
     return _Training(model, model_without_ddp, ema, sampler, train_loader, val_loaders, optimizer, scheduler, context,
                      steps_per_epoch)

@@ -1,5 +1,8 @@
 """Training augmentation in two halves: geometric per sample in loader workers, photometric per batch on the device.
 
+On a GPU the geometric half moves to the device too (``--augment-on device``): the workers only cut fixed-size
+windows, and :class:`DeviceGeometry` scales, flips and turns whole batches of them.
+
 Spatial transforms (``torchvision.transforms.v2``) move image and mask together;
 ``tv_tensors.Mask`` is always resized with NEAREST, so masks stay binary. Images stay
 uint8 in the workers. Brightness, contrast, blur and noise touch the image only, so they
@@ -64,9 +67,57 @@ class RandomRotate90(v2.Transform):
         return tv_tensors.wrap(torch.rot90(inpt, params["turns"], dims=(-2, -1)), like=inpt)
 
 
-def train_transform(crop_size: int, scale: tuple[float, float] = (0.75, 1.33)) -> v2.Transform:
+SCALE = (0.75, 1.33)  # zoom of the scaled crops: cracks stay near their native width
+
+
+def train_transform(crop_size: int, scale: tuple[float, float] = SCALE) -> v2.Transform:
     """Random scaled crop, flips and 90-degree rotations of image and mask together."""
     return v2.Compose([RandomScaledCrop(crop_size, scale), v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(), RandomRotate90()])
+
+
+def window_transform(crop_size: int, scale: tuple[float, float] = SCALE) -> v2.Transform:
+    """A loader worker's half of :class:`DeviceGeometry`: an unscaled square window, as large as the largest region
+    a scaled crop takes (zero-padded where the photo is smaller), cut with no resampling."""
+    return RandomScaledCrop(window_side(crop_size, scale), (1.0, 1.0))
+
+
+def window_side(crop_size: int, scale: tuple[float, float] = SCALE) -> int:
+    return math.ceil(crop_size / scale[0])
+
+
+@dataclass(frozen=True)
+class DeviceGeometry:
+    """The scaled crop, flips and 90-degree turns of :func:`train_transform`, on a batch of windows on the device.
+
+    Takes (N, 3, S, S) uint8 images and (N, 1, S, S) masks cut by :func:`window_transform` and returns (N, 3, C, C)
+    uint8 and (N, 1, C, C) masks, ``C = crop_size``: each a region of side ``C / s`` (``s`` log-uniform in ``scale``)
+    at a random place in its window, resampled in one batched ``grid_sample`` (bilinear for the image, nearest for
+    the mask, so it stays binary) with its flips and turn. The draws come from the host's generator, as
+    :class:`PhotometricJitter`'s do. Unlike the workers' crop, a region zoomed out is not antialiased (at most
+    1 / 0.75 = 1.33x), and a region's place in the photo is a window's place plus its place in the window.
+    """
+
+    crop_size: int
+    scale: tuple[float, float] = SCALE
+
+    def __call__(self, images: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        count, side, device = images.shape[0], images.shape[-1], images.device
+        low, high = math.log(self.scale[0]), math.log(self.scale[1])
+        region = self.crop_size / torch.exp(low + (high - low) * torch.rand(count))  # px of the window
+        centre = region / 2 + (side - region) * torch.rand(2, count)  # x, y in the window's px
+        flips = torch.where(torch.rand(2, count) < 0.5, -1.0, 1.0)
+        turns = torch.randint(0, 4, (count,))
+        cos, sin = torch.tensor([1.0, 0.0, -1.0, 0.0])[turns], torch.tensor([0.0, 1.0, 0.0, -1.0])[turns]
+        theta = torch.zeros(count, 2, 3)
+        half = region / side  # the region's half side over the window's, as affine_grid measures it
+        theta[:, 0, 0], theta[:, 0, 1] = half * cos * flips[0], -half * sin * flips[1]
+        theta[:, 1, 0], theta[:, 1, 1] = half * sin * flips[0], half * cos * flips[1]
+        theta[:, :, 2] = (2 * centre / side - 1).T
+        grid = torch.nn.functional.affine_grid(theta.to(device, non_blocking=True), [count, 1, self.crop_size, self.crop_size],
+                                               align_corners=False)
+        pixels = torch.nn.functional.grid_sample(images.float(), grid, mode="bilinear", align_corners=False)
+        labels = torch.nn.functional.grid_sample(masks.float(), grid, mode="nearest", align_corners=False)
+        return pixels.round_().clamp_(0, 255).to(torch.uint8), labels.to(masks.dtype)
 
 
 @dataclass(frozen=True)

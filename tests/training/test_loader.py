@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 from PIL import Image
+from torchvision import tv_tensors
 
 from crackseg.data.datasets import Sample, open_dataset
 from crackseg.training.image_cache import decoded_samples
 from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
-from crackseg.training.transforms import PhotometricJitter, gaussian_blur, train_transform
+from crackseg.training.transforms import DeviceGeometry, PhotometricJitter, gaussian_blur, train_transform, window_side, window_transform
 
 
 def test_augmentation_keeps_image_and_mask_aligned(tmp_path):
@@ -92,3 +93,39 @@ def test_loader_workers_and_cache_give_the_same_batches(synth_root):
         loader = make_loader(dataset, 4, sampler, workers=workers)
         batches.append([images for images, _ in loader])
     assert all(torch.equal(a, b) for a, b in zip(*batches))
+
+
+def test_device_geometry_unscaled_is_one_of_the_eight_turns_and_flips_of_its_window():
+    """Region = window: each output is exactly a dihedral transform of its input, image and mask the same one."""
+    torch.manual_seed(3)
+    images = torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8)
+    masks = torch.randint(0, 2, (64, 1, 16, 16), dtype=torch.uint8)
+    out_images, out_masks = DeviceGeometry(16, (1.0, 1.0))(images, masks)
+    seen = set()
+    for image, mask, out_image, out_mask in zip(images, masks, out_images, out_masks):
+        views = [(turns, flip) for turns in range(4) for flip in (False, True)
+                 if torch.equal(torch.rot90(image.flip(-1) if flip else image, turns, (-2, -1)), out_image)]
+        assert len(views) == 1
+        turns, flip = views[0]
+        assert torch.equal(torch.rot90(mask.flip(-1) if flip else mask, turns, (-2, -1)), out_mask)
+        seen.add(views[0])
+    assert len(seen) == 8
+
+
+def test_device_geometry_keeps_image_and_mask_aligned_and_the_mask_binary():
+    torch.manual_seed(5)
+    side = window_side(48)
+    images = torch.zeros(32, 3, side, side, dtype=torch.uint8)
+    masks = torch.zeros(32, 1, side, side, dtype=torch.uint8)
+    for k in range(32):
+        for _ in range(6):
+            row, col = torch.randint(0, side - 12, (2,)).tolist()
+            height, width = torch.randint(3, 12, (2,)).tolist()
+            images[k, 0, row : row + height, col : col + width] = 255
+            masks[k, 0, row : row + height, col : col + width] = 1
+    out_images, out_masks = DeviceGeometry(48)(images, masks)
+    assert out_images.shape == (32, 3, 48, 48) and out_images.dtype == torch.uint8 and out_masks.shape == (32, 1, 48, 48)
+    assert set(out_masks.unique().tolist()) == {0, 1}
+    assert ((out_images[:, 0] > 127) == (out_masks[:, 0] == 1)).float().mean() > 0.99  # only resampled edges may differ
+    dataset_windows = window_transform(48)(tv_tensors.Image(images[0]), tv_tensors.Mask(masks[0]))
+    assert dataset_windows[0].shape == (3, side, side)

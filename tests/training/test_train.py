@@ -178,6 +178,25 @@ def test_resume_after_kill_equals_an_uninterrupted_run(synth_root, tmp_path):
     assert load_split(broken / "split.json") == load_split(straight / "split.json")
 
 
+def test_augmentation_on_the_device_trains_reproducibly_and_resumes_exactly(synth_root, tmp_path):
+    """--augment-on device (a GPU's default) on the CPU: the workers cut windows, the step scales, flips and turns them;
+    the same seed gives the same weights, and a run resumed after its first epoch the weights of one that was not."""
+    straight, again, resumed = tmp_path / "straight", tmp_path / "again", tmp_path / "resumed"
+    fit(_config(straight, synth_root, augment_on="device"))
+    fit(_config(again, synth_root, augment_on="device"))
+    shutil.copytree(straight, resumed)
+    shutil.copyfile(resumed / "epoch_0001.pt", resumed / "last.pt")  # as a run stopped after its first epoch
+    (resumed / "epoch_0002.pt").unlink()
+    fit(_config(resumed, synth_root, augment_on="device"))
+    reference = _weights(straight / "last.pt")
+    for other in (again, resumed):
+        weights = _weights(other / "last.pt")
+        assert all(torch.equal(weights[key], reference[key]) for key in reference), other.name
+    fit(_config(tmp_path / "workers", synth_root, augment_on="workers"))
+    workers = _weights(tmp_path / "workers" / "last.pt")
+    assert not all(torch.equal(workers[key], reference[key]) for key in reference)  # another augmentation path
+
+
 def test_weight_average_is_the_saved_model_and_resumes_exactly(synth_root, tmp_path):
     straight = tmp_path / "straight"
     fit(_config(straight, synth_root, epochs=2, ema=0.8))
