@@ -372,6 +372,22 @@ def test_activation_checkpointing_gives_the_plain_gradient_with_at_least_40_perc
     assert checkpointed_bytes <= 0.6 * plain_bytes, (plain_bytes / 2**20, checkpointed_bytes / 2**20)
 
 
+def test_crops_flips_and_turns_on_the_gpu_are_the_cpus(exact_fp32):
+    """DeviceGeometry, train's default augmentation on a GPU: the same draws resample alike on both devices."""
+    from crackseg.training.transforms import DeviceGeometry, window_side
+
+    side = window_side(64)
+    images = torch.randint(0, 256, (16, 3, side, side), dtype=torch.uint8)
+    masks = (torch.rand(16, 1, side, side) < 0.1).to(torch.uint8)
+    geometry = DeviceGeometry(64)
+    torch.manual_seed(0)
+    on_cpu = geometry(images, masks)
+    torch.manual_seed(0)
+    on_gpu = [tensor.cpu() for tensor in geometry(images.to(CUDA), masks.to(CUDA))]
+    assert (on_gpu[0].int() - on_cpu[0].int()).abs().max() <= 1
+    assert (on_gpu[1] == on_cpu[1]).float().mean() >= 0.999
+
+
 def test_training_loader_pins_its_batches_and_they_arrive_intact(synth_root):
     dataset = CrackDataset(open_dataset(synth_root).samples, train_transform(64), seed=0)
     sampler = EpochSampler(torch.utils.data.SequentialSampler(dataset))
