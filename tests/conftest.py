@@ -372,14 +372,12 @@ def s3_authentication(endpoint: str):
         auth_after("inf")
 
 
-@pytest.fixture
-def http_folder(tmp_path):
-    """(a folder, the http://127.0.0.1:PORT/ URL it is served at): a real HTTP server on loopback, in a thread."""
+@contextlib.contextmanager
+def served(folder: Path):
+    """The http://127.0.0.1:PORT/ URL ``folder`` is served at while the context lasts: a real HTTP server on
+    loopback, in a thread."""
     import http.server
     import threading
-
-    folder = tmp_path / "served"
-    folder.mkdir()
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args, **kwargs):
@@ -389,8 +387,18 @@ def http_folder(tmp_path):
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield folder, f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def http_folder(tmp_path):
+    """(a folder, the http://127.0.0.1:PORT/ URL it is served at)."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+    with served(folder) as url:
+        yield folder, url

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli_result, pavement
+from conftest import cli_result, pavement, served
 from PIL import Image
 
 from crackseg.integrations.label_studio import read_config
@@ -91,24 +91,10 @@ def studio(photo):
 
 @pytest.fixture(scope="module")
 def internal(photo):
-    """A plain http server on loopback serving the photo's folder: an address task images may not come from unless
-    the operator allows its host."""
-    import http.server
-
-    folder = photo["folder"]
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(folder), **kwargs)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    """host:port of a plain http server on loopback serving the photo's folder: an address task images may not come
+    from unless the operator allows its host."""
+    with served(photo["folder"]) as url:
+        yield url.removeprefix("http://").rstrip("/")
 
 
 @pytest.fixture(scope="module")
