@@ -1,9 +1,10 @@
 """``predict --engine local``: this process predicts its share of the work, or torchrun's processes theirs.
 
 Photos are decoded in loader workers (on a GPU, JPEGs in batches there: :mod:`crackseg.prediction.decoding`) and their
-files made (masks encoded, cracks measured, overlays drawn) in measuring processes, beside the model: in threads they shared one GIL and measuring fell far behind a GPU. Writer threads hand each
-photo to a process, upload its files and keep the photos' order; rasters are predicted by windows
-(:mod:`crackseg.prediction.streamed`), each process a share of their tile rows, rank 0 joining the parts.
+files made (masks encoded, cracks measured, overlays drawn) in measuring processes, beside the model: in threads they
+shared one GIL and measuring fell far behind a GPU. Writer threads hand each photo to a process, upload its files and
+keep the photos' order; rasters are predicted by windows (:mod:`crackseg.prediction.streamed`), each process a share of
+their tile rows, rank 0 joining the parts.
 """
 
 from __future__ import annotations
