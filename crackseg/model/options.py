@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crackseg.core.errors import InputError
-from crackseg.core.options import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, PX_SIZE, REQUIRED, Options, Range, group, option, parse_device, parse_size
+from crackseg.core.options import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, PX_SIZE, REQUIRED, Options, Range, group, option,
+                                   parse_device, parse_size)
 from crackseg.model.architectures import CLASSIC
 from crackseg.model.shipped import model_file
 
@@ -39,7 +40,8 @@ class InferenceOptions(Options):
                                                   "data); masks come back at the input size", unit="px", parse=parse_size)
     backend: str = option("auto", "runtime of the forward pass; auto: torch for checkpoints and safetensors folders, "
                                   "onnxruntime for .onnx, openvino for .xml (openvino also runs .onnx)", choices=BACKENDS)
-    device: str = option("auto", "auto (CUDA when present), cuda, cuda:N or cpu; exported models run on the CPU", parse=parse_device)
+    device: str = option("auto", "auto (CUDA when present), cuda, cuda:N or cpu; exported models run on the CPU",
+                         parse=parse_device)
     amp: str = option("auto", "mixed precision; auto = bf16 on GPUs that support it; bf16 also speeds up --backend openvino "
                               "on CPUs with bfloat16 (docs/benchmarks.md)", choices=AMP_CHOICES)
     channels_last: bool = option(False, "NHWC memory layout for --backend torch (on tensor cores; on the CPU it was slower end "
