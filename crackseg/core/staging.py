@@ -26,6 +26,9 @@ from crackseg.core.storage import (RemoteFile, StorageError, answers, delete_fil
                                    upload_file)
 
 
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)  # a full device, or the user's quota spent
+
+
 class OutFailed(InputError):
     """The ``--out`` folder takes no more files: the run stops instead of failing every file that follows, and says
     which inputs lack their outputs (``--skip-existing`` finishes them)."""
@@ -144,7 +147,7 @@ class StagedFolder:
     def check_room(self, error: OSError) -> None:
         """Raise :class:`OutFailed` when ``error``, met writing a file below the root, says its device is full (or the
         user's quota spent): every later file would fail the same way."""
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        if error.errno in _NO_ROOM:
             where = (f"{self.root}, the staging folder of {display_url(self.url)}/ (set TMPDIR to a folder with room)"
                      if self.remote else str(self.root))
             raise OutFailed(f"no space left in {where}") from None
@@ -301,7 +304,7 @@ class StagedSources:
         try:
             write_atomic(path, RemoteFile(url).read_bytes())
         except OSError as error:
-            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if error.errno not in _NO_ROOM:
                 raise
             raise InputError(f"no space left in {self._temp}, the staging folder of the inputs {self._command} reads from "
                              f"the store (set TMPDIR to a folder with room): {display_url(url)} could not be downloaded") from None

@@ -102,6 +102,12 @@ _THINNING = np.array([int(digit) for digit in (
     )], np.uint8)
 
 
+def thinned(mask: np.ndarray) -> np.ndarray:
+    """skimage.morphology.thin of a whole (H, W) mask, bit for bit, by the compiled :func:`thin` (scikit-image's own
+    runs NumPy per sub-pass, 20 times the cost)."""
+    return thin(Pixels.of(np.asarray(mask, bool))).image(True, bool)
+
+
 def components(pixels: Pixels) -> np.ndarray:
     """The 8-connected component of each pixel, numbered from 1 in scan order of their first pixels, as ndimage.label numbers them."""
     return _components(pixels.neighbours)

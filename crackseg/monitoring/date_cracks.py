@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import ndimage
-from skimage.morphology import thin
 
 from crackseg.cracks.measure import CrackMeasure, find_cracks
+from crackseg.cracks.pixel_sets import thinned
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,7 @@ def measure_date(mask: np.ndarray, join_gap_px: float, min_length_px: float) -> 
     kept = sum(crack.length_px >= min_length_px for crack in cracks)
     labels[window] = np.where(inner <= kept, inner, 0)
     points = {}
+    skeleton = thinned(inner > 0)  # one crack's pixels are never 8-adjacent to another's: each thins as if alone
     for number, box in enumerate(ndimage.find_objects(inner), 1):
-        # one crack's pixels are never 8-adjacent to another's, so thinning each alone gives the skeleton of all
-        skeleton = thin(np.pad(inner[box] == number, 1))
-        points[number] = np.argwhere(skeleton) + (box[0].start + top - 1, box[1].start + left - 1)
+        points[number] = np.argwhere(skeleton[box] & (inner[box] == number)) + (box[0].start + top, box[1].start + left)
     return DateCracks(labels, cracks[:kept], points, cracks[kept:])

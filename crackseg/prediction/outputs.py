@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-from skimage.morphology import thin
 from tqdm import tqdm
 
 from crackseg.core.errors import InputError
 from crackseg.core.files import read_csv, remove_orphan_temps, write_atomic, write_csv
 from crackseg.cracks.measure import CrackMeasure, find_cracks
+from crackseg.cracks.pixel_sets import thinned
 from crackseg.cracks.vectors import FORMATS, centrelines, layer_files, skeleton_links, write_vectors
 from crackseg.cracks.widths import WidthClasses, in_mm
 from crackseg.data.images import crack_mask
@@ -233,7 +233,7 @@ def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image:
         write_atomic(folder.overlay(name), overlay_jpeg(np.asarray(image).transpose(1, 2, 0), mask if labels is None else labels > 0, cracks))
     row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, "ok")
     if spec.vectors:
-        lines = centrelines(skeleton_links(thin(labels > 0), labels))
+        lines = centrelines(skeleton_links(thinned(labels > 0), labels))
         write_vectors(folder.vectors(name, spec.vectors), crack_rows, lines, None, spec.width_classes)
     return row, crack_rows
 
