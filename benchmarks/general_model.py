@@ -4,6 +4,7 @@
     python benchmarks/general_model.py train --seed 0 --leave-out masonry    # the other three
     python benchmarks/general_model.py train --seed 0 --only masonry         # masonry alone, at the recipe's budget
     python benchmarks/general_model.py train --seed 0 --start crackpot       # crackpot's ResUNet fine-tuned on all four
+    python benchmarks/general_model.py train --seed 0 --epochs 24            # twice the epochs: general-e24
     python benchmarks/general_model.py score --model crackseg/model/weights/general --name general-shipped
     python benchmarks/general_model.py score --model crackpot.pt --name crackpot-256 --resize 256
     python benchmarks/general_model.py table
@@ -43,6 +44,7 @@ IMAGENET_START = ["--encoder", "efficientnet-lite0", "--encoder-weights", "image
 RECIPE = ["--loss", "bce+dice", "--pos-weight", "sqrt", "--amp", "off", "--crop-size", "320", "--batch-size", "4", "--lr", "1e-3",
           "--workers", "0", "--device", "cpu"]
 LARGE_ALARM = 0.01  # share of a crack-free photo's pixels
+GENERAL_EPOCHS = 12  # each an epoch of all four training splits' photos
 
 
 def train(args: argparse.Namespace) -> None:
@@ -50,8 +52,11 @@ def train(args: argparse.Namespace) -> None:
     model = f"only-{args.only}" if args.only else f"without-{args.leave_out}" if args.leave_out else "general"
     if args.start == "crackpot":
         model = f"{model}-from-crackpot"
+    recipe_epochs = RECIPE_BUDGETS[args.only][1] if args.only else GENERAL_EPOCHS
+    epochs = args.epochs or recipe_epochs
+    if epochs != recipe_epochs:
+        model = f"{model}-e{epochs}"
     run_dir = args.runs / model / f"s{args.seed}"
-    epochs = args.epochs or (RECIPE_BUDGETS[args.only][1] if args.only else 12)
     data = [flag for name in names for flag in ("--data", str(args.root / DATASETS[name]))]
     start = [*IMAGENET_START, "--input-scaling", args.input_scaling] if args.start == "imagenet" else \
         ["--arch", "resunet", "--init", str(args.crackpot), "--input-scaling", "auto"]  # its own scaling, from the file
@@ -154,7 +159,8 @@ def main() -> None:
     chosen = one.add_mutually_exclusive_group()
     chosen.add_argument("--leave-out", choices=DATASETS)
     chosen.add_argument("--only", choices=DATASETS)
-    one.add_argument("--epochs", type=int, help="default: 12, or the recipe's budget with --only")
+    one.add_argument("--epochs", type=int, help=f"default: {GENERAL_EPOCHS}, or the recipe's budget with --only; "
+                     "any other count is tabulated as its own model (NAME-eEPOCHS)")
     one.add_argument("--input-scaling", choices=("imagenet", "tf"), default="tf")
     one.add_argument("--start", choices=("imagenet", "crackpot"), default="imagenet",
                      help="the recipe's ImageNet encoder, or fine-tuning crackpot's converted ResUNet (--crackpot)")
