@@ -26,6 +26,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 
 RETRIES = 3  # times an item is run again after its actor died running it
 CONNECT_TIMEOUT_S = 10  # for a cluster's address to accept a connection
+EXECUTOR_STOP_S = 60  # the most the driver waits for Ray Data's executor to stop before ending Ray
 
 
 class RayEngine:
@@ -85,8 +87,18 @@ class RayEngine:
                             scratch)
                 _run(ray, spec, (min(actors, len(work)), gpus), work, _Collector(plan, run, records))
         finally:
+            _await_ray_data()
             ray.shutdown()
             shutil.rmtree(Path(tempfile.gettempdir()) / scratch, ignore_errors=True)  # what actors killed mid-item left here
+
+
+def _await_ray_data() -> None:
+    """Wait for Ray Data's executor threads to stop. Ray Data waits 2 s for one; one still running when ``ray.shutdown()``
+    ends the core worker (a loaded machine, a run stopped by a failure) makes Ray end the whole process with status 1."""
+    deadline = time.monotonic() + EXECUTOR_STOP_S
+    for thread in threading.enumerate():
+        if thread.name.startswith("StreamingExecutor-"):
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _check_listening(address: str | None, flag: str) -> None:
@@ -258,15 +270,18 @@ def _run(ray, job: _Job, size: tuple[int, float], work: list[Work], collector: _
         warnings.simplefilter("ignore", DeprecationWarning)
         results = items.map_batches(_Actor, fn_constructor_kwargs={"job": job}, batch_size=1, num_cpus=job.threads,
                                     num_gpus=gpus or None, compute=ray.data.ActorPoolStrategy(size=actors), max_task_retries=RETRIES)
+    rows = iter(results.iter_rows())
     with tqdm(total=len(work), desc="predict", unit="item", disable=None) as bar:
         try:
-            for row in results.iter_rows():
+            for row in rows:
                 if collector.take(pickle.loads(row["result"])):
                     bar.update()
         except ray.exceptions.RayError as error:  # actors that cannot start: the model or crackseg missing on the nodes
             reason = next((line.strip() for line in reversed(str(error).splitlines()) if line.strip()), type(error).__name__)
             raise RunError(f"Ray's actors could not run: {reason} (is crackseg {__version__}, with the extras the run needs, "
                            "installed on every node? docs/scale.md)") from None
+        finally:
+            rows.close()  # stops Ray Data's executor now, however the loop ended, rather than when the iterator is collected
     collector.finish(work)
 
 
