@@ -8,6 +8,7 @@ import csv
 import functools
 import importlib
 import multiprocessing
+import os
 import shutil
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -15,6 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # before torch is imported: it sizes its thread pool once
+    # pytest -n N: each worker gets its share of the cores (tiny tensors gain little from threads and lose to oversubscription)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 from services import moto_server
 
