@@ -56,13 +56,14 @@ def test_every_architecture_exports_and_equals_torch_at_odd_sizes(tmp_path, arch
     model = crackseg.build_model(encoder, arch=arch).eval()
     save_model(model, tmp_path / "model.pt")
     export_model(tmp_path / "model.pt", "onnx", tmp_path / "model.onnx")
-    export_model(tmp_path / "model.pt", "openvino", tmp_path / "model.xml")
+    # OpenVINO runs the ONNX graph here as its IR writer converts it (one frontend); the IR files are tested in `small`.
+    runtimes = [_load(tmp_path / "model.onnx", backend=backend) for backend in ("onnxruntime", "openvino")]
     for shape in [(1, 3, 67, 93), (2, 3, 40, 130)]:
         images = torch.randint(0, 256, shape, dtype=torch.uint8)
         expected = _torch_probabilities(model, images)
-        for path in (tmp_path / "model.onnx", tmp_path / "model.xml"):
-            got = _load(path)(images).numpy()
-            assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-3, (path.suffix, shape)
+        for backend, runtime in zip(("onnxruntime", "openvino"), runtimes):
+            got = runtime(images).numpy()
+            assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-3, (backend, shape)
 
 
 @isolated
