@@ -338,8 +338,10 @@ def test_worker_killed_mid_epoch_restarts_and_finishes(synth_root, tmp_path):
 
 @pytest.mark.slow
 def test_a_second_training_of_a_busy_run_stops_at_once_naming_the_first(synth_root, tmp_path):
+    """The first run has epochs enough to outlast the second's start on a loaded machine; it goes on, its lock kept,
+    until stopped."""
     run = tmp_path / "busy"
-    command = [sys.executable, "-m", "crackseg", "train", "--data", str(synth_root), "--run", str(run), "--epochs", "3", *TINY_FLAGS]
+    command = [sys.executable, "-m", "crackseg", "train", "--data", str(synth_root), "--run", str(run), "--epochs", "200", *TINY_FLAGS]
     first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env_without_torchrun())
     try:
         deadline = time.time() + 60
@@ -348,11 +350,13 @@ def test_a_second_training_of_a_busy_run_stops_at_once_naming_the_first(synth_ro
         second = subprocess.run(command, capture_output=True, text=True, env=_env_without_torchrun(), timeout=120)
         assert second.returncode == 2, second.stderr
         assert f"in use by pid {first.pid}" in second.stderr and second.stderr.count("\n") == 1
-        assert first.wait(timeout=240) == 0, first.stderr.read()
+        assert first.poll() is None and (run / "lock").exists(), first.stderr.read()
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=120) == 143, first.stderr.read()
     finally:
         if first.poll() is None:
             first.kill()
-    assert read_checkpoint(run / "last.pt")["epoch"] == 3 and not (run / "lock").exists()
+    assert not (run / "lock").exists()
 
 
 def test_a_checkpoint_that_cannot_be_written_stops_in_one_line_keeping_the_earlier_ones(finished_run, tmp_path):
