@@ -350,7 +350,8 @@ def test_a_second_training_of_a_busy_run_stops_at_once_naming_the_first(synth_ro
         second = subprocess.run(command, capture_output=True, text=True, env=_env_without_torchrun(), timeout=120)
         assert second.returncode == 2, second.stderr
         assert f"in use by pid {first.pid}" in second.stderr and second.stderr.count("\n") == 1
-        assert first.poll() is None and (run / "lock").exists(), first.stderr.read()
+        assert first.poll() is None, first.stderr.read()  # read only once it ended: it cannot block
+        assert (run / "lock").exists()
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=120) == 143, first.stderr.read()
     finally:
