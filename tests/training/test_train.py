@@ -310,33 +310,6 @@ def test_skip_policy_trains_on_the_rest_and_lists_the_skipped(synth_root, tmp_pa
 
 
 @pytest.mark.slow
-def test_worker_killed_mid_epoch_restarts_and_finishes(synth_root, tmp_path):
-    run = tmp_path / "restart"
-    log = open(tmp_path / "launch.log", "w")
-    process = subprocess.Popen(
-        ["bash", str(ROOT / "launch.sh"), "--nproc", "2", "--max-restarts", "1", "train", "--data", str(synth_root),
-         "--run", str(run), "--epochs", "4", *TINY_FLAGS],
-        stdout=log, stderr=subprocess.STDOUT, env=_env_without_torchrun(), start_new_session=True,
-    )
-    try:
-        deadline = time.time() + 180
-        while not (run / "epoch_0001.pt").exists() and time.time() < deadline and process.poll() is None:
-            time.sleep(0.05)
-        workers = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
-        assert len(workers) == 2, workers
-        os.kill(int(workers[0]), signal.SIGKILL)  # rank 0: the one that writes checkpoints
-        process.wait(timeout=300)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        log.close()
-    output = (tmp_path / "launch.log").read_text()
-    assert process.returncode == 0, output[-4000:]
-    assert read_checkpoint(run / "last.pt")["epoch"] == 4
-    assert "resuming from" in (run / "train.log").read_text()
-
-
-@pytest.mark.slow
 def test_a_second_training_of_a_busy_run_stops_at_once_naming_the_first(synth_root, tmp_path):
     """The first run has epochs enough to outlast the second's start on a loaded machine; it goes on, its lock kept,
     until stopped."""
