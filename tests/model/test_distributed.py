@@ -1,4 +1,4 @@
-"""Plumbing that only shows under torchrun: restarts of a gloo job."""
+"""What only shows under torchrun: several nodes, restarts of a gloo job, validation sharded over processes."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_gloo_group_forms_again_after_a_torchrun_restart(tmp_path):
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 TINY = ["--encoder", "mobilenet_v2", "--encoder-weights", "none", "--crop-size", "64", "--batch-size", "2", "--workers", "0",
-        "--val-fraction", "0.25", "--log-every", "1", "--device", "cpu"]
+        "--val-fraction", "0.25", "--log-every", "1", "--device", "cpu", "--amp", "off"]  # float32 on every CPU
 
 
 def _free_port() -> int:
@@ -92,7 +92,9 @@ def _weights(path):
 
 
 @pytest.mark.slow
-def test_two_nodes_train_the_weights_of_two_processes_on_one(synth_root, tmp_path):
+def test_two_nodes_train_the_weights_of_two_processes_on_one_and_one_process_repeats_their_validation(synth_root, tmp_path):
+    """2 processes on one box and 1 on each of 2 boxes train the same weights; the 2 processes score the validation
+    images over 2 shards (3 images: shards of 2 and 1, no padding) and 1 process scoring them agrees exactly."""
     import torch
 
     one = subprocess.run(
@@ -100,11 +102,36 @@ def test_two_nodes_train_the_weights_of_two_processes_on_one(synth_root, tmp_pat
          "--run", str(tmp_path / "one"), "--epochs", "2", *TINY],
         capture_output=True, text=True, env=_launch_env(), timeout=300,
     )
-    assert one.returncode == 0, one.stderr[-3000:]
+    assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-3000:]
+    assert "2 process(es) on cpu" in one.stdout
     codes = _finish(_two_nodes(synth_root, tmp_path / "two", _free_port(), 0, 2, tmp_path), timeout=300)
     assert codes == [0, 0], (tmp_path / "node0.log").read_text()[-3000:]
     single, multi = _weights(tmp_path / "one" / "last.pt"), _weights(tmp_path / "two" / "last.pt")
     assert all(torch.equal(single[key], multi[key]) for key in single)
+    _assert_one_process_validates_alike(synth_root, tmp_path / "one" / "last.pt")
+
+
+def _assert_one_process_validates_alike(data, checkpoint) -> None:
+    import torch
+
+    from crackseg.data.datasets import open_dataset
+    from crackseg.model import distributed
+    from crackseg.model.checkpoint import load_model, read_checkpoint
+    from crackseg.training.engine import StepContext, validate
+    from crackseg.training.loader import CrackDataset
+    from crackseg.training.losses import CrackLoss
+
+    payload = read_checkpoint(checkpoint)
+    assert payload["config"]["resolved"]["world_size"] == 2
+    assert len(payload["split"]["val"]) == 3
+    assert not any(k.startswith("module.") for k in payload["model"]["state_dict"])
+    by_stem = {s.stem: s for s in open_dataset(data).samples}
+    val_set = CrackDataset([by_stem[stem] for stem in payload["split"]["val"]])
+    context = StepContext(env=distributed.Environment(0, 0, 1, torch.device("cpu")),
+                          loss_fn=CrackLoss(payload["config"]["resolved"]["pos_weight"]))
+    single = validate(load_model(checkpoint), val_set, context).metrics()
+    for name, value in payload["metrics"].items():
+        assert single[name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
 
 
 def _kill_rank_0_after_epoch_1(nodes, run) -> None:
