@@ -27,7 +27,11 @@ GOAL = 0.8  # the issue's: predicting from the store runs at least 0.8x as fast 
 
 
 def point_at(endpoint: str, tmp: Path) -> None:
-    """The standard AWS variables aimed at the loopback server, with nothing of the user's (~/.aws, profiles) in reach."""
+    """The standard AWS variables aimed at the loopback server, with nothing of the user's (~/.aws, profiles) in reach;
+    filesystems that fsspec keeps from an earlier server (an earlier mode in this process) are dropped."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         os.environ.pop(name, None)
     os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
