@@ -82,9 +82,8 @@ MODES = {"synth": ("data_modes", "bench_synth"), "data": ("data_modes", "bench_d
          "storage": ("storage_modes", "bench_storage"), "engines": ("engine_modes", "bench_engines")}
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run one mode (``argv``: its arguments, default the command line's), print its rows as Markdown and write them
-    with the environment as JSON."""
+def main() -> None:
+    """Run one mode, print its rows as Markdown and write them with the environment as JSON."""
     import torch
 
     from crackseg.core.options import parse_size
@@ -110,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="timed windows after the warm-up, median reported (default 5; data, predict and compare 3): more on a noisy machine")
     parser.add_argument("--quick", action="store_true", help="few, short windows: a smoke test, not a figure")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/MODE.json)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     args.count = args.count or {"data": 64, "evaluate": 1000, "compare": 4, "storage": 200, "engines": 200, "measure": 40}.get(args.mode, 64)
     if args.mode == "data":
         args.workers = args.workers or [0, 1, 2]

@@ -43,7 +43,7 @@ def test_every_benchmark_mode_has_a_smoke_test():
 @pytest.mark.parametrize("mode, extra", MODE_ARGUMENTS.items())
 def test_benchmark_mode_runs(tmp_path, mode, extra):
     out = tmp_path / f"{mode}.json"
-    printed = _bench([mode, "--quick", "--out", str(out), *extra])
+    printed = _script("bench", [mode, "--quick", "--out", str(out), *extra])
     report = json.loads(out.read_text())
     assert report["rows"] and report["environment"]["torch"]
     assert all(row["images_per_s"] > 0 for row in report["rows"] if isinstance(row.get("images_per_s"), float))
@@ -51,18 +51,19 @@ def test_benchmark_mode_runs(tmp_path, mode, extra):
 
 
 @isolated
-def _bench(argv: list[str]) -> str:
-    """bench.py with ``argv``, in the one spawned worker that every mode shares (imports paid once; ONNX Runtime, which
-    runtimes runs, must not run in the test process: see conftest.isolated); what it printed."""
+def _script(name: str, argv: list[str]) -> str:
+    """benchmarks/``name``.py run with ``argv`` as its command line (which its report records), in the one spawned worker
+    that every script shares (imports paid once; ONNX Runtime, which bench.py runtimes runs, must not run in the test
+    process: see conftest.isolated); what it printed."""
     import contextlib
+    import importlib
     import io
 
-    sys.path.insert(0, str(BENCH.parent))  # as running the script does: it imports its sibling modules
-    import bench
-
+    sys.path.insert(0, str(BENCH.parent))  # as running a script does: they import their sibling modules
+    sys.argv = [f"{name}.py", *argv]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        bench.main(argv)
+        importlib.import_module(name).main()
     return printed.getvalue()
 
 
@@ -88,18 +89,16 @@ def test_recipe_table_gives_mean_and_spread_over_seeds_and_flags_edge_thresholds
         torch.save({"format": FORMAT, "version": VERSION, "epoch": 5, "metrics": {"f1": f1, "threshold": threshold}}, run / "best.pt")
         reports(run / "test", f1)
     reports(tmp_path / "crack500-bce-s0" / "cross-cfd", 0.4)
-    result = subprocess.run([sys.executable, str(BENCH.with_name("recipe.py")), "--runs", str(tmp_path), "table"],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (line,) = [line for line in result.stdout.splitlines() if line.startswith("| cfd | bce |")]
+    printed = _script("recipe", ["--runs", str(tmp_path), "table"])
+    (line,) = [line for line in printed.splitlines() if line.startswith("| cfd | bce |")]
     cells = [cell.strip() for cell in line.split("|")[1:-1]]
     assert cells[2] == "2" and cells[3] == "0.6500 ± 0.0707" and cells[8] == "0.8500 ± 0.0707"
     assert cells[9] == f"{inner:.4g}, {edge:.4g} (edge)"
-    assert "| crack500-bce-s0 | cfd test | 0.4000 | 0.2000 | 0.6000 | 0.6000 | 0.8000 |" in result.stdout
+    assert "| crack500-bce-s0 | cfd test | 0.4000 | 0.2000 | 0.6000 | 0.6000 | 0.8000 |" in printed
     # seeds 0 and 1 pair with bce's: +0.15 each, beyond a spread of 0.0707 (seed 2 has no partner)
-    assert "| cfd | bce+dice-sqrt | bce | 2 | +0.1500 | 0.0707 | yes | +0.1500 | 0.0707 | yes |" in result.stdout
+    assert "| cfd | bce+dice-sqrt | bce | 2 | +0.1500 | 0.0707 | yes | +0.1500 | 0.0707 | yes |" in printed
     # the average of the weights is compared with the variant it is added to: +0.05, within the spread
-    assert "| cfd | bce+dice-sqrt-ema | bce+dice-sqrt | 2 | +0.0500 | 0.0707 | no | +0.0500 | 0.0707 | no |" in result.stdout
+    assert "| cfd | bce+dice-sqrt-ema | bce+dice-sqrt | 2 | +0.0500 | 0.0707 | no | +0.0500 | 0.0707 | no |" in printed
 
 
 def test_cracks_counts_every_true_crack_in_both_settings(tmp_path):
@@ -116,10 +115,8 @@ def test_cracks_counts_every_true_crack_in_both_settings(tmp_path):
     torch.manual_seed(0)
     save_model(build_model("mobilenet_v2"), tmp_path / "model.pt")
     out = tmp_path / "cracks.json"
-    result = subprocess.run([sys.executable, str(BENCH.with_name("cracks.py")), "--checkpoint", str(tmp_path / "model.pt"),
-                             "--data", str(data), "--device", "cpu", "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "| setting |" in result.stdout
+    printed = _script("cracks", ["--checkpoint", str(tmp_path / "model.pt"), "--data", str(data), "--device", "cpu", "--out", str(out)])
+    assert "| setting |" in printed
     report = json.loads(out.read_text())
     assert report["environment"]["command"].startswith("cracks.py")
     before, joined = report["rows"]
@@ -166,12 +163,10 @@ def test_ranking_table_pairs_the_arms_seed_for_seed(tmp_path):
             report = {"dataset": {"f1": f1 + tolerance / 10, "iou_crack": f1 / 2}, "ods": {"f1": f1, "threshold": 0.9}, "ois": {"f1": f1}}
             (home / name / "test" / f"tol{tolerance}").mkdir(parents=True)
             (home / name / "test" / f"tol{tolerance}" / "report.json").write_text(json.dumps(report))
-    result = subprocess.run([sys.executable, str(BENCH.with_name("ranking.py")), "--root", str(tmp_path / "datasets"),
-                             "--runs", str(tmp_path / "runs"), "table", "--dataset", "cfd"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "| ranked | 2 | 0.6500 ± 0.0707 |" in result.stdout and "| base | 1 | 0.5000 |" in result.stdout
-    assert "ranked - random, f1@0, per seed: +0.1000, -0.0500; mean 0.0250 ± 0.1061" in result.stdout
-    assert "ranked 0.0250, pool 0.0150" in result.stdout  # the ranked pick (d, c) holds more crack than the pool's mean
+    printed = _script("ranking", ["--root", str(tmp_path / "datasets"), "--runs", str(tmp_path / "runs"), "table", "--dataset", "cfd"])
+    assert "| ranked | 2 | 0.6500 ± 0.0707 |" in printed and "| base | 1 | 0.5000 |" in printed
+    assert "ranked - random, f1@0, per seed: +0.1000, -0.0500; mean 0.0250 ± 0.1061" in printed
+    assert "ranked 0.0250, pool 0.0150" in printed  # the ranked pick (d, c) holds more crack than the pool's mean
 
 
 def test_generalization_table_gives_each_test_set_its_figures_over_seeds(tmp_path):
@@ -187,10 +182,7 @@ def test_generalization_table_gives_each_test_set_its_figures_over_seeds(tmp_pat
             for name in ("tol0", "tol2", "scsegamba"):
                 report(scored / test, name, f1 if test == "cfd" else f1 - 0.2, 100.0 * (seed + 1), 0.5)
         report(scored / "lookalikes", "tol0", 0.0, 1000.0 + seed, 0.25 * (seed + 1))
-    result = subprocess.run([sys.executable, str(BENCH.with_name("generalization.py")), "--runs", str(tmp_path), "table"],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    sections = result.stdout.split("scored on ")
+    sections = _script("generalization", ["--runs", str(tmp_path), "table"]).split("scored on ")
     crack500 = next(section for section in sections if section.startswith("crack500"))
     assert "| cfd | lite0-imagenet-bf16cl | 2 | 0.4500 ± 0.0707 | 0.4500 ± 0.0707 | 0.4500 ± 0.0707 |" in crack500
     lookalikes = next(section for section in sections if section.startswith("lookalikes"))
