@@ -1,4 +1,5 @@
-"""What only shows under torchrun: several nodes, restarts of a gloo job, validation sharded over processes."""
+"""What only shows under torchrun: several nodes, restarts of a gloo job, validation sharded over processes, the image
+cache that a machine's processes share."""
 
 from __future__ import annotations
 
@@ -91,24 +92,54 @@ def _weights(path):
     return read_checkpoint(path)["model"]["state_dict"]
 
 
+def _one_box(data, run, *extra) -> subprocess.CompletedProcess:
+    """2 CPU processes on this machine, 2 epochs."""
+    return subprocess.run(["bash", str(ROOT / "launch.sh"), "--nproc", "2", "--max-restarts", "0", "train", "--data", str(data),
+                           "--run", str(run), "--epochs", "2", *TINY, *extra], capture_output=True, text=True, env=_launch_env(), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def one_box(synth_root, tmp_path_factory):
+    """The run folder of a plain 2-process run, shared read-only."""
+    run = tmp_path_factory.mktemp("one-box") / "run"
+    result = _one_box(synth_root, run)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "2 process(es) on cpu" in result.stdout
+    return run
+
+
 @pytest.mark.slow
-def test_two_nodes_train_the_weights_of_two_processes_on_one_and_one_process_repeats_their_validation(synth_root, tmp_path):
+def test_two_nodes_train_the_weights_of_two_processes_on_one_and_one_process_repeats_their_validation(synth_root, one_box, tmp_path):
     """2 processes on one box and 1 on each of 2 boxes train the same weights; the 2 processes score the validation
     images over 2 shards (3 images: shards of 2 and 1, no padding) and 1 process scoring them agrees exactly."""
-    import torch
-
-    one = subprocess.run(
-        ["bash", str(ROOT / "launch.sh"), "--nproc", "2", "--max-restarts", "0", "train", "--data", str(synth_root),
-         "--run", str(tmp_path / "one"), "--epochs", "2", *TINY],
-        capture_output=True, text=True, env=_launch_env(), timeout=300,
-    )
-    assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-3000:]
-    assert "2 process(es) on cpu" in one.stdout
     codes = _finish(_two_nodes(synth_root, tmp_path / "two", _free_port(), 0, 2, tmp_path), timeout=300)
     assert codes == [0, 0], (tmp_path / "node0.log").read_text()[-3000:]
-    single, multi = _weights(tmp_path / "one" / "last.pt"), _weights(tmp_path / "two" / "last.pt")
-    assert all(torch.equal(single[key], multi[key]) for key in single)
-    _assert_one_process_validates_alike(synth_root, tmp_path / "one" / "last.pt")
+    _assert_same_weights(one_box / "last.pt", tmp_path / "two" / "last.pt")
+    _assert_one_process_validates_alike(synth_root, one_box / "last.pt")
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_decoded_copy_and_train_as_without_it(synth_root, one_box, tmp_path):
+    """With --cache each of 2 local processes decodes half the samples into one shared file, removed once both (and
+    their loader worker) mapped it; the run's weights are those of the plain run, which decodes every image in every step
+    in the training process."""
+    from crackseg.training import image_cache
+
+    before = set(image_cache.SHARED_MEMORY.glob("crackseg-cache-*"))
+    result = _one_box(synth_root, tmp_path / "cached", "--cache", "--workers", "1")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    log = (tmp_path / "cached" / "train.log").read_text()
+    assert "images decoded once per machine into shared memory" in log and "for its 2 processes" in log
+    assert log.count("--cache:") == 2  # the training and the validation images
+    assert set(image_cache.SHARED_MEMORY.glob("crackseg-cache-*")) == before
+    _assert_same_weights(one_box / "last.pt", tmp_path / "cached" / "last.pt")
+
+
+def _assert_same_weights(first, second) -> None:
+    import torch
+
+    one, other = _weights(first), _weights(second)
+    assert one.keys() == other.keys() and all(torch.equal(one[key], other[key]) for key in one)
 
 
 def _assert_one_process_validates_alike(data, checkpoint) -> None:
