@@ -31,6 +31,10 @@ MODE_ARGUMENTS = {
     "engines": ["--size", "64", "--encoder", "mobilenet_v2", "--batch-size", "1"],
 }
 
+# Modes that fork processes of their own (loader workers) run in a fresh process: the shared worker holds the threads of
+# what ran there before (torch's, ONNX Runtime's, OpenVINO's), which a fork does not carry, and it died once in such a mode.
+FORKING_MODES = {"data"}
+
 
 def test_every_benchmark_mode_has_a_smoke_test():
     result = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=120)
@@ -43,7 +47,13 @@ def test_every_benchmark_mode_has_a_smoke_test():
 @pytest.mark.parametrize("mode, extra", MODE_ARGUMENTS.items())
 def test_benchmark_mode_runs(tmp_path, mode, extra):
     out = tmp_path / f"{mode}.json"
-    printed = _script("bench", [mode, "--quick", "--out", str(out), *extra])
+    argv = [mode, "--quick", "--out", str(out), *extra]
+    if mode in FORKING_MODES:
+        result = subprocess.run([sys.executable, str(BENCH), *argv], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        printed = result.stdout
+    else:
+        printed = _script("bench", argv)
     report = json.loads(out.read_text())
     assert report["rows"] and report["environment"]["torch"]
     assert all(row["images_per_s"] > 0 for row in report["rows"] if isinstance(row.get("images_per_s"), float))
