@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
 
 from crackseg.cli import compare, data, evaluate, labels, predict, serve, train
 from crackseg.cli.options import HelpFormatter, Parser
+from crackseg.cli.stops import stops_raised
 from crackseg.core.errors import InputError, RunError, Terminated
 from crackseg.core.version import __version__
 
@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--"]:  # torchrun ... -m crackseg -- train ...: some Pythons pass the "--" on
         argv = argv[1:]
     args = parser.parse_args(argv)
-    previous = _stop_on_sigterm()
     try:
-        return args.handler(args)
+        with stops_raised():
+            return args.handler(args)
     except Terminated:
         print("crackseg: terminated (SIGTERM)", file=sys.stderr)
         return 128 + signal.SIGTERM
@@ -56,18 +56,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("crackseg: interrupted", file=sys.stderr)
         return 130
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _stop_on_sigterm():
-    """SIGTERM raises :class:`Terminated` in the main thread (where Python runs signal handlers); the handler it
-    replaced, or None where none was set (not the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def terminate(signum, frame):
-        raise Terminated()
-
-    return signal.signal(signal.SIGTERM, terminate)
