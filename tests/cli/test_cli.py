@@ -22,11 +22,37 @@ def test_version():
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_has_help_with_defaults(command):
-    result = _run(command, "--help")
-    assert result.returncode == 0, result.stderr
-    assert "usage: crackseg " + command in result.stdout
-    assert "default" in result.stdout
+def test_every_command_has_help_with_defaults(command, capsys):
+    assert _main(command, "--help")[0] == 0
+    out = capsys.readouterr().out
+    assert "usage: crackseg " + command in out and "default" in out
+
+
+@pytest.mark.parametrize("stop, status", [("ctrl-c", 130), ("sigterm", 143)])
+def test_a_stop_that_lands_in_a_finalizer_still_stops_the_command(monkeypatch, tmp_path, stop, status):
+    """Python ignores an exception raised inside a finalizer: Ctrl-C or SIGTERM arriving while one runs (a weakref's,
+    a file's) is raised again where the command goes on, never lost with the run going on to its end."""
+    import time
+
+    from crackseg.cli import data
+    from crackseg.core.errors import Terminated
+
+    class Finalized:
+        def __del__(self):
+            raise Terminated() if stop == "sigterm" else KeyboardInterrupt()  # as the signal's handler raises it there
+
+    steps = []
+
+    def command(options) -> int:
+        Finalized()  # collected at once: its finalizer runs here
+        while len(steps) < 500:
+            steps.append(time.sleep(0.002))
+        return 0
+
+    monkeypatch.setattr(data, "_cmd_synth", command)
+    code, err = _main("synth", str(tmp_path / "out"))
+    assert code == status and len(steps) < 500
+    assert "Exception ignored" not in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize(
