@@ -1,5 +1,5 @@
 """Training on several datasets at once: each its own split and its share of every epoch, validation per dataset and
-pooled, the datasets recorded in the run folder."""
+pooled (across torchrun's processes too: tests/model/test_distributed.py), the datasets recorded in the run folder."""
 
 from __future__ import annotations
 
@@ -164,40 +164,3 @@ def test_a_dataset_changed_since_the_run_began_is_said(two_datasets, tmp_path):
     mask.write_bytes(sorted((big / "masks").iterdir())[0].read_bytes())
     code, error = _train("--data", big, "--data", copy, "--run", run, "--epochs", "2", *TINY_FLAGS)
     assert code == 0 and "dataset roads" in error and "changed since the run began" in error
-
-
-@pytest.mark.slow
-def test_two_processes_pool_each_datasets_validation_exactly(two_datasets, tmp_path):
-    """Under torchrun every process validates its shard of each dataset; pooled, they equal one process's figures."""
-    import subprocess
-    import sys
-
-    from crackseg.data.collection import dataset_of
-    from crackseg.data.datasets import open_dataset
-    from crackseg.model import distributed
-    from crackseg.model.checkpoint import load_model
-    from crackseg.training.engine import StepContext, validate
-    from crackseg.training.loader import CrackDataset
-    from crackseg.training.losses import CrackLoss
-
-    big, small = two_datasets
-    run = tmp_path / "two"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    result = subprocess.run(
-        ["bash", str(Path(__file__).resolve().parents[2] / "launch.sh"), "--nproc", "2", "--max-restarts", "0", "train",
-         "--data", str(big), "--data", str(small), "--run", str(run), "--epochs", "1", "--amp", "off", *TINY_FLAGS],
-        capture_output=True, text=True, env={**env, "PYTHON": sys.executable}, timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    payload = read_checkpoint(run / "last.pt")
-    model = load_model(run / "last.pt")
-    context = StepContext(env=distributed.Environment(0, 0, 1, torch.device("cpu")),
-                          loss_fn=CrackLoss(payload["config"]["resolved"]["pos_weight"]))
-    parts = []
-    for name, root in (("walls", big), ("roads", small)):
-        by_stem = {sample.stem: sample for sample in open_dataset(root).samples}
-        stems = [stem.split("/", 1)[1] for stem in payload["split"]["val"] if dataset_of(stem) == name]
-        parts.append(validate(model, CrackDataset([by_stem[stem] for stem in stems]), context))
-    single = Validation.pooled(parts).metrics()
-    for name, value in payload["metrics"].items():
-        assert single[name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
