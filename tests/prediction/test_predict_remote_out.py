@@ -202,12 +202,12 @@ def test_torchrun_processes_write_to_the_store_what_one_process_writes(s3, photo
     source = s3.upload(photos, "survey/photos")
     common = ["predict", "--model", str(dark_checkpoint), source, "--recursive", "--save-prob", "8", "--device", "cpu",
               "--workers", "0", "--tile", "256", "--overlap", "32"]
+    assert cli_result([*common, "--out", s3.url("one/")])[0] == 0
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")} | {"PYTHON": sys.executable}
-    one = subprocess.run([sys.executable, "-m", "crackseg", *common, "--out", s3.url("one/")], env=env, capture_output=True, text=True, timeout=300)
     launch = Path(__file__).resolve().parents[2] / "launch.sh"
     two = subprocess.run(["bash", str(launch), "--nproc", "2", *common, "--out", s3.url("two/")], env=env, capture_output=True,
                          text=True, timeout=300)
-    assert one.returncode == two.returncode == 0, two.stderr[-3000:]
+    assert two.returncode == 0, two.stderr[-3000:]
     assert _keys(s3, "one") == _keys(s3, "two") and "masks/ortho.tif" in _keys(s3, "two")  # no part, no lock left
     for key in _keys(s3, "one"):
         content = [s3.client.get_object(Bucket=s3.name, Key=f"{prefix}/{key}")["Body"].read() for prefix in ("one", "two")]
