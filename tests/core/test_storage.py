@@ -221,7 +221,8 @@ def test_a_server_that_never_answers_gets_three_attempts_of_one_timeout(s3, sile
     with pytest.raises(StorageError) as caught:
         act()
     assert "timed out" in _safe_one_line(caught.value, url) and len(connections) == 3
-    assert time.monotonic() - started < 3 * 0.5 + (1 + 2) + 3  # attempts, their jittered backoffs at most, and slack
+    # attempts, their jittered backoffs at most, and slack for a loaded machine: far below one default 60 s timeout
+    assert time.monotonic() - started < 3 * 0.5 + (1 + 2) + 15
 
 
 def test_a_refused_http_request_is_not_retried(flaky):
