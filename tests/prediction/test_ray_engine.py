@@ -122,7 +122,7 @@ def test_s3_in_s3_out_on_a_local_ray_writes_the_bytes_of_a_local_run(s3, photos,
 def test_an_actor_killed_mid_run_is_restarted_and_every_output_is_written_once(cluster, tmp_path, checkpoint):
     photos = _many_photos(tmp_path / "in", 16)
     before = _actor_pids()
-    run = _start("--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--actors", 2, env=cluster)
+    run = _start("--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--actors", 1, env=cluster)
     masks = tmp_path / "out" / "masks"
     _wait_for(lambda: masks.is_dir() and any(masks.iterdir()), run, "a first mask")
     actors = _actor_pids() - before
@@ -209,7 +209,7 @@ def test_sigterm_and_ctrl_c_stop_the_driver_cleanly_and_leave_no_scratch(cluster
     """SIGTERM (a scheduler, kubectl delete) ends as Ctrl-C does: no crash, no scratch folder of an actor left."""
     before = _scratch()
     photos = _many_photos(tmp_path / "in", 40, size=256)  # the run is still going when the signal comes, on a busy machine too
-    run = _start("--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--actors", 2, env=cluster)
+    run = _start("--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--actors", 1, env=cluster)
     masks = tmp_path / "out" / "masks"
     _wait_for(lambda: masks.is_dir() and any(masks.glob("*.png")), run, "a mask")
     run.send_signal(stop)
@@ -247,7 +247,7 @@ def test_a_store_that_dies_mid_run_stops_the_driver_naming_what_is_missing(clust
     relay = Relay(s3.endpoint.split("://")[1], cut_at=b"/survey/pred/masks/p03.png")
     env = cluster | {"AWS_ENDPOINT_URL": relay.endpoint}
     out = s3.url("survey/pred/")
-    died = _predict("--checkpoint", checkpoint, photos, "--out", out, "--engine", "ray", "--actors", 2, env=env)
+    died = _predict("--checkpoint", checkpoint, photos, "--out", out, "--engine", "ray", "--actors", 1, env=env)
     assert died.returncode == 2 and "Traceback" not in died.stderr, died.stderr[-3000:]
     last = died.stderr.splitlines()[-1]
     assert last.startswith(f"crackseg: error: {out}masks/p03.png: the store stopped answering (cannot connect to {relay.endpoint}")
