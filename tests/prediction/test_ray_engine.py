@@ -122,7 +122,7 @@ def test_s3_in_s3_out_on_a_local_ray_writes_the_bytes_of_a_local_run(s3, photos,
 def test_an_actor_killed_mid_run_is_restarted_and_every_output_is_written_once(cluster, tmp_path, checkpoint):
     photos = _many_photos(tmp_path / "in", 16)
     before = _actor_pids()
-    run = _start("--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--actors", 1, env=cluster)
+    run = _start("--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--actors", 2, env=cluster)
     masks = tmp_path / "out" / "masks"
     _wait_for(lambda: masks.is_dir() and any(masks.iterdir()), run, "a first mask")
     actors = _actor_pids() - before
