@@ -86,13 +86,13 @@ def decoded_samples(samples: list[Sample], env: distributed.Environment | None =
             name.unlink(missing_ok=True)  # every process has it mapped: the memory stays until the last one ends
     if errors:
         raise InputError(errors[0])
-    log.info(f"--cache: {_count(len(samples), 'image')} decoded once per machine into shared memory ({megabytes:.1f} MB), "
-             f"for its {_count(local_processes, 'process', 'processes')}")
+    log.info(f"--cache: {_count(len(samples), 'image', 'images')} decoded once per machine into shared memory "
+             f"({megabytes:.1f} MB), for its {_count(local_processes, 'process', 'processes')}")
     return views
 
 
-def _count(number: int, one: str, many: str = "") -> str:
-    return f"{number} {one if number == 1 else many or one + 's'}"
+def _count(number: int, one: str, many: str) -> str:
+    return f"{number} {one if number == 1 else many}"
 
 
 def _shapes(samples: list[Sample], workers: int | None) -> list[tuple[int, int]]:

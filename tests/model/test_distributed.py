@@ -199,7 +199,8 @@ FAST_PATHS = ["--batch-size", "1", "--grad-accum", "2", "--amp", "bf16", "--chan
 @pytest.mark.slow
 def test_rank_0_killed_on_one_node_restarts_both_and_the_run_resumes(synth_root, tmp_path):
     """Accumulation (DDP's no_sync), bf16 autocast, NHWC, recomputed activations and the weight average, together under
-    gloo, through a restart of both nodes: the resumed run ends where an unbroken one would."""
+    gloo, through a restart of both nodes: the resumed run ends at the epoch, optimizer step and weight-average update
+    count an unbroken one would, with finite weights."""
     import torch
 
     from crackseg.model.checkpoint import read_checkpoint
