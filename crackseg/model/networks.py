@@ -50,6 +50,14 @@ class CrackSegModel(nn.Module):
             x = F.pad(x, (0, pad_w, 0, pad_h), mode="replicate")
         return self.net(x)[..., :height, :width]
 
+    @torch.no_grad()
+    def scale_logits(self, factor: float) -> None:
+        """Multiply every logit by ``factor``: the output layer, the last convolution of every architecture, scaled."""
+        head = [module for module in self.net.modules() if isinstance(module, nn.Conv2d)][-1]
+        head.weight.mul_(factor)
+        if head.bias is not None:
+            head.bias.mul_(factor)
+
     def config(self) -> dict:
         """What a model file records besides the weights; :func:`model_from_config` rebuilds from it."""
         return {

@@ -25,7 +25,13 @@ from crackseg.model.checkpoint import load_encoder_weights, load_model, model_fr
 from crackseg.model.networks import build_model, enable_activation_checkpointing
 from crackseg.model.pretrained import weights_source
 from crackseg.training.options import DEFAULT_NEGATIVE_SHARE, TrainConfig
+from crackseg.training.image_cache import decode_sample
 from crackseg.training.run_folder import RunFolder
+
+# |logit| where sigmoid is within 1e-13 of 0 or 1; an --init model's logits beyond it are brought down to TEMPERED_LOGIT
+SATURATED_LOGIT = 30.0
+TEMPERED_LOGIT = 10.0
+_PROBE_IMAGES = 4  # training photos, spread over the split, that the --init model's logits are measured on
 
 
 @dataclass
@@ -42,6 +48,7 @@ class Resolved:
     torch: str
     encoder_weights: str | None = None  # where the encoder's starting weights came from (None: random, --init, or an older run)
     negative_share: float = 0.0  # share of each epoch's training samples that are crack-free (0: none, or an older run)
+    init_logit_scale: float = 1.0  # what the --init model's logits were multiplied by (see init_logit_scale)
 
 
 @dataclass
@@ -74,6 +81,11 @@ def prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunFo
         if not split["train"]:
             raise InputError("no training images left after the split")
         resolved = _resolve(config, env, [found.masks[stem] for stem in split["train"]], bool(negatives))
+        if config.init:
+            by_stem = {sample.stem: sample for sample in samples}
+            spread = split["train"][::max(1, len(split["train"]) // _PROBE_IMAGES)][:_PROBE_IMAGES]
+            scale = init_logit_scale(config, [by_stem[stem] for stem in spread])
+            resolved = dataclasses.replace(resolved, init_logit_scale=scale)
     usable = {s.stem for s in samples}
     lost = sorted(stem for name in ("train", "val") for stem in split[name] if stem not in usable)
     if lost:
@@ -104,6 +116,26 @@ def _records(scans: dict[str, Scan], roots: list[Path | None], weights: dict[str
         records.append({"name": name or (root.name if root else "data"), "root": str(root) if root else None,
                         "weight": weights[name], **counts, "checksum": dataset_checksum(found.samples)})
     return records
+
+
+def init_logit_scale(config: TrainConfig, samples: list[Sample]) -> float:
+    """What the ``--init`` model's logits are multiplied by before training: 1 unless the 99th percentile of |logit| on
+    ``samples`` (centre crops of ``--crop-size``) passes SATURATED_LOGIT, else TEMPERED_LOGIT / that percentile.
+
+    A model trained into a hard sigmoid (crackpot's, logits of several hundred) cannot be fine-tuned as it is: the loss
+    learns nothing from the pixels it gets right, and in train mode its BatchNorms' batch statistics move every logit by
+    hundreds. Scaling the output layer keeps each pixel on its side of 0.5.
+    """
+    model = load_model(config.init, arch=config.arch, encoder=config.encoder)
+    logits = []
+    with torch.no_grad():
+        for sample in samples:
+            image = decode_sample(sample)[0]
+            side = min(config.crop_size, *image.shape[1:])
+            top, left = (image.shape[1] - side) // 2, (image.shape[2] - side) // 2
+            logits.append(model(image[None, :, top:top + side, left:left + side]).abs().flatten())
+    high = torch.quantile(torch.cat(logits), 0.99).item()
+    return 1.0 if high <= SATURATED_LOGIT else TEMPERED_LOGIT / high
 
 
 def _resolve(config: TrainConfig, env: distributed.Environment, train_masks: list, crack_free: bool = False) -> Resolved:
@@ -138,13 +170,13 @@ def _workers(config: TrainConfig) -> int:
     return distributed.spare_cores() if config.workers is None else config.workers
 
 
-def build_training_model(config: TrainConfig, env: distributed.Environment,
-                         payload: dict | None) -> tuple[nn.Module, nn.Module, AveragedModel | None]:
+def build_training_model(config: TrainConfig, env: distributed.Environment, payload: dict | None,
+                         logit_scale: float = 1.0) -> tuple[nn.Module, nn.Module, AveragedModel | None]:
     """The model to train (wrapped for DDP / DataParallel when asked), the plain model inside it,
     and with ``--ema`` the moving average of its weights.
 
-    Weights come from the resumed checkpoint ``payload``, else ``--init``, else ``--encoder-weights``
-    (``none``, ``imagenet`` or the path of a torchvision-format encoder file).
+    Weights come from the resumed checkpoint ``payload``, else ``--init`` (its logits multiplied by ``logit_scale``),
+    else ``--encoder-weights`` (``none``, ``imagenet`` or the path of a torchvision-format encoder file).
     """
     torch.manual_seed(config.seed)
     if payload is not None:
@@ -153,6 +185,7 @@ def build_training_model(config: TrainConfig, env: distributed.Environment,
             model.load_state_dict(payload["live_weights"])
     elif config.init:
         model = load_model(config.init, arch=config.arch, encoder=config.encoder)
+        model.scale_logits(logit_scale)
     else:
         weights = config.encoder_weights
         model = build_model(config.encoder, "imagenet" if weights == "imagenet" else None, config.arch, config.input_scaling)

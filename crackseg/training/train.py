@@ -124,7 +124,8 @@ def _build(config: TrainConfig, env: distributed.Environment, folder: RunFolder,
     resolved = prepared.resolved
     # --amp auto's CPU recipe is bf16 with NHWC convolutions (docs/results.md); the recorded options stay as given
     layout = config.channels_last or (config.amp == "auto" and resolved.amp == "bf16" and env.device.type == "cpu")
-    model, model_without_ddp, ema = build_training_model(dataclasses.replace(config, channels_last=layout), env, payload)
+    model, model_without_ddp, ema = build_training_model(dataclasses.replace(config, channels_last=layout), env, payload,
+                                                         resolved.init_logit_scale)
     sampler, train_loader, val_loaders = run_loaders(config, env, prepared)
     steps_per_epoch = len(train_loader) // config.grad_accum
     if steps_per_epoch == 0:
@@ -161,6 +162,7 @@ def _setup_line(config: TrainConfig, env: distributed.Environment, prepared: Pre
         f"global batch {resolved.global_batch}, lr {resolved.lr:.3g}, pos_weight {pos_weight}, amp {resolved.amp}"
         + (", channels_last" if training.context.channels_last else "")
         + (f", weights averaged (EMA {config.ema:g})" if training.ema is not None else "")
+        + (f", --init logits saturated: scaled by {resolved.init_logit_scale:.3g}" if resolved.init_logit_scale != 1 else "")
         + ((", BatchNorm synchronized" if env.distributed else ", --sync-bn unused: one process's BatchNorm already sees its whole batch")
            if config.sync_bn else "")
     )

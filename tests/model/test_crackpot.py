@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -12,11 +13,14 @@ from importlib.util import find_spec
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from crackseg.core.errors import InputError
-from crackseg.model.checkpoint import load_model
+from crackseg.model.checkpoint import load_model, read_checkpoint
 from crackseg.model.crackpot import convert_crackpot
 from crackseg.model.shipped import crackpot_model_file
+from crackseg.training.options import TrainConfig
+from crackseg.training.train import fit
 from conftest import cli_result
 
 needs_crackpot = pytest.mark.skipif(find_spec("crackpot") is None, reason="crackpot is not installed (crackseg[crackpot])")
@@ -40,7 +44,6 @@ def converted(tmp_path_factory):
 @pytest.mark.skipif(find_spec("keras") is None, reason="Keras is not installed")
 def test_the_converted_model_equals_keras_on_the_same_pixels(tmp_path, converted, cfd_root):
     """Keras 3 (on its torch backend) runs crackpot's own file; crackseg's model must agree within 1e-4."""
-    from PIL import Image
 
     photos = sorted((cfd_root / "images").iterdir())[:2]
     images = np.stack([np.asarray(Image.open(p).convert("RGB").resize((256, 256))) for p in photos])
@@ -74,6 +77,25 @@ def test_cli_converts_and_predicts_with_it(tmp_path, converted, synth_root):
     code, _ = cli_result(["predict", "--checkpoint", converted, "--resize", "64", "--device", "cpu", "--no-measure",
                           synth_root / "images", "--out", tmp_path / "preds"])
     assert code == 0 and len(list((tmp_path / "preds").rglob("*.png"))) == len(list((synth_root / "images").iterdir()))
+
+
+@needs_crackpot
+def test_fine_tuning_it_first_brings_its_saturated_logits_into_range(converted, synth_root, tmp_path):
+    """Its logits run to hundreds; trained as they are, the first epochs' loss is about 30 and nothing is learnt."""
+    config = TrainConfig(run=str(tmp_path / "tuned"), data=str(synth_root), arch="resunet", init=str(converted),
+                         input_scaling="auto", crop_size=64, batch_size=4, workers=0, epochs=2, device="cpu", amp="off")
+    fit(config)
+    saved = read_checkpoint(tmp_path / "tuned" / "last.pt")
+    scale = saved["config"]["resolved"]["init_logit_scale"]
+    assert 0 < scale < 0.1
+    log = (tmp_path / "tuned" / "train.log").read_text()
+    assert f"--init logits saturated: scaled by {scale:.3g}" in log
+    losses = [float(loss) for loss in re.findall(r"train loss ([0-9.]+)", log)]
+    assert len(losses) == 2 and max(losses) < 2
+    image = torch.from_numpy(np.array(Image.open(sorted((synth_root / "images").iterdir())[0]).convert("RGB")))
+    with torch.no_grad():
+        tuned = load_model(tmp_path / "tuned" / "last.pt")(image.permute(2, 0, 1)[None])
+    assert tuned.abs().max() < 100  # trained from the scaled start, not drifted back into saturation
 
 
 def _keras_file(path, layers: list[dict]) -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 
+import copy
 import functools
 
 import pytest
@@ -37,6 +38,16 @@ def test_forward_backward_any_size(arch, encoder):
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         assert grads and all(torch.isfinite(g).all() for g in grads)
         assert any(g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("arch, encoder", [*BUILDERS, ("resunet", None)])
+def test_scaling_the_logits_scales_every_architectures_output(arch, encoder):
+    model = copy.deepcopy(_model(arch, encoder)).eval()
+    images = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        before = model(images)
+        model.scale_logits(0.25)
+        assert torch.allclose(model(images), before * 0.25, atol=1e-5 * before.abs().max().item())
 
 
 def test_uint8_and_float_inputs_agree():

@@ -252,6 +252,7 @@ def test_fine_tuning_starts_from_a_converted_classic_checkpoint(synth_root, tmp_
     fit(config)
     saved = read_checkpoint(tmp_path / "tuned" / "last.pt")
     assert saved["model"]["config"]["arch"] == "unet16" and saved["config"]["options"]["encoder"] == "vgg16"
+    assert saved["config"]["resolved"]["init_logit_scale"] == 1.0  # its logits are far from saturated: left as they are
 
 
 def test_skip_policy_trains_on_the_rest_and_lists_the_skipped(synth_root, tmp_path):
