@@ -24,8 +24,8 @@ from crackseg.model.architectures import OFFLINE_IMAGENET_ENCODERS
 from crackseg.model.checkpoint import load_encoder_weights, load_model, model_from_payload
 from crackseg.model.networks import build_model, enable_activation_checkpointing
 from crackseg.model.pretrained import weights_source
-from crackseg.training.options import DEFAULT_NEGATIVE_SHARE, TrainConfig
 from crackseg.training.image_cache import decode_sample
+from crackseg.training.options import DEFAULT_NEGATIVE_SHARE, TrainConfig
 from crackseg.training.run_folder import RunFolder
 
 # |logit| where sigmoid is within 1e-13 of 0 or 1; an --init model's logits beyond it are brought down to TEMPERED_LOGIT
