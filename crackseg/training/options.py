@@ -141,7 +141,8 @@ class TrainConfig(Options):
     init: str | None = option(
         None,
         "start from all weights of a crackseg model file (another run's best.pt, a converted classic checkpoint, a shipped "
-        "model's name: crackseg models): fine-tuning", section="model", local=True, parse=lambda value: str(model_file(value)),
+        "model's name: crackseg models): fine-tuning; saturated logits (crackpot's) are scaled down first", section="model",
+        local=True, parse=lambda value: str(model_file(value)),
     )
     # optimization
     epochs: int = option(50, "epochs in total (a resumed run may raise it)", section="optimization", valid=AT_LEAST_ONE)
