@@ -44,7 +44,6 @@ def converted(tmp_path_factory):
 @pytest.mark.skipif(find_spec("keras") is None, reason="Keras is not installed")
 def test_the_converted_model_equals_keras_on_the_same_pixels(tmp_path, converted, cfd_root):
     """Keras 3 (on its torch backend) runs crackpot's own file; crackseg's model must agree within 1e-4."""
-
     photos = sorted((cfd_root / "images").iterdir())[:2]
     images = np.stack([np.asarray(Image.open(p).convert("RGB").resize((256, 256))) for p in photos])
     images = np.concatenate([images, np.random.default_rng(0).integers(0, 256, (1, 256, 256, 3), dtype=np.uint8)])
