@@ -54,7 +54,13 @@ def dataset_list(path: Path) -> tuple[list[str], list[float] | None]:
     """The datasets a list file names, a folder and optionally its weight per line (``#`` starts a comment), each
     folder relative to the file; their weights (None when no line gives one, 1 where a line gives none)."""
     roots, weights = [], []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError:
+        raise InputError(f"--data {path}: a file, but not a text list of dataset folders (a dataset is a folder)") from None
+    except OSError as error:
+        raise InputError(f"--data {path}: cannot read it ({error.strerror or error})") from None
+    for number, line in enumerate(text.splitlines(), 1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
@@ -285,6 +291,12 @@ def expand_datasets(config: TrainConfig) -> tuple[tuple[str, ...], tuple[float, 
         else:
             roots.append(str(Path(given).absolute()))
             weights.append(None)
+    seen: dict[str, str] = {}
+    for root in roots:
+        if os.path.realpath(root) in seen:
+            raise InputError(f"--data {root}: the same dataset as {seen[os.path.realpath(root)]}, given twice; give each "
+                             "dataset once (--data-weights gives one a larger share)")
+        seen[os.path.realpath(root)] = root
     if any(weight is not None for weight in weights) and config.data_weights is not None:
         raise InputError("--data-weights and weights in a --data list file contradict each other; give them in one place")
     if config.data_weights is not None and len(config.data_weights) != max(len(roots), 1):

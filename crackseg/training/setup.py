@@ -80,6 +80,7 @@ def prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunFo
         split = _split(scans, samples, config) | crack_free
         if not split["train"]:
             raise InputError("no training images left after the split")
+        _check_each_trains(names, roots, samples, split)
         resolved = _resolve(config, env, [found.masks[stem] for stem in split["train"]], bool(negatives))
         if config.init:
             by_stem = {sample.stem: sample for sample in samples}
@@ -105,6 +106,19 @@ def _split(scans: dict[str, Scan], samples: list[Sample], config: TrainConfig) -
         for part in SPLITS:
             split[part] += [named(name, stem) for stem in own[part]]
     return split
+
+
+def _check_each_trains(names: list[str], roots: list[Path | None], samples: list[Sample], split: dict[str, list[str]]) -> None:
+    """Every dataset of a run on several gives training images: an equal share of each epoch from one that has none
+    cannot be drawn."""
+    if len(names) < 2:
+        return
+    for name, root in zip(names, roots):
+        if not any(dataset_of(stem) == name for stem in split["train"]):
+            usable = sum(dataset_of(sample.stem) == name for sample in samples)
+            reason = (f"its split files put all {usable} of its usable photos in val or test; list some in its train.txt"
+                      if usable else "it has no usable image/mask pairs; fix them")
+            raise InputError(f"--data {root}: no training images ({reason}, or train without it)")
 
 
 def _records(scans: dict[str, Scan], roots: list[Path | None], weights: dict[str, float],

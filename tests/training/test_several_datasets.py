@@ -152,6 +152,42 @@ def test_mistakes_with_several_datasets_are_one_line(two_datasets, tmp_path, fla
     assert not (tmp_path / "run").exists()
 
 
+def test_the_same_dataset_twice_is_refused_even_through_a_link_or_a_list(two_datasets, tmp_path):
+    big, small = two_datasets
+    (tmp_path / "again").symlink_to(big)
+    listing = tmp_path / "datasets.txt"
+    listing.write_text(f"{small}\n{big}\n")
+    for data in ([big, small, big], [big, small, tmp_path / "again"], [listing, big]):
+        code, error = _train(*[arg for root in data for arg in ("--data", root)], "--run", tmp_path / "run", *TINY_FLAGS)
+        assert code == 2 and "given twice" in error and f"the same dataset as {big}" in error and error.count("\n") == 1, error
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_dataset_with_nothing_to_train_on_is_one_line_and_leaves_no_run_folder(two_datasets, tmp_path):
+    import shutil
+
+    big, small = two_datasets
+    held_out = tmp_path / "held-out"
+    shutil.copytree(small, held_out)
+    (held_out / "val.txt").write_text("".join(f"{path.stem}\n" for path in (held_out / "images").iterdir()))
+    empty = tmp_path / "empty"
+    (empty / "images").mkdir(parents=True)
+    (empty / "masks").mkdir()
+    for other, reason in ((held_out, "its split files put all 4 of its usable photos in val or test"),
+                          (empty, "it has no usable image/mask pairs")):
+        code, error = _train("--data", big, "--data", other, "--run", tmp_path / "run", "--on-bad-sample", "skip", *TINY_FLAGS)
+        assert code == 2 and f"--data {other}: no training images" in error, error
+        assert reason in error and error.count("\n") == 1 and "Traceback" not in error, error
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_file_that_is_not_a_list_is_one_line(two_datasets, tmp_path):
+    binary = tmp_path / "weights.pt"
+    binary.write_bytes(bytes(range(256)))
+    code, error = _train("--data", binary, "--data", two_datasets[0], "--run", tmp_path / "run", *TINY_FLAGS)
+    assert code == 2 and f"--data {binary}: a file, but not a text list of dataset folders" in error and error.count("\n") == 1
+
+
 def test_a_dataset_changed_since_the_run_began_is_said(two_datasets, tmp_path):
     import shutil
 
