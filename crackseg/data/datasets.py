@@ -199,10 +199,11 @@ def usable_samples(found: Scan, policy: str) -> list[Sample]:
     if policy not in ("error", "skip"):
         raise InputError(f"--on-bad-sample must be error or skip, got {policy!r}")
     if found.problems and policy == "error":
+        advice = "fix them, or pass --on-bad-sample skip" if found.samples else "nothing usable is left to train on"
+        if len(found.problems) == 1:
+            raise InputError(f"{found.problems[0]} ({advice.replace('them', 'it')})")
         listing = "\n".join(f"  {problem}" for problem in found.problems)
-        raise InputError(
-            f"{len(found.problems)} problems in the dataset (fix them, or pass --on-bad-sample skip):\n{listing}"
-        )
+        raise InputError(f"{len(found.problems)} problems in the dataset ({advice}):\n{listing}")
     return found.samples
 
 

@@ -18,6 +18,8 @@ The lock (:class:`crackseg.core.locks.FolderLock`) keeps two trainings out of on
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import logging
 import sys
@@ -55,6 +57,7 @@ class RunFolder:
         self._writer = None
         self._handlers: list[logging.Handler] = []
         self._lock = FolderLock(self.path, "training", "--run")
+        self._created = False
 
     def acquire(self) -> None:
         """Take the folder's lock (creating the folder), or stop naming the training that holds it.
@@ -63,13 +66,18 @@ class RunFolder:
         """
         if not self.is_main:
             return
+        self._created = not self.path.exists()
         ensure_writable_folder(self.path, "--run")
         self._lock.acquire()
         remove_orphan_temps(self.path)
 
     def release(self) -> None:
-        """Remove the lock if this process holds it."""
+        """Remove the lock if this process holds it, and the folder if this run created it and wrote nothing there
+        (a mistake in the data found before the first write leaves no empty run folder behind)."""
         self._lock.release()
+        if self._created:
+            with contextlib.suppress(OSError):  # not empty: the run's files stay
+                self.path.rmdir()
 
     def find_resume_source(self, resume: str) -> tuple[Path, dict] | None:
         """The checkpoint to continue from and its payload: ``last.pt``, else the newest intact epoch file.

@@ -259,8 +259,12 @@ def test_skip_policy_trains_on_the_rest_and_lists_the_skipped(synth_root, tmp_pa
     data = tmp_path / "data"
     shutil.copytree(synth_root, data)
     (data / "images" / "00003.jpg").write_bytes(b"not a jpeg")
-    with pytest.raises(InputError, match=r"1 problems in the dataset.*\n.*00003.jpg: not a readable image"):
+    with pytest.raises(InputError) as caught:
         fit(_config(tmp_path / "strict", data, epochs=1))
+    assert "\n" not in str(caught.value)  # one problem, one line
+    assert str(caught.value).startswith(f"{data / 'images' / '00003.jpg'}: not a readable image")
+    assert str(caught.value).endswith("(fix it, or pass --on-bad-sample skip)")
+    assert not (tmp_path / "strict").exists()  # found before anything was written: no empty run folder left
     fit(_config(tmp_path / "lenient", data, epochs=1, on_bad_sample="skip"))
     assert "00003.jpg" in (tmp_path / "lenient" / "skipped.txt").read_text()
     split = load_split(tmp_path / "lenient" / "split.json")
