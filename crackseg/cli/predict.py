@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-
 from crackseg.cli.options import add_command
 from crackseg.model.options import ExportOptions, ModelsOptions
 from crackseg.core.errors import InputError
-from crackseg.model.shipped import DEFAULT_MODEL, SHIPPED, crackpot_model_file, describe, shipped_folder
+from crackseg.model.shipped import DEFAULT_MODEL, SHIPPED, crackpot_model_file, describe
 from crackseg.prediction.options import PredictCommand, ReportOptions
 
 
@@ -71,12 +69,7 @@ def add_commands(commands) -> None:
 def _cmd_predict(command: PredictCommand) -> int:
     from crackseg.prediction.predict import predict_folder
 
-    checkpoint = command.checkpoint
-    if checkpoint is None:
-        checkpoint = shipped_folder(DEFAULT_MODEL)
-        print(f"crackseg: no --checkpoint: predicting with the shipped {DEFAULT_MODEL} model ({SHIPPED[DEFAULT_MODEL].terms})",
-              file=sys.stderr)
-    return predict_folder(checkpoint, list(command.inputs), command.options)
+    return predict_folder(command.checkpoint, list(command.inputs), command.options)
 
 
 def _cmd_models(options: ModelsOptions) -> int:

@@ -44,8 +44,13 @@ def shipped_folder(name: str) -> Path:
 def model_file(value: str | Path) -> Path:
     """A model file or folder as given, or the shipped model of that name where no file or folder has it."""
     path = Path(value)
-    if not path.exists() and str(value) in SHIPPED:
+    if path.exists():
+        return path
+    if str(value) in SHIPPED:
         return shipped_folder(str(value))
+    if len(path.parts) == 1 and not path.suffix:  # a bare name: a mistyped model name as likely as a missing file
+        raise InputError(f"{value}: no such model file or folder, and no shipped model of that name "
+                         f"({', '.join(SHIPPED)}; crackseg models lists them)")
     return path
 
 

@@ -24,6 +24,7 @@ from crackseg.data.rasters import gdal_settings, open_if_streamed
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor
 from crackseg.model.runtimes import Runtime, RuntimeChoice, choose_runtime, load_runtime
+from crackseg.model.shipped import DEFAULT_MODEL, SHIPPED, shipped_folder
 from crackseg.prediction.engines import ENGINES, Engine
 from crackseg.prediction.options import PredictOptions
 from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records
@@ -41,27 +42,34 @@ IMPLAUSIBLE_MOSTLY_CRACK_SHARE = 0.1  # of the images: at least this share mostl
 _WITHOUT_LOCK = "pass --no-lock to go on without the guard (and run one predict per --out at a time)"
 
 
-def predict_folder(checkpoint: Path, inputs: list[str], options: PredictOptions) -> int:
-    """Predict every input into ``options.out``; returns 0, or 1 when some input failed.
+def predict_folder(checkpoint: Path | None, inputs: list[str], options: PredictOptions) -> int:
+    """Predict every input into ``options.out`` with ``checkpoint`` (None: the shipped default model, said in one line
+    once the inputs are found); returns 0, or 1 when some input failed.
 
     Under torchrun each process takes every WORLD_SIZE-th photo and a share of every raster's
     tile rows; rank 0 joins the rasters' parts, measures them and writes the tables.
     """
+    notice = None
+    if checkpoint is None:
+        checkpoint = shipped_folder(DEFAULT_MODEL)
+        notice = f"crackseg: no --checkpoint: predicting with the shipped {DEFAULT_MODEL} model ({SHIPPED[DEFAULT_MODEL].terms})"
     choice = choose_runtime(Path(checkpoint), options.inference)
     env = distributed.setup(choice.device)
     try:
         with contextlib.ExitStack() as cleanup:
-            return _predict(choice, inputs, options, env, cleanup)
+            return _predict(choice, inputs, options, env, cleanup, notice)
     finally:
         distributed.teardown()
 
 
 def _predict(choice: RuntimeChoice, inputs: list[str], options: PredictOptions, env: distributed.Environment,
-             cleanup: contextlib.ExitStack) -> int:
+             cleanup: contextlib.ExitStack, notice: str | None) -> int:
     engine = ENGINES[options.engine].load()
     engine.check(env)
     plan = _plan(inputs, options, cleanup)
     runtime = load_runtime(choice, engine.model_device(env))  # a model file that is refused leaves no --out folder behind
+    if notice and env.is_main:
+        print(notice, file=sys.stderr)
     listed = distributed.decided_on_main(env, plan.folder.prepare, plan.staged, list(plan.outputs.values()), options.overwrite,
                                          options.skip_existing)
     if not env.is_main:

@@ -85,3 +85,17 @@ def test_the_real_general_model_is_small_half_precision_and_loads():
     assert sum(path.stat().st_size for path in folder.iterdir()) <= SIZE_LIMIT
     model = load_model("general")
     assert (model.arch, model.encoder) == ("unet", "efficientnet-lite0")
+
+
+def test_a_mistyped_model_name_is_one_line_naming_the_shipped_ones(weights, synth_root):
+    for argv in (["predict", "--checkpoint", "genral", synth_root / "images", "--out", weights / "out"],
+                 ["export", "genral", "--format", "onnx", "--out", weights / "g.onnx"]):
+        code, err = cli_result(argv)
+        assert code == 2 and "genral: no such model file or folder, and no shipped model of that name (general;" in err
+        assert err.count("\n") == 1 and not (weights / "out").exists() and not (weights / "g.onnx").exists()
+
+
+def test_predict_without_a_checkpoint_on_no_photos_says_only_that(weights, tmp_path):
+    (tmp_path / "none").mkdir()
+    code, err = cli_result(["predict", tmp_path / "none", "--out", tmp_path / "out"])
+    assert code == 2 and "no images" in err and "shipped" not in err and err.count("\n") == 1
