@@ -188,6 +188,27 @@ def test_a_file_that_is_not_a_list_is_one_line(two_datasets, tmp_path):
     assert code == 2 and f"--data {binary}: a file, but not a text list of dataset folders" in error and error.count("\n") == 1
 
 
+def test_one_dataset_s_crack_free_photos_are_mixed_in_under_its_name(two_datasets, tmp_path):
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    big, small = two_datasets
+    roads = tmp_path / "roads"
+    shutil.copytree(small, roads)
+    for index in range(2):
+        Image.fromarray(np.full((64, 64, 3), 120 + 40 * index, np.uint8)).save(roads / "images" / f"free{index}.png")
+    (roads / "negatives.txt").write_text("free0\nfree1\n")
+    run = tmp_path / "run"
+    code, error = _train("--data", big, "--data", roads, "--run", run, "--epochs", "1", *TINY_FLAGS)
+    assert code == 0, error
+    split = json.loads((run / "split.json").read_text())
+    assert split["negatives"] == ["roads/free0", "roads/free1"]
+    assert not {"roads/free0", "roads/free1"} & set(split["train"] + split["val"] + split.get("test", []))
+    assert "of 2 crack-free images in each epoch" in (run / "train.log").read_text()
+
+
 def test_a_dataset_changed_since_the_run_began_is_said(two_datasets, tmp_path):
     import shutil
 
