@@ -21,7 +21,7 @@ from crackseg.model.crackpot import convert_crackpot
 from crackseg.model.shipped import crackpot_model_file
 from crackseg.training.options import TrainConfig
 from crackseg.training.train import fit
-from conftest import cli_result
+from conftest import cli_result, isolated
 
 needs_crackpot = pytest.mark.skipif(find_spec("crackpot") is None, reason="crackpot is not installed (crackseg[crackpot])")
 
@@ -76,6 +76,25 @@ def test_cli_converts_and_predicts_with_it(tmp_path, converted, synth_root):
     code, _ = cli_result(["predict", "--checkpoint", converted, "--resize", "64", "--device", "cpu", "--no-measure",
                           synth_root / "images", "--out", tmp_path / "preds"])
     assert code == 0 and len(list((tmp_path / "preds").rglob("*.png"))) == len(list((synth_root / "images").iterdir()))
+
+
+@needs_crackpot
+@isolated
+def test_evaluate_and_export_take_it_like_any_other_model(tmp_path, converted, synth_root):
+    pytest.importorskip("onnxruntime")
+    code, err = cli_result(["evaluate", "--checkpoint", converted, "--data", synth_root, "--split", "all", "--device", "cpu",
+                            "--out", tmp_path / "report"])
+    assert code == 0, err
+    assert 0 <= json.loads((tmp_path / "report" / "report.json").read_text())["dataset"]["f1"] <= 1
+    assert cli_result(["export", converted, "--format", "onnx", "--out", tmp_path / "c.onnx"])[0] == 0
+    for name, model in (("torch", converted), ("onnx", tmp_path / "c.onnx")):
+        code, err = cli_result(["predict", "--checkpoint", model, "--device", "cpu", "--no-measure", "--save-prob", "16",
+                                synth_root / "images", "--out", tmp_path / name])
+        assert code == 0, err
+    for path in sorted((tmp_path / "torch" / "probs").iterdir()):
+        expected = np.asarray(Image.open(path), dtype=np.float64) / 65535
+        got = np.asarray(Image.open(tmp_path / "onnx" / "probs" / path.name), dtype=np.float64) / 65535
+        assert np.abs(got - expected).max() < 1e-3, path.name
 
 
 @needs_crackpot
