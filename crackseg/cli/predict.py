@@ -88,7 +88,7 @@ def _cmd_export(options: ExportOptions) -> int:
     from crackseg.model.export import export_model
 
     written = export_model(options.checkpoint, options.format, options.out, overwrite=options.overwrite, half=options.half,
-                           deepness=options.deepness if options.format == "deepness" else None)
+                           deepness=options.deepness)
     print(f"wrote {written} ({options.format})")
     return 0
 

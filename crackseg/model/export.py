@@ -1,16 +1,15 @@
 """Exported models: ONNX and OpenVINO IR files (run by :mod:`crackseg.model.runtimes`).
 
-An exported model takes what :func:`crackseg.load_model` takes from ``predict``: uint8 RGB
-images (N, 3, H, W) of any N, H and W (normalization and padding to the size divisor are
-inside the graph) and returns crack **probabilities** (N, 1, H, W) float32 in [0, 1], so it
-needs neither PyTorch nor crackseg to be used. The decision threshold, architecture,
-encoder, size divisor and crackseg version travel with it (ONNX ``metadata_props``,
-OpenVINO ``rt_info`` under ``crackseg``), with a checksum over them and the weights
+An exported model takes what :func:`crackseg.load_model` takes from ``predict`` in its float form: RGB images
+float32 (N, 3, H, W) in [0, 1] of any N, H and W (normalization and padding to the size divisor are inside the graph)
+and returns crack **probabilities** (N, 1, H, W) float32 in [0, 1], so it needs neither PyTorch nor crackseg to be
+used. The decision threshold, architecture, encoder, size divisor and crackseg version travel with it (ONNX
+``metadata_props``, OpenVINO ``rt_info`` under ``crackseg``), with a checksum over them and the weights
 (:func:`crackseg.model.runtimes.exported_digest`) that the runtimes check before running the file.
 Safetensors folders are written and read by :mod:`crackseg.model.checkpoint`.
 
-``--format deepness`` is an ONNX file for QGIS's Deepness plugin instead, in the layout it feeds: float32 square
-tiles of one size, scaled as its metadata states (:func:`deepness_metadata`), so a model runs on an orthomosaic in QGIS.
+An ONNX file also carries the metadata QGIS's Deepness plugin reads (:func:`deepness_metadata`); Deepness takes the
+tile side from the input's shape, so ``--tile`` fixes it for QGIS (crackseg's own runtimes then refuse the file).
 
 The exporters are optional extras: ``pip install 'crackseg[onnx]'`` (onnx) and
 ``pip install 'crackseg[openvino]'`` (openvino, onnx).
@@ -36,21 +35,24 @@ from crackseg.model.options import EXPORT_FORMATS, DeepnessOptions
 from crackseg.model.runtimes import CHECKSUM, INPUT, OUTPUT, exported_digest
 
 OPSET = 17
+DEEPNESS_TILE = 512  # px: the tile an ONNX file states for Deepness when --tile fixes none
 
 
 def export_model(checkpoint: Path, fmt: str, out: Path, overwrite: bool = False, half: bool = False,
-                 deepness: DeepnessOptions | None = None) -> Path:
+                 deepness: DeepnessOptions = DeepnessOptions()) -> Path:
     """Write the model of ``checkpoint`` as ``fmt`` (onnx, openvino, safetensors) to ``out``; returns what was written.
 
     ``out`` is a file for onnx (``model.onnx``) and openvino (``model.xml``, with ``model.bin``
     beside it), and a folder for safetensors (``config.json`` + ``model.safetensors``).
     Exporting to safetensors is also how a model file without a checksum over its settings
     (an older crackseg's) is re-saved with one: see :func:`crackseg.model.checkpoint.read_checkpoint`. ``half`` stores a
-    safetensors folder's weights in float16 (the settings stay exact). ``deepness``: the tiles of ``deepness``, QGIS's
-    Deepness plugin's ONNX (:func:`_deepness_bytes`).
+    safetensors folder's weights in float16 (the settings stay exact). ``deepness``: how QGIS's Deepness plugin is to
+    run an ONNX file (its tiles, the resolution).
     """
     if fmt not in EXPORT_FORMATS:
         raise InputError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
+    if fmt != "onnx" and deepness != DeepnessOptions():
+        raise InputError(f"--tile, --tile-overlap and --px-size are for --format onnx (QGIS's Deepness plugin), not {fmt}")
     out = Path(out)
     if fmt == "openvino" and out.suffix.lower() != ".xml":
         raise InputError(f"--out {out}: an OpenVINO model is an .xml file (its weights go to the .bin beside it); e.g. --out {out.with_suffix('.xml')}")
@@ -66,31 +68,33 @@ def export_model(checkpoint: Path, fmt: str, out: Path, overwrite: bool = False,
     return write_exported(model, fmt, out, deepness)
 
 
-def write_exported(model: CrackSegModel, fmt: str, out: Path, deepness: DeepnessOptions | None = None) -> Path:
+def write_exported(model: CrackSegModel, fmt: str, out: Path, deepness: DeepnessOptions = DeepnessOptions()) -> Path:
     """Write an in-memory model as ``fmt`` to ``out`` (replacing it); see :func:`export_model`."""
     out = Path(out)
     if fmt != "safetensors":
         if out.is_dir():
             raise InputError(f"--out {out}: is a folder; give the file's name, e.g. {out / ('model.xml' if fmt == 'openvino' else 'model.onnx')}")
         ensure_writable_folder(out.parent, "--out")
-    writer = _WRITERS[fmt] if deepness is None else functools.partial(_WRITERS[fmt], tiles=deepness)
+    writer = functools.partial(_write_onnx, tiles=deepness) if fmt == "onnx" else _WRITERS[fmt]
     writer(model, out)
     return out
 
 
-def metadata(model: CrackSegModel) -> dict[str, str]:
-    """What an exported file records about its model, as text."""
+def metadata(model: CrackSegModel, tile: int | None = None) -> dict[str, str]:
+    """What an exported file records about its model, as text; ``tile``: the one input side it takes (None: any)."""
     config = model.config()
-    return {
+    sides = "any H, W" if tile is None else f"H = W = {tile}"
+    info = {
         "format": "crackseg",
         "crackseg_version": __version__,
         "arch": config["arch"],
         "encoder": config["encoder"],
         "size_divisor": str(config["size_divisor"]),
         "threshold": repr(config["threshold"]),
-        "input": "images: uint8 (N, 3, H, W) RGB, any N, H, W",
+        "input": f"images: float32 (N, 3, H, W) RGB in [0, 1], any N, {sides}",
         "output": "probabilities: float32 (N, 1, H, W), crack probability in [0, 1]",
     }
+    return info if tile is None else info | {"tile": str(tile)}
 
 
 class _Probabilities(nn.Module):
@@ -102,62 +106,46 @@ class _Probabilities(nn.Module):
         return torch.sigmoid(self.model(images))
 
 
-class _Standardized(nn.Module):
-    """Deepness's input (already scaled by the model's mean and std, sides a multiple of its divisor) -> probabilities."""
-
-    def __init__(self, model: CrackSegModel):
-        super().__init__()
-        self.net = model.net
-
-    def forward(self, scaled: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.net(scaled))
-
-
 def deepness_metadata(model: CrackSegModel, tiles: DeepnessOptions) -> dict[str, str]:
     """The metadata QGIS's Deepness plugin reads, each value JSON as it parses them.
 
-    It scales pixels to [0, 1], then by ``standardization_mean`` / ``_std``; one output channel is one class against
-    the background, cut at ``seg_thresh``. Its documentation names the tile ``tiles_size``, its code reads ``tile_size``:
-    both are written. ``resolution`` is in cm per pixel.
+    It scales pixels to [0, 1], then by ``standardization_mean`` / ``_std`` (here none: the model's own scaling is in
+    the graph); one output channel is one class against the background, cut at ``seg_thresh``. Its documentation names
+    the tile ``tiles_size``, its code reads ``tile_size``: both are written. ``resolution`` is in cm per pixel.
     """
-    config = model.config()
+    tile = tiles.tile or DEEPNESS_TILE
     values = {
         "model_type": "Segmentor",
         "class_names": {"0": "background", "1": "crack"},
-        "tiles_size": tiles.tile,
-        "tile_size": tiles.tile,
+        "tiles_size": tile,
+        "tile_size": tile,
         "tiles_overlap": tiles.tile_overlap,
-        "seg_thresh": config["threshold"],
-        "standardization_mean": config["mean"],
-        "standardization_std": config["std"],
+        "seg_thresh": model.config()["threshold"],
+        "standardization_mean": [0.0, 0.0, 0.0],
+        "standardization_std": [1.0, 1.0, 1.0],
     }
     if tiles.px_size is not None:
         values["resolution"] = tiles.px_size / 10
-    info = {key: json.dumps(value) for key, value in values.items()}
-    return info | {"format": "deepness", "crackseg_version": __version__, "arch": config["arch"], "encoder": config["encoder"]}
+    return {key: json.dumps(value) for key, value in values.items()}
 
 
-def _write_deepness(model: CrackSegModel, out: Path, tiles: DeepnessOptions = DeepnessOptions()) -> None:
-    """A fixed square tile in, as Deepness feeds it: float32 (N, 3, T, T) scaled by the stored standardization."""
-    divisor = model.size_divisor
-    if tiles.tile % divisor:
-        raise InputError(f"--tile {tiles.tile} px is not a multiple of {divisor}, the size divisor of the {model.arch} model; "
-                         f"e.g. --tile {max(tiles.tile // divisor, 1) * divisor}")
-    example = torch.zeros((1, 3, tiles.tile, tiles.tile))
-    write_atomic(out, _onnx_graph(_Standardized(model), example, {INPUT: {0: "batch"}, OUTPUT: {0: "batch"}},
-                                  deepness_metadata(model, tiles)))
+def _onnx_bytes(model: CrackSegModel, tiles: DeepnessOptions = DeepnessOptions()) -> bytes:
+    if tiles.tile is None:
+        # An example whose sides are not multiples of the divisor, so the padding is traced as
+        # operations on the input's shape rather than left out.
+        example = torch.zeros((1, 3, model.size_divisor + 3, 2 * model.size_divisor + 5))
+        axes = {INPUT: {0: "batch", 2: "height", 3: "width"}, OUTPUT: {0: "batch", 2: "height", 3: "width"}}
+    else:
+        if tiles.tile % model.size_divisor:
+            raise InputError(f"--tile {tiles.tile} px is not a multiple of {model.size_divisor}, the size divisor of the "
+                             f"{model.arch} model; e.g. --tile {max(tiles.tile // model.size_divisor, 1) * model.size_divisor}")
+        example = torch.zeros((1, 3, tiles.tile, tiles.tile))
+        axes = {INPUT: {0: "batch"}, OUTPUT: {0: "batch"}}
+    return _onnx_graph(_Probabilities(model), example, axes, metadata(model, tiles.tile) | deepness_metadata(model, tiles))
 
 
-def _onnx_bytes(model: CrackSegModel) -> bytes:
-    # An example whose sides are not multiples of the divisor, so the padding is traced as
-    # operations on the input's shape rather than left out.
-    example = torch.zeros((1, 3, model.size_divisor + 3, 2 * model.size_divisor + 5), dtype=torch.uint8)
-    axes = {INPUT: {0: "batch", 2: "height", 3: "width"}, OUTPUT: {0: "batch", 2: "height", 3: "width"}}
-    return _onnx_graph(_Probabilities(model), example, axes, metadata(model), checksum=True)
-
-
-def _onnx_graph(module: nn.Module, example: torch.Tensor, axes: dict, info: dict[str, str], checksum: bool = False) -> bytes:
-    """``module`` traced on ``example`` as a checked ONNX graph with ``info`` as its metadata (and crackseg's checksum).
+def _onnx_graph(module: nn.Module, example: torch.Tensor, axes: dict, info: dict[str, str]) -> bytes:
+    """``module`` traced on ``example`` as a checked ONNX graph with ``info`` as its metadata and crackseg's checksum.
 
     The output's sides are declared as the input's (the tracer names them after the operations that computed them),
     so a runtime that reads the declared shape, as Deepness does, sees (N, 1, H, W).
@@ -172,8 +160,7 @@ def _onnx_graph(module: nn.Module, example: torch.Tensor, axes: dict, info: dict
     sides = graph.graph.input[0].type.tensor_type.shape.dim[2:]
     for declared, side in zip(graph.graph.output[0].type.tensor_type.shape.dim[2:], sides):
         declared.CopyFrom(side)
-    if checksum:
-        info = info | {CHECKSUM: exported_digest(info, [graph.graph.SerializeToString()])}
+    info = info | {CHECKSUM: exported_digest(info, [graph.graph.SerializeToString()])}
     for key, value in info.items():
         entry = graph.metadata_props.add()
         entry.key, entry.value = key, value
@@ -181,8 +168,8 @@ def _onnx_graph(module: nn.Module, example: torch.Tensor, axes: dict, info: dict
     return graph.SerializeToString()
 
 
-def _write_onnx(model: CrackSegModel, out: Path) -> None:
-    write_atomic(out, _onnx_bytes(model))
+def _write_onnx(model: CrackSegModel, out: Path, tiles: DeepnessOptions = DeepnessOptions()) -> None:
+    write_atomic(out, _onnx_bytes(model, tiles))
 
 
 def _write_openvino(model: CrackSegModel, out: Path) -> None:
@@ -210,6 +197,6 @@ def _write_openvino(model: CrackSegModel, out: Path) -> None:
 
 
 # EXPORT_FORMATS' writers: (model, out) -> the files at ``out``
-_WRITERS = {"onnx": _write_onnx, "deepness": _write_deepness, "openvino": _write_openvino, "safetensors": save_pretrained}
+_WRITERS = {"onnx": _write_onnx, "openvino": _write_openvino, "safetensors": save_pretrained}
 if set(_WRITERS) != set(EXPORT_FORMATS):  # model.options names them for --format, this table writes them
     raise ImportError("crackseg.model.export's writers and crackseg.model.options.EXPORT_FORMATS disagree")

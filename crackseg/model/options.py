@@ -18,8 +18,7 @@ TTA_CHOICES = ("none", "flip", "d4")
 BACKENDS = ("auto", "torch", "onnxruntime", "openvino")  # runtimes of the forward pass (crackseg.model.runtimes)
 # --format: what crackseg.model.export writes, and the help that says so
 EXPORT_FORMATS = {
-    "onnx": "onnx (pip install 'crackseg[onnx]')",
-    "deepness": "deepness (ONNX for QGIS's Deepness plugin: float input, square --tile, its metadata; crackseg[onnx])",
+    "onnx": "onnx (also for QGIS's Deepness plugin, with --tile; pip install 'crackseg[onnx]')",
     "openvino": "openvino (float32 IR, pip install 'crackseg[openvino]')",
     "safetensors": "safetensors",
 }
@@ -91,10 +90,11 @@ class ModelsOptions(Options):
 
 @dataclass(frozen=True)
 class DeepnessOptions(Options):
-    """How QGIS's Deepness plugin is to run an exported model (``--format deepness``): its tiles, the model's resolution."""
+    """How QGIS's Deepness plugin is to run an exported ONNX model: its tiles, the model's resolution."""
 
-    tile: int = option(512, "square tiles Deepness cuts the raster into, in px (a multiple of the model's size divisor)",
-                       unit="px", valid=AT_LEAST_ONE)
+    tile: int | None = option(None, "fix the input to square tiles of this side, as QGIS's Deepness needs, in px (a multiple "
+                                    "of the model's size divisor; default: any size, with 512 px stated as Deepness's tile)",
+                              unit="px", valid=AT_LEAST_ONE)
     tile_overlap: int = option(20, "overlap of neighbouring tiles, in percent of --tile", unit="%", valid=Range(0, 90))
     px_size: float | None = option(None, "pixel size of the photos the model was trained on, in mm (Deepness's resolution; "
                                          "default: none stated, Deepness then runs the raster at its own)",
@@ -110,11 +110,11 @@ class ExportOptions(Options):
     out: Path = option(REQUIRED, "model.onnx, model.xml (model.bin is written beside it) or a folder for safetensors")
     half: bool = option(False, "store the weights in float16, half the size (safetensors; they are read back into float32)")
     overwrite: bool = option(False, "replace --out if it exists (by default an existing --out is an error)")
-    deepness: DeepnessOptions = group(DeepnessOptions, "QGIS Deepness (--format deepness)")
+    deepness: DeepnessOptions = group(DeepnessOptions, "QGIS Deepness (--format onnx)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.half and self.format != "safetensors":
             raise InputError(f"--half is for --format safetensors; {self.format} models are stored in float32")
-        if self.format != "deepness" and self.deepness != DeepnessOptions():
-            raise InputError("--tile, --tile-overlap and --px-size are for --format deepness")
+        if self.format != "onnx" and self.deepness != DeepnessOptions():
+            raise InputError(f"--tile, --tile-overlap and --px-size are for --format onnx (QGIS's Deepness plugin), not {self.format}")

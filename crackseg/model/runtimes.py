@@ -6,7 +6,7 @@ OpenVINO; ``.xml``: OpenVINO) and refuses contradictions before any work;
 :func:`load_runtime` then loads the model on the device the process got. ``predict`` and
 ``evaluate`` both go through here, so a flag means the same to both.
 
-Exported models take uint8 images and return probabilities (:class:`RuntimeModel`); they
+Exported models return probabilities (:class:`RuntimeModel`, called with uint8 images like a torch model); they
 run on the CPU, in float32, or in bf16 with OpenVINO. A torch model's ``--amp`` is the
 Predictor's autocast. The runtimes are optional extras: ``pip install 'crackseg[onnx]'``
 (onnx, onnxruntime) and ``pip install 'crackseg[openvino]'`` (openvino, onnx).
@@ -42,13 +42,15 @@ class RuntimeModel:
     """An exported model run by ONNX Runtime or OpenVINO on the CPU, called like a CrackSegModel.
 
     Takes (N, 3, H, W) uint8 tensors and returns (N, 1, H, W) probabilities (not logits:
-    ``returns_probabilities`` tells :class:`crackseg.model.inference.Predictor`).
+    ``returns_probabilities`` tells :class:`crackseg.model.inference.Predictor`). ``takes_uint8``: the file's input is
+    uint8, as older crackseg exports take; otherwise float32 in [0, 1], divided as torch divides.
     """
 
     returns_probabilities = True
 
-    def __init__(self, run, info: dict[str, str], backend: str, path: Path):
+    def __init__(self, run, info: dict[str, str], backend: str, path: Path, takes_uint8: bool):
         self._run = run
+        self._takes_uint8 = takes_uint8
         self.backend = backend
         self.path = path
         self.arch = info.get("arch", "?")
@@ -58,6 +60,8 @@ class RuntimeModel:
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         pixels = np.ascontiguousarray(images.detach().cpu().numpy(), dtype=np.uint8)
+        if not self._takes_uint8:
+            pixels = pixels.astype(np.float32) / np.float32(255)
         return torch.from_numpy(np.asarray(self._run(pixels)))
 
     def eval(self) -> RuntimeModel:
@@ -140,7 +144,8 @@ def _onnxruntime_model(path: Path) -> RuntimeModel:
         session = ort.InferenceSession(content, options, providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime raises its own exception types for unreadable files
         raise InputError(f"{path}: not a readable ONNX model ({type(error).__name__}: {_first_line(error)})") from None
-    return RuntimeModel(lambda pixels: session.run([OUTPUT], {INPUT: pixels})[0], info, "onnxruntime", path)
+    takes_uint8 = session.get_inputs()[0].type == "tensor(uint8)"
+    return RuntimeModel(lambda pixels: session.run([OUTPUT], {INPUT: pixels})[0], info, "onnxruntime", path, takes_uint8)
 
 
 def _openvino_model(path: Path, precision: str) -> RuntimeModel:
@@ -167,7 +172,9 @@ def _openvino_model(path: Path, precision: str) -> RuntimeModel:
     output = compiled.output(0)
     # Copies in and out: a shared input leaves OpenVINO holding the caller's memory after the
     # call, and that crashed the process later (in an unrelated part) once it was freed.
-    return RuntimeModel(lambda pixels: compiled(pixels, share_inputs=False, share_outputs=False)[output], info, "openvino", path)
+    takes_uint8 = compiled.input(0).get_element_type() == ov.Type.u8
+    return RuntimeModel(lambda pixels: compiled(pixels, share_inputs=False, share_outputs=False)[output], info, "openvino", path,
+                        takes_uint8)
 
 
 def exported_digest(info: dict[str, str], weights: Iterable[bytes]) -> str:
@@ -196,11 +203,11 @@ def _checked_onnx(content: bytes, path: Path, extra: str = "onnx") -> dict[str, 
 def _check_exported(info: dict[str, str], path: Path, fmt: str, weights: Callable[[], Iterable[bytes]]) -> None:
     """Refuse a file that crackseg did not export, whose threshold or size divisor is not a usable
     value, or whose checksum is missing or does not match; ``weights()``: its weights' bytes, in chunks."""
-    if info.get("format") == "deepness":
-        raise InputError(f"{path}: exported for QGIS's Deepness plugin (float tiles); predict with its checkpoint or a "
-                         "crackseg export --format onnx")
     if info.get("format") != "crackseg":
         raise InputError(f"{path}: not exported by crackseg (no crackseg metadata); export it with crackseg export")
+    if "tile" in info:
+        raise InputError(f"{path}: exported for QGIS's Deepness plugin, for {info['tile']} px tiles only; predict with its "
+                         "checkpoint or an export without --tile")
     again = f"export it again: crackseg export CHECKPOINT --format {fmt} --out {path} --overwrite"
     problem = _metadata_problem(info)
     if problem:

@@ -149,7 +149,7 @@ def _main(*args: str) -> tuple[int, str]:
     (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--px-size", "1e300", "--width-classes", "ec2"], "--px-size"),
     (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--px-size", "1e-300"], "--px-size"),
     (["compare", "b", "a", "--out", "o", "--px-size", "5e3", "--width-classes", "aci224"], "--px-size"),
-    (["export", "m.pt", "--format", "deepness", "--out", "m.onnx", "--px-size", "inf"], "--px-size"),
+    (["export", "m.pt", "--format", "onnx", "--out", "m.onnx", "--px-size", "inf"], "--px-size"),
     (["predict", "x.jpg", "--checkpoint", "m.pt", "--out", "o", "--workers", "-1"], "--workers"),
     (["evaluate", "--pred", "p", "--gt", "g", "--tolerance", "-1"], "--tolerance"),
     (["evaluate", "--pred", "p", "--gt", "g", "--tolerance", "1000"], "--tolerance"),

@@ -67,6 +67,25 @@ def test_every_architecture_exports_and_equals_torch_at_odd_sizes(tmp_path, arch
 
 
 @isolated
+def test_the_input_is_float_in_0_1_and_an_older_uint8_export_still_runs(tmp_path, small):
+    import onnx
+
+    from crackseg.model.export import _onnx_graph, _Probabilities, metadata
+
+    graph = onnx.load(str(small / "m.onnx"))
+    assert graph.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    model = crackseg.load_model(small / "model.pt")
+    axes = {"images": {0: "batch", 2: "height", 3: "width"}, "probabilities": {0: "batch", 2: "height", 3: "width"}}
+    older = _onnx_graph(_Probabilities(model), torch.zeros((1, 3, 35, 69), dtype=torch.uint8), axes, metadata(model))
+    (tmp_path / "older.onnx").write_bytes(older)
+    images = torch.randint(0, 256, (2, 3, 50, 70), dtype=torch.uint8)
+    expected = _torch_probabilities(model, images)
+    for path in (small / "m.onnx", tmp_path / "older.onnx"):
+        for backend in ("onnxruntime", "openvino"):
+            assert np.abs(_load(path, backend=backend)(images).numpy() - expected).max() < 1e-5, (path.name, backend)
+
+
+@isolated
 def test_metadata_travels_with_the_exported_files(small):
     import onnx
 
