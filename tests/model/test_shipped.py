@@ -99,3 +99,20 @@ def test_predict_without_a_checkpoint_on_no_photos_says_only_that(weights, tmp_p
     (tmp_path / "none").mkdir()
     code, err = cli_result(["predict", tmp_path / "none", "--out", tmp_path / "out"])
     assert code == 2 and "no images" in err and "shipped" not in err and err.count("\n") == 1
+
+
+def test_the_real_shipped_model_predicts_with_the_network_shut(synth_root, tmp_path, monkeypatch):
+    """A fresh install with no network: nothing on the path from no --checkpoint to masks may connect anywhere."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a network connection was attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    (tmp_path / "photos").mkdir()
+    for path in sorted((synth_root / "images").iterdir())[:2]:
+        (tmp_path / "photos" / path.name).write_bytes(path.read_bytes())
+    code, err = cli_result(["predict", tmp_path / "photos", "--out", tmp_path / "out"])
+    assert code == 0 and "predicting with the shipped general model" in err, err
+    assert len(list((tmp_path / "out" / "masks").iterdir())) == 2
