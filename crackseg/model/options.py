@@ -116,5 +116,3 @@ class ExportOptions(Options):
         super().__post_init__()
         if self.half and self.format != "safetensors":
             raise InputError(f"--half is for --format safetensors; {self.format} models are stored in float32")
-        if self.format != "onnx" and self.deepness != DeepnessOptions():
-            raise InputError(f"--tile, --tile-overlap and --px-size are for --format onnx (QGIS's Deepness plugin), not {self.format}")
