@@ -39,7 +39,8 @@ checkpointing) for 2 epochs each and reports the second epoch's images/s from th
 On CPU the DDP processes are gloo processes sharing the cores.
 
 runtimes compares CPU prediction by torch (eager, channels_last, bf16), ONNX Runtime and
-OpenVINO (f32, bf16) (model alone, and crackseg predict --no-measure from files), and the naive loop.
+OpenVINO (f32, bf16) (model alone, and crackseg predict --no-measure from files), and the naive loop;
+the one-image run of each gives its fixed cost and the steady rate of a long run.
 
 measure times crack measuring (find_cracks at predict's defaults, and without joining) against one
 scikit-image skeletonize of the same masks, alternated: the first --count masks of each --masks folder

@@ -10,8 +10,10 @@ does the same on the CPU for torch (eager, channels_last, bf16), ONNX Runtime an
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -197,10 +199,13 @@ def _stage_costs(files: list[Path], model: torch.nn.Module, device: torch.device
 def bench_runtimes(args: argparse.Namespace) -> list[dict]:
     """CPU prediction by runtime: torch eager, channels_last and bf16, ONNX Runtime, OpenVINO in f32 and bf16, and the naive loop.
 
-    Each runtime is timed twice: its model alone on decoded images in memory (one image per
-    call, probabilities thresholded), and ``crackseg predict --no-measure`` from the image
-    files to PNG masks. All paths alternate within each round. Masks are compared with
-    torch eager's on every image, since bf16 changes the probabilities.
+    Each runtime is timed three ways: its model alone on decoded images in memory (one image per
+    call, probabilities thresholded), ``crackseg predict --no-measure`` from the image files to
+    PNG masks, and the same on the first image alone: the run's fixed cost (loading and checking
+    the model, the first call). The whole run less that one-image run gives the steady rate of
+    a long survey, where loading is spread over many photos. All paths alternate within each
+    round. Masks are compared with torch eager's on every image, since bf16 changes the
+    probabilities.
     """
     from crackseg.model.export import export_model
     from crackseg.model.runtimes import choose_runtime, load_runtime
@@ -218,8 +223,10 @@ def bench_runtimes(args: argparse.Namespace) -> list[dict]:
             write_dataset(tmp / "data", 4 if args.quick else args.count, args.size, seed=0)
             files = sorted((tmp / "data" / "images").iterdir())
         (tmp / "in").mkdir()
+        (tmp / "first").mkdir()
         for path in files:
             (tmp / "in" / path.name).symlink_to(path.resolve())
+        (tmp / "first" / files[0].name).symlink_to(files[0].resolve())
         model.threshold = _threshold_for_crack_fraction(model, tmp / "in", 0.02, torch.device("cpu"))
         save_model(model, tmp / "model.pt")
         export_model(tmp / "model.pt", "onnx", tmp / "model.onnx")
@@ -257,12 +264,13 @@ def bench_runtimes(args: argparse.Namespace) -> list[dict]:
 
             masks[name] = model_only(-1)
 
-            def end_to_end(index: int, model_file=model_file, inference=inference, name=name) -> None:
-                predict_folder(model_file, [str(tmp / "in")], PredictOptions(
+            def end_to_end(index: int, folder: str = "in", model_file=model_file, inference=inference, name=name) -> None:
+                predict_folder(model_file, [str(tmp / folder)], PredictOptions(
                     out=tmp / "out" / name.replace(" ", "_"), inference=inference, measure=False, overwrite=True, workers=0))
 
             paths[(name, "model")] = (model_only, len(files))
             paths[(name, "end")] = (end_to_end, len(files))
+            paths[(name, "first")] = (functools.partial(end_to_end, folder="first"), 1)
         paths["naive"] = (lambda index: _naive_loop(model, files, torch.device("cpu"), tmp / "naive.png"), len(files))
         rates = median_rates(paths, windows)
     common = {"encoder": args.encoder, "images": len(files), "size": f"{width}x{height}", "source": "files" if args.images else "synthetic"}
@@ -270,8 +278,13 @@ def bench_runtimes(args: argparse.Namespace) -> list[dict]:
     rows = []
     for name in runtimes:
         model_rate, end_rate = rates[(name, "model")][0], rates[(name, "end")][0]
+        # each round's whole run less its one-image run: the other images' time, without the fixed cost
+        steady = statistics.median((len(files) - 1) / (len(files) / whole - 1 / first)
+                                   for whole, first in zip(rates[(name, "end")][1], rates[(name, "first")][1]))
         rows.append({"mode": "runtimes", "runtime": name, **common, "model_only_images_per_s": round(model_rate, 2),
                      "images_per_s": round(end_rate, 2), "efficiency": round(end_rate / model_rate, 3),
+                     "fixed_cost_s": round(1 / rates[(name, "first")][0], 3), "steady_images_per_s": round(steady, 2),
+                     "steady_efficiency": round(steady / model_rate, 3),
                      "vs_torch_eager_end_to_end": round(end_rate / eager_end, 2),
                      "mask_agreement_vs_torch_eager": round(float(np.mean([np.mean(a == b) for a, b in zip(masks[name], masks["torch eager"])])), 5),
                      "window_rates_end": [round(r, 2) for r in rates[(name, "end")][1]]})
