@@ -29,8 +29,8 @@ end-to-end throughput from image files; their ratio is the input pipeline's effi
 They also count the model's FLOPs per image (torch.utils.flop_counter; training counts
 forward and backward) and report the achieved TFLOP/s, and the fraction of the device's
 peak where it is known (--peak-tflops gives it for other devices). Each times the stages of its
-path alone, in one process, as ms per image (predict: read, decode, copy to device, forward, copy
-back, threshold, measure, encode PNG, write; train: read, decode, augment, collate, copy, jitter,
+path alone, in one process, as ms per image (predict: read, decode, copy to device, forward,
+threshold, copy the mask back, measure, encode PNG, write; train: read, decode, augment, collate, copy, jitter,
 step): where an image's time goes, whatever a pipeline overlaps.
 
 strategies runs real `crackseg train` jobs (one process, DataParallel, DDP for every process

@@ -91,6 +91,14 @@ class Predictor:
 
     def probabilities(self, images):
         """``images``: iterable of (key, (3, H, W) uint8). Yields (key, (H, W) float32 probabilities on CPU)."""
+        return self._predict(images, None)
+
+    def masks(self, images, threshold: float):
+        """(key, (H, W) bool crack mask on CPU): :meth:`probabilities` ``>= threshold``, thresholded where the model
+        runs for an image that is one tile at its own size, so a GPU sends back a quarter of the bytes."""
+        return self._predict(images, threshold)
+
+    def _predict(self, images, threshold: float | None):
         jobs: dict[int, _Job] = {}
         pending: dict[tuple[int, int], list] = {}  # tile shape -> [(job, tile, pixels)]
         for key, image in images:
@@ -103,11 +111,11 @@ class Predictor:
                 top, left, height, width = tile
                 pending.setdefault((height, width), []).append((job, tile, image[:, top : top + height, left : left + width]))
                 if len(pending[(height, width)]) == self.batch_size:
-                    yield from self._run(pending.pop((height, width)), jobs)
+                    yield from self._run(pending.pop((height, width)), jobs, threshold)
             while len(jobs) > 2 * self.batch_size + 2 and pending:  # bound the images held: run partial batches
-                yield from self._run(pending.pop(max(pending, key=lambda s: len(pending[s]))), jobs)
+                yield from self._run(pending.pop(max(pending, key=lambda s: len(pending[s]))), jobs, threshold)
         for shape in list(pending):
-            yield from self._run(pending.pop(shape), jobs)
+            yield from self._run(pending.pop(shape), jobs, threshold)
 
     @torch.inference_mode()
     def blocks(self, read, height: int, width: int, part: tuple[int, int] = (0, 1)):
@@ -183,9 +191,12 @@ class Predictor:
         return job
 
     @torch.inference_mode()
-    def _run(self, batch: list, jobs: dict[int, _Job]):
+    def _run(self, batch: list, jobs: dict[int, _Job], threshold: float | None):
         pixels = torch.stack([tile_pixels for _, _, tile_pixels in batch]).to(self.device, non_blocking=True)
-        probs = self._tta_probabilities(pixels).cpu()
+        probs = self._tta_probabilities(pixels)
+        if threshold is not None and all(job.total is None and (job.height, job.width) == probs.shape[-2:] for job, _, _ in batch):
+            probs = probs >= threshold  # nothing left to blend or resize: the mask is final here
+        probs = probs.cpu()
         for (job, (top, left, height, width), _), prob in zip(batch, probs):
             if job.total is None:
                 job.prob = prob
@@ -196,13 +207,15 @@ class Predictor:
             job.remaining -= 1
             if job.remaining == 0:
                 del jobs[job.key]
-                yield job.key, self._finish(job)
+                yield job.key, self._finish(job, threshold)
 
-    def _finish(self, job: _Job) -> torch.Tensor:
+    def _finish(self, job: _Job, threshold: float | None) -> torch.Tensor:
         prob = job.prob if job.total is None else job.total / job.weights
+        if prob.dtype == torch.bool:  # thresholded on the device
+            return prob
         if prob.shape != (job.height, job.width):
             prob = F.interpolate(prob[None, None], size=(job.height, job.width), mode="bilinear")[0, 0]
-        return prob
+        return prob if threshold is None else prob >= threshold
 
     def _window(self, height: int, width: int) -> torch.Tensor:
         if (height, width) not in self._windows:

@@ -23,7 +23,7 @@ from crackseg.core.storage import RemoteFile, StorageError
 from crackseg.data.images import describe_error, load_image
 from crackseg.model import distributed
 from crackseg.prediction.decoding import DECODE_BATCH, decode_batch, read_photo
-from crackseg.prediction.outputs import write_image_outputs
+from crackseg.prediction.outputs import predictions, write_image_outputs
 from crackseg.prediction.streamed import predict_rasters
 from crackseg.prediction.work import Job, Plan, share, work_list
 
@@ -98,9 +98,9 @@ def _predict_photos(job: Job) -> None:
 
     with _measurers(workers if todo else 0) as measurers, ThreadPoolExecutor(workers) if workers else _Inline() as writers:
         try:
-            probabilities = job.predictor.probabilities(images)
-            for key, prob in tqdm(probabilities, total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
-                pending.append((key, writers.submit(_write_photo, plan, measurers, key, names[key], decoded.pop(key), prob,
+            found = predictions(job.predictor, images, job.run.threshold, plan.spec)
+            for key, prediction in tqdm(found, total=len(todo), desc="predict", disable=None if env.is_main else True, unit="img"):
+                pending.append((key, writers.submit(_write_photo, plan, measurers, key, names[key], decoded.pop(key), prediction,
                                                     job.run.threshold)))
                 collect(wait=False)
             collect(wait=True)
@@ -138,10 +138,11 @@ def _photos(loader, device: torch.device, fail: Callable[[int, str], None], deco
 
 
 def _write_photo(plan: Plan, measurers: Executor, key: int, named: tuple[Path | RemoteFile, str], image: torch.Tensor,
-                 prob: torch.Tensor, threshold: float) -> tuple[dict, list[dict]]:
-    """One photo's files made (in a measuring process) and, for an --out in object storage, uploaded as soon as they are."""
+                 prediction: torch.Tensor, threshold: float) -> tuple[dict, list[dict]]:
+    """One photo's files made (in a measuring process) and, for an --out in object storage, uploaded as soon as they are.
+    ``prediction``: probabilities, or the mask where no probabilities are saved (a quarter of the bytes to send)."""
     shown = image.cpu().numpy() if plan.spec.overlay else None  # the photo travels to the process only to be drawn on
-    rows = measurers.submit(write_image_outputs, plan.folder, *named, shown, prob.numpy(), threshold, plan.spec).result()
+    rows = measurers.submit(write_image_outputs, plan.folder, *named, shown, prediction.numpy(), threshold, plan.spec).result()
     plan.upload(key)
     return rows
 

@@ -211,16 +211,25 @@ class Records:
         return joined
 
 
+def predictions(predictor, photos, threshold: float, spec: OutputSpec):
+    """(key, what :func:`write_image_outputs` needs of each photo) from a :class:`crackseg.model.inference.Predictor`:
+    the probabilities when they are saved, else the masks, thresholded where the model runs."""
+    return predictor.probabilities(photos) if spec.save_prob else predictor.masks(photos, threshold)
+
+
 def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image: np.ndarray | torch.Tensor | None,
-                        prob: np.ndarray | torch.Tensor, threshold: float, spec: OutputSpec) -> tuple[dict, list[dict]]:
-    """Write one photo's files (``image``: (3, H, W) uint8, needed for an overlay only; ``prob``: (H, W) float32);
+                        prediction: np.ndarray | torch.Tensor, threshold: float, spec: OutputSpec) -> tuple[dict, list[dict]]:
+    """Write one photo's files (``image``: (3, H, W) uint8, needed for an overlay only; ``prediction``: (H, W) float32
+    probabilities, or the bool mask they give at ``threshold``, which is all that is needed without ``spec.save_prob``);
     returns its predictions.csv row and cracks.csv rows.
 
     Runs in measuring processes and Ray's actors: numpy, not torch, does the per-pixel work, so that a
     process need not import torch nor start its intra-op pool.
     """
-    prob = np.asarray(prob)
-    mask = prob >= threshold
+    prob = np.asarray(prediction)
+    if prob.dtype == np.bool_ and spec.save_prob:
+        raise ValueError("saving probabilities needs the probabilities, not the mask")
+    mask = prob if prob.dtype == np.bool_ else prob >= threshold
     mask_path = folder.mask(name)
     write_png(mask_path, mask.astype(np.uint8) * 255)
     counts = mask_counts(mask)

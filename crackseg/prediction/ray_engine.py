@@ -47,7 +47,7 @@ from crackseg.model import distributed
 from crackseg.model.inference import Predictor
 from crackseg.model.options import InferenceOptions
 from crackseg.model.runtimes import choose_runtime, load_runtime
-from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, write_image_outputs
+from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, predictions, write_image_outputs
 from crackseg.prediction.streamed import RasterRun, band_paths, join_raster, predict_raster, raster_outputs
 from crackseg.prediction.work import Job, Plan, Work, work_list
 
@@ -185,9 +185,9 @@ class _Actor:
 
     def _photo(self, item: Work, folder: PredictionsFolder) -> _Result:
         image = load_image(item.path)
-        ((_, prob),) = self.predictor.probabilities([(item.key, image)])
+        ((_, prediction),) = predictions(self.predictor, [(item.key, image)], self.job.threshold, self.job.spec)
         try:
-            rows = write_image_outputs(folder, item.path, item.name, image, prob, self.job.threshold, self.job.spec)
+            rows = write_image_outputs(folder, item.path, item.name, image, prediction, self.job.threshold, self.job.spec)
         except OSError as error:
             return _Result(item, {}, error=f"cannot write outputs: {error}")
         return _Result(item, _contents(folder, folder.outputs(item.name, self.job.spec)), rows=rows)

@@ -67,6 +67,25 @@ def test_tiles_of_many_images_share_batches(model):
     assert sorted(results) == list(range(10)) and calls == [4, 4, 2]
 
 
+@pytest.mark.parametrize("options", [dict(tile=64, overlap=16, batch_size=3), dict(tile=64, overlap=16, batch_size=3, tta="flip"),
+                                     dict(resize=(48, 48), batch_size=2)], ids=["tiles", "tta", "resize"])
+def test_masks_are_the_probabilities_at_the_threshold(model, options):
+    """Photos of one tile and photos of several, batched together (a 64 px tile of each shares a batch): where the model
+    runs, only the masks of the one-tile photos are final; the others are thresholded after blending or resizing."""
+    torch.manual_seed(1)
+    images = [(k, torch.randint(0, 256, shape, dtype=torch.uint8))
+              for k, shape in enumerate([(3, 64, 64), (3, 96, 128), (3, 64, 64), (3, 40, 56), (3, 64, 64)])]
+    predictor = Predictor(model, torch.device("cpu"), InferenceOptions(**options))
+    probabilities = dict(predictor.probabilities(images))
+    threshold = float(torch.cat([prob.flatten() for prob in probabilities.values()]).median())  # a threshold that splits them
+    masks = dict(predictor.masks(images, threshold))
+    assert sorted(masks) == sorted(probabilities)
+    for key, mask in masks.items():
+        assert mask.dtype == torch.bool and mask.shape == images[key][1].shape[1:]
+        assert torch.equal(mask, probabilities[key] >= threshold), key
+        assert 0 < mask.sum() < mask.numel(), key
+
+
 def test_tile_starts_cover_the_image_and_end_flush():
     assert tile_starts(100, 256, 32) == [0]
     assert tile_starts(700, 256, 32) == [0, 222, 444]  # spread evenly, not a sliver of a stride at the end

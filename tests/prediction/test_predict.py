@@ -64,6 +64,27 @@ def test_no_measure_writes_the_same_masks_without_measurements(tmp_path, checkpo
     assert not {"cracks", "length_px", "mean_width_px", "max_width_px", "length_mm"} & set(rows[0])
 
 
+def test_masks_thresholded_where_the_model_runs_are_those_of_the_probabilities(tmp_path, checkpoint):
+    """Without --save-prob, one-tile photos come back as masks; tiled ones are thresholded after blending. Either way
+    the masks and measurements are those of a run that keeps the probabilities."""
+    _photos(tmp_path / "in", [(40, 56), (64, 64), (100, 150)])
+    flags = ["--checkpoint", checkpoint, tmp_path / "in", "--tile", 64, "--overlap", 16, "--px-size", 0.5]
+    assert predict_cli(*flags, "--out", tmp_path / "probe", "--save-prob", 16) == 0
+    levels = np.concatenate([np.asarray(Image.open(path)).ravel() for path in (tmp_path / "probe" / "probs").iterdir()])
+    threshold = (float(np.median(levels)) + 0.5) / 65535  # between two stored levels: about half the pixels are crack
+    outputs = []
+    for out, extra in (("kept", ["--save-prob", 16]), ("masks", [])):
+        assert predict_cli(*flags, "--out", tmp_path / out, "--threshold", threshold, *extra) == 0
+        masks = {p.name: np.asarray(Image.open(p)) for p in sorted((tmp_path / out / "masks").iterdir())}
+        outputs.append((masks, (tmp_path / out / "cracks.csv").read_text()))
+    assert not (tmp_path / "masks" / "probs").exists()
+    (kept, kept_cracks), (masks, mask_cracks) = outputs
+    assert sorted(kept) == sorted(masks) == ["img0.png", "img1.png", "img2.png"] and mask_cracks == kept_cracks
+    for name in kept:
+        assert np.array_equal(kept[name], masks[name]), name
+        assert 0.05 < (masks[name] > 0).mean() < 0.95, name
+
+
 @pytest.mark.slow
 def test_loader_workers_and_measuring_processes_give_what_the_main_process_gives(tmp_path, checkpoint):
     """The run with loader workers is a command: they leave a SIGCHLD handler in the process that started them,
