@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -53,9 +54,13 @@ def export_model(checkpoint: Path, fmt: str, out: Path, overwrite: bool = False,
         raise InputError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
     if fmt != "onnx" and deepness != DeepnessOptions():
         raise InputError(f"--tile, --tile-overlap and --px-size are for --format onnx (QGIS's Deepness plugin), not {fmt}")
+    if deepness.px_size is not None:
+        _check_deepness_resolution(deepness.px_size)
     out = Path(out)
     if fmt == "openvino" and out.suffix.lower() != ".xml":
         raise InputError(f"--out {out}: an OpenVINO model is an .xml file (its weights go to the .bin beside it); e.g. --out {out.with_suffix('.xml')}")
+    if fmt == "onnx" and out.suffix.lower() != ".onnx":  # predict picks the runtime by the suffix
+        raise InputError(f"--out {out}: an ONNX model is an .onnx file; e.g. --out {out.with_suffix('.onnx')}")
     written = [out, out.with_suffix(".bin")] if fmt == "openvino" else [out]
     existing = next((path for path in written if path.exists()), None)
     if existing is not None and not overwrite:
@@ -129,23 +134,34 @@ def deepness_metadata(model: CrackSegModel, tiles: DeepnessOptions) -> dict[str,
     return {key: json.dumps(value) for key, value in values.items()}
 
 
+def _check_deepness_resolution(px_size: float) -> None:
+    """Deepness keeps two decimals of the resolution in cm per pixel (its dock's field): refuse a pixel size it reads
+    as 0, which it divides by; warn where the rounding moves it by more than 1%."""
+    exact = px_size / 10
+    kept = float(f"{exact:.2f}")
+    if kept == 0:
+        raise InputError(f"--px-size {px_size:g}: QGIS's Deepness keeps two decimals of the resolution in cm per pixel and "
+                         f"reads {exact:g} cm as 0, which it divides by; it takes 0.05 mm and more")
+    if abs(kept / exact - 1) > 0.01:
+        print(f"crackseg: warning: --px-size {px_size:g}: QGIS's Deepness keeps two decimals of the resolution in cm per pixel "
+              f"and will run rasters at {kept:.2f} cm, not {exact:g} cm per pixel ({abs(kept / exact - 1):.0%} "
+              f"{'coarser' if kept > exact else 'finer'} than the training photos)", file=sys.stderr)
+
+
 def _onnx_bytes(model: CrackSegModel, tiles: DeepnessOptions = DeepnessOptions()) -> bytes:
-    if tiles.tile is None:
-        # An example whose sides are not multiples of the divisor, so the padding is traced as
-        # operations on the input's shape rather than left out.
-        example = torch.zeros((1, 3, model.size_divisor + 3, 2 * model.size_divisor + 5))
-        axes = {INPUT: {0: "batch", 2: "height", 3: "width"}, OUTPUT: {0: "batch", 2: "height", 3: "width"}}
-    else:
-        if tiles.tile % model.size_divisor:
-            raise InputError(f"--tile {tiles.tile} px is not a multiple of {model.size_divisor}, the size divisor of the "
-                             f"{model.arch} model; e.g. --tile {max(tiles.tile // model.size_divisor, 1) * model.size_divisor}")
-        example = torch.zeros((1, 3, tiles.tile, tiles.tile))
-        axes = {INPUT: {0: "batch"}, OUTPUT: {0: "batch"}}
-    return _onnx_graph(_Probabilities(model), example, axes, metadata(model, tiles.tile) | deepness_metadata(model, tiles))
+    if tiles.tile is not None and tiles.tile % model.size_divisor:
+        raise InputError(f"--tile {tiles.tile} px is not a multiple of {model.size_divisor}, the size divisor of the "
+                         f"{model.arch} model; e.g. --tile {max(tiles.tile // model.size_divisor, 1) * model.size_divisor}")
+    # An example whose sides are not multiples of the divisor, so the padding is traced as operations on the input's
+    # shape rather than left out; small, since a trace's memory grows with its example's area (a --tile fixes the sides after).
+    example = torch.zeros((1, 3, model.size_divisor + 3, 2 * model.size_divisor + 5))
+    axes = {INPUT: {0: "batch", 2: "height", 3: "width"}, OUTPUT: {0: "batch", 2: "height", 3: "width"}}
+    return _onnx_graph(_Probabilities(model), example, axes, metadata(model, tiles.tile) | deepness_metadata(model, tiles), tiles.tile)
 
 
-def _onnx_graph(module: nn.Module, example: torch.Tensor, axes: dict, info: dict[str, str]) -> bytes:
-    """``module`` traced on ``example`` as a checked ONNX graph with ``info`` as its metadata and crackseg's checksum.
+def _onnx_graph(module: nn.Module, example: torch.Tensor, axes: dict, info: dict[str, str], tile: int | None = None) -> bytes:
+    """``module`` traced on ``example`` as a checked ONNX graph with ``info`` as its metadata and crackseg's checksum;
+    ``tile``: the input's sides declared T x T.
 
     The output's sides are declared as the input's (the tracer names them after the operations that computed them),
     so a runtime that reads the declared shape, as Deepness does, sees (N, 1, H, W).
@@ -158,6 +174,9 @@ def _onnx_graph(module: nn.Module, example: torch.Tensor, axes: dict, info: dict
                           input_names=[INPUT], output_names=[OUTPUT], dynamic_axes=axes)
     graph = onnx.load_from_string(buffer.getvalue())
     sides = graph.graph.input[0].type.tensor_type.shape.dim[2:]
+    if tile is not None:
+        for side in sides:
+            side.dim_value = tile  # in place of its free name
     for declared, side in zip(graph.graph.output[0].type.tensor_type.shape.dim[2:], sides):
         declared.CopyFrom(side)
     info = info | {CHECKSUM: exported_digest(info, [graph.graph.SerializeToString()])}

@@ -93,11 +93,13 @@ class DeepnessOptions(Options):
     """How QGIS's Deepness plugin is to run an exported ONNX model: its tiles, the model's resolution."""
 
     tile: int | None = option(None, "fix the input to square tiles of this side, as QGIS's Deepness needs, in px (a multiple "
-                                    "of the model's size divisor; default: any size, with 512 px stated as Deepness's tile)",
-                              unit="px", valid=AT_LEAST_ONE)
+                                    "of the model's size divisor, at most 99999, Deepness's largest; default: any size, with "
+                                    "512 px stated as Deepness's tile)",
+                              unit="px", valid=Range(1, 99999))
     tile_overlap: int = option(20, "overlap of neighbouring tiles, in percent of --tile", unit="%", valid=Range(0, 90))
-    px_size: float | None = option(None, "pixel size of the photos the model was trained on, in mm (Deepness's resolution; "
-                                         "default: none stated, Deepness then runs the raster at its own)",
+    px_size: float | None = option(None, "pixel size of the photos the model was trained on, in mm (Deepness's resolution, "
+                                         "which it keeps to 0.01 cm: 0.05 mm and more; default: none stated, Deepness then "
+                                         "runs the raster at its own)",
                                    unit="mm", valid=PX_SIZE)
 
 

@@ -86,6 +86,8 @@ def test_a_plain_onnx_export_states_deepness_s_tile_and_runs_its_tiles(tmp_path,
     (["--format", "onnx", "--tile", "100"], "--tile 100 px is not a multiple of 32"),
     (["--format", "openvino", "--tile", "256"], "are for --format onnx (QGIS's Deepness plugin), not openvino"),
     (["--format", "onnx", "--tile-overlap", "95"], "--tile-overlap: must be in [0, 90]"),
+    (["--format", "onnx", "--tile", "100000"], "--tile: must be in [1, 99999]"),  # Deepness's tile field ends there
+    (["--format", "onnx", "--px-size", "0.04"], "reads 0.004 cm as 0, which it divides by"),
 ])
 def test_tiles_it_cannot_take_are_one_line_errors(tmp_path, model_file, argv, message):
     out = tmp_path / ("m.xml" if "openvino" in argv else "m.onnx")
@@ -98,3 +100,40 @@ def test_crackseg_predict_refuses_a_fixed_tile_file_by_name(tmp_path, model_file
     assert cli_result(["export", model_file, "--format", "onnx", "--tile", "128", "--out", tmp_path / "m.onnx"])[0] == 0
     code, err = cli_result(["predict", "--checkpoint", tmp_path / "m.onnx", synth_root / "images", "--out", tmp_path / "p"])
     assert code == 2 and "exported for QGIS's Deepness plugin, for 128 px tiles only" in err and not (tmp_path / "p").exists()
+
+
+def test_an_onnx_export_is_an_onnx_file(tmp_path, model_file):
+    """predict picks the runtime by the suffix: an ONNX file named .xml would be read as OpenVINO's and refused there."""
+    code, err = cli_result(["export", model_file, "--format", "onnx", "--out", tmp_path / "m.xml"])
+    assert code == 2 and "an ONNX model is an .onnx file; e.g. --out" in err and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())
+
+
+@isolated
+def test_a_resolution_deepness_rounds_is_said_and_the_exact_one_stored(tmp_path, model_file):
+    """Deepness shows the resolution in cm per pixel to two decimals: 0.025 becomes 0.03."""
+    code, err = cli_result(["export", model_file, "--format", "onnx", "--out", tmp_path / "m.onnx", "--tile", "64",
+                            "--px-size", "0.25"])
+    assert code == 0 and err.count("\n") == 1
+    assert "will run rasters at 0.03 cm, not 0.025 cm per pixel (20% coarser than the training photos)" in err
+    _, meta = _deepness_run(tmp_path / "m.onnx", np.zeros((1, 64, 64, 3), np.uint8))
+    assert meta["resolution"] == pytest.approx(0.025)
+
+
+def test_a_large_tile_is_declared_not_traced(tmp_path, model_file):
+    """The graph is traced on a small image and its sides then declared: traced on a 4096 px tile, this model took
+    tens of GB."""
+    import subprocess
+    import sys
+
+    script = ("import resource, sys; from crackseg.model.export import export_model; from crackseg.model.options import "
+              "DeepnessOptions; export_model(sys.argv[1], 'onnx', sys.argv[2], deepness=DeepnessOptions(tile=4096)); "
+              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    result = subprocess.run([sys.executable, "-c", script, str(model_file), str(tmp_path / "m.onnx")], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout.split()[-1]) < 3 * 1024 * 1024  # KiB: under 3 GiB
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].shape[1:] == [3, 4096, 4096] and session.get_outputs()[0].shape[1:] == [1, 4096, 4096]
