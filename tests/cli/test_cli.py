@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -50,7 +51,12 @@ def test_a_stop_that_lands_in_a_finalizer_still_stops_the_command(monkeypatch, t
         return 0
 
     monkeypatch.setattr(data, "_cmd_synth", command)
-    code, err = _main("synth", str(tmp_path / "out"))
+    # Ctrl-C as from a terminal: a suite started in the background (cmd &) inherits SIGINT ignored, which crackseg leaves so
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code, err = _main("synth", str(tmp_path / "out"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert code == status and len(steps) < 500
     assert "Exception ignored" not in err and "Traceback" not in err
 
@@ -215,3 +221,10 @@ def test_commands_without_a_model_start_without_torch(tmp_path, command):
     code = (f"import sys; from crackseg.cli.main import main; code = main({argv!r}); "
             "sys.exit(10 + code if 'torch' in sys.modules else code)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_running_out_of_memory_is_one_line(tmp_path):
+    """Sizes this machine cannot hold: not a traceback, but what ran out and which flags make the work smaller."""
+    code, err = _main("synth", str(tmp_path / "huge"), "--size", "100000000", "--count", "1")
+    assert code == 1 and err.count("\n") == 1 and err.startswith("crackseg: error: out of memory (MemoryError: "), err
+    assert "--size" in err
