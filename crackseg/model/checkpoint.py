@@ -204,11 +204,12 @@ def _read_pretrained(folder: Path) -> dict:
     import safetensors
     import safetensors.torch
 
+    missing = [name for name in (PRETRAINED_CONFIG, PRETRAINED_WEIGHTS) if not (folder / name).is_file()]
+    if missing:  # safetensors' own error for a missing file names none
+        raise InputError(f"{folder}: not a crackseg model folder (no {' and no '.join(missing)})")
     try:
         config = json.loads((folder / PRETRAINED_CONFIG).read_text())
         state = safetensors.torch.load_file(str(folder / PRETRAINED_WEIGHTS))
-    except FileNotFoundError as error:
-        raise InputError(f"{folder}: not a crackseg model folder (no {Path(error.filename).name})") from None
     except (ValueError, OSError, safetensors.SafetensorError) as error:
         raise InputError(f"{folder}: not a readable crackseg model folder ({type(error).__name__}: {error})") from None
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):

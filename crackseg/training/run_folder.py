@@ -89,16 +89,16 @@ class RunFolder:
                 raise InputError(f"{self.path} already holds checkpoints; resume it (--resume auto) or choose another --run")
             return None
         if resume != "auto":
-            return Path(resume), read_checkpoint(Path(resume))
+            return Path(resume), _resumable(Path(resume))
         last = self.path / "last.pt"
         if not last.exists():
             return None
         try:
-            return last, read_checkpoint(last)
+            return last, _resumable(last)
         except InputError as error:
             for candidate in sorted(self.path.glob("epoch_*.pt"), reverse=True):
                 try:
-                    payload = read_checkpoint(candidate)
+                    payload = _resumable(candidate)
                 except InputError:
                     continue
                 print(f"crackseg: warning: {error}; resuming from {candidate} instead", file=sys.stderr)
@@ -119,7 +119,7 @@ class RunFolder:
         source = distributed.decided_on_main(env, find)
         if source is None:
             return None, None
-        return source, found[1] if found else read_checkpoint(source)
+        return source, found[1] if found else _resumable(source)
 
     def saved_split(self) -> dict[str, list[str]] | None:
         path = self.path / "split.json"
@@ -266,3 +266,12 @@ def _overlay(images: torch.Tensor, predicted: torch.Tensor, truth: torch.Tensor)
     out[:, 1][truth] = 255
     out[:, 2][predicted | truth] = 0
     return out
+
+
+def _resumable(path: Path) -> dict:
+    """The payload of a run's checkpoint; a model file without the training state a resume needs is refused."""
+    payload = read_checkpoint(path)
+    if "epoch" not in payload:  # save_epoch writes it with the rest of the training state
+        raise InputError(f"{path}: a model without its training state (epoch, optimizer, options), not a run's checkpoint: "
+                         f"--resume continues a run from its last.pt or an epoch_NNNN.pt; to start from these weights, pass --init {path}")
+    return payload

@@ -151,6 +151,16 @@ def test_a_safetensors_folder_has_its_settings_under_the_checksum_too(tmp_path, 
         load_model(tmp_path / "st")
 
 
+@pytest.mark.parametrize("removed", ["model.safetensors", "config.json"])
+def test_a_safetensors_folder_missing_a_file_names_it(tmp_path, small_model, removed):
+    from crackseg.model.checkpoint import save_pretrained
+
+    save_pretrained(small_model, tmp_path / "st")
+    (tmp_path / "st" / removed).unlink()
+    err = _cli_error(["export", tmp_path / "st", "--format", "onnx", "--out", tmp_path / "m.onnx"])
+    assert f"{tmp_path / 'st'}: not a crackseg model folder (no {removed})" in err
+
+
 @pytest.mark.parametrize("setting, value, message", [
     ("threshold", float("nan"), "threshold nan is not a number in"),
     ("threshold", 7.0, r"threshold 7.0 is not a number in \[0, 1\]"),

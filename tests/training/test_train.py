@@ -235,6 +235,16 @@ def test_contradicting_a_saved_run_is_an_error(finished_run, tmp_path):
     assert fit(_config(run, _data_of(finished_run), epochs=2))["epochs_run"] == 0
 
 
+def test_resuming_from_a_model_file_points_to_init(finished_run, tmp_path):
+    """A model file (a run's weights re-saved, a shipped model) holds no optimizer or epoch to continue from."""
+    from crackseg.model.checkpoint import load_model, save_model
+
+    save_model(load_model(finished_run / "best.pt"), tmp_path / "model.pt")
+    with pytest.raises(InputError, match="a model without its training state .*pass --init .*model.pt") as caught:
+        fit(_config(tmp_path / "run", _data_of(finished_run), resume=str(tmp_path / "model.pt")))
+    assert "\n" not in str(caught.value) and not (tmp_path / "run").exists()
+
+
 def test_fine_tuning_starts_from_a_converted_classic_checkpoint(synth_root, tmp_path):
     from crackseg.model.classic import convert_classic
 
