@@ -28,12 +28,16 @@ CRACK_FREE_ENTRIES = ("negatives", "negative_files")  # split.json: negatives.tx
 def read_stems(path: File) -> list[str]:
     """The stems a split file lists, one per line (blank lines ignored); empty files and repeats are errors."""
     if isinstance(path, RemoteFile):
-        text = path.read_bytes().decode()
+        data = path.read_bytes()
     else:
         path = Path(path)
         if not path.is_file():
             raise InputError(f"{path}: no such split file (one stem per line)")
-        text = path.read_text()
+        data = path.read_bytes()
+    try:  # UTF-8 with or without a byte order mark, or UTF-16 with one (Windows editors' "Unicode")
+        text = data.decode("utf-16" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text; save it as UTF-8, one stem per line") from None
     stems = [line.strip() for line in text.splitlines() if line.strip()]
     if not stems:
         raise InputError(f"{path}: lists no stems (one per line)")

@@ -67,6 +67,8 @@ def dataset_list(path: Path) -> tuple[list[str], list[float] | None]:
         if len(words) > 2:
             raise InputError(f"{path}:{number}: a dataset folder and optionally its weight, got {line.strip()!r}")
         roots.append(os.path.abspath(Path(path).parent / words[0]))
+        if not Path(roots[-1]).is_dir():
+            raise InputError(f"{path}:{number}: {words[0]}: no such dataset folder (the file lists one per line, relative to it)")
         try:
             weights.append(_weights(words[1])[0] if len(words) == 2 else None)
         except ValueError as error:
@@ -288,9 +290,11 @@ def expand_datasets(config: TrainConfig) -> tuple[tuple[str, ...], tuple[float, 
             listed, listed_weights = dataset_list(Path(given))
             roots += listed
             weights += listed_weights or [None] * len(listed)
-        else:
+        elif Path(given).is_dir():
             roots.append(str(Path(given).absolute()))
             weights.append(None)
+        else:
+            raise InputError(f"--data {given}: no such dataset folder or list file")
     seen: dict[str, str] = {}
     for root in roots:
         if os.path.realpath(root) in seen:

@@ -221,6 +221,17 @@ def test_a_stem_repeated_in_a_split_file_is_refused_naming_it(tmp_path):
         open_dataset(root)
 
 
+def test_split_files_from_windows_editors_are_read_and_others_refused(tmp_path):
+    """Notepad saves UTF-8 with a byte order mark, or UTF-16 ("Unicode"); Latin-1 is not UTF-8."""
+    root = _dataset(tmp_path, ["a", "b", "c", "é"])
+    for content in ("a\r\nb\r\n".encode("utf-8-sig"), "a\r\nb\r\n".encode("utf-16"), b"\xfe\xff" + "a\nb\n".encode("utf-16-be")):
+        (root / "test.txt").write_bytes(content)
+        assert open_dataset(root).listed["test"] == ["a", "b"], content
+    (root / "test.txt").write_bytes("é\n".encode("latin-1"))
+    with pytest.raises(InputError, match=r"test.txt: not UTF-8 text; save it as UTF-8, one stem per line$"):
+        open_dataset(root)
+
+
 def test_inspect_on_a_folder_without_pairs_exits_1(tmp_path, capsys):
     (tmp_path / "images").mkdir()
     (tmp_path / "masks").mkdir()

@@ -188,6 +188,20 @@ def test_a_file_that_is_not_a_list_is_one_line(two_datasets, tmp_path):
     assert code == 2 and f"--data {binary}: a file, but not a text list of dataset folders" in error and error.count("\n") == 1
 
 
+def test_a_dataset_that_is_not_there_is_named_before_any_saved_run_is_compared(two_datasets, tmp_path):
+    """A typo in --data names the folder, not a contradiction with the run it would resume; a list file that names no
+    dataset folder (a split file given by mistake) names its line."""
+    big, _ = two_datasets
+    assert _train("--data", big, "--run", tmp_path / "run", "--epochs", "1", *TINY_FLAGS)[0] == 0
+    code, error = _train("--data", tmp_path / "bgi", "--run", tmp_path / "run", "--epochs", "1", *TINY_FLAGS)
+    assert code == 2 and error == f"crackseg: error: --data {tmp_path / 'bgi'}: no such dataset folder or list file\n", error
+    stems = tmp_path / "train.txt"
+    stems.write_text("00000\n00001\n")
+    code, error = _train("--data", stems, "--run", tmp_path / "other", *TINY_FLAGS)
+    assert code == 2 and f"{stems}:1: 00000: no such dataset folder (the file lists one per line" in error, error
+    assert error.count("\n") == 1 and not (tmp_path / "other").exists()
+
+
 def test_one_dataset_s_crack_free_photos_are_mixed_in_under_its_name(two_datasets, tmp_path):
     import shutil
 
