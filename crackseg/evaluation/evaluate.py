@@ -27,6 +27,9 @@ def evaluate_files(pred: Path, gt: Path, split: Path | None = None, tolerance: f
                    scoring: Scoring = Scoring()) -> dict:
     """Score ``pred/<stem>.png`` against ``gt/<stem>.*`` for every stem of ``split`` (default: all of gt)."""
     scoring.check(tolerance)
+    for flag, folder in (("--gt", Path(gt)), ("--pred", Path(pred))):
+        if not folder.is_dir():
+            raise InputError(f"{flag} {folder}: {'not a folder' if folder.exists() else 'no such folder'} (a folder of masks)")
     truths = files_by_stem(Path(gt))
     if not truths:
         raise InputError(f"{gt}: no ground-truth masks in it ({', '.join(IMAGE_SUFFIXES)})")

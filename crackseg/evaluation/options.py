@@ -92,4 +92,8 @@ class EvaluateOptions(Options):
             raise InputError("--checkpoint needs --data ROOT (and --split, default test)")
         if self.checkpoint is None and (self.pred is None or self.gt is None):
             raise InputError("give --pred DIR and --gt DIR, or --checkpoint FILE and --data ROOT")
+        if self.checkpoint is None and self.inference != InferenceOptions():
+            changed = [f"--{name.replace('_', '-')}" for name in vars(self.inference) if getattr(self.inference, name) != getattr(InferenceOptions(), name)]
+            raise InputError(f"{', '.join(changed)}: how --checkpoint predicts; --pred scores masks already predicted: leave "
+                             f"{'them' if len(changed) > 1 else 'it'} out")
         self.scoring.check(self.tolerance)

@@ -31,6 +31,9 @@ THUMB_PX = 192
 
 def write_report(predictions: Path, evaluation: Path | None = None) -> Path:
     """Write ``predictions/report.html`` (and its pictures under ``predictions/report/``); returns its path."""
+    for given, made_by in ((predictions, "crackseg predict --out"), (evaluation, "crackseg evaluate --out")):
+        if given is not None and not Path(given).is_dir():
+            raise InputError(f"{given}: {'not a folder' if Path(given).exists() else 'no such folder'}; give the folder that {made_by} wrote")
     folder = PredictionsFolder(predictions)
     summary = _read_json(folder.summary_json, "run crackseg predict first")
     rows = folder.read_predictions()
@@ -111,11 +114,14 @@ def _evaluation(folder: PredictionsFolder, evaluation: Path) -> dict:
 
 def _read_json(path: Path, advice: str) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        content = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: not found; {advice}") from None
     except ValueError as error:
         raise InputError(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(content, dict):
+        raise InputError(f"{path}: not what crackseg writes there (a JSON object); {advice}")
+    return content
 
 
 _PAGE = r"""<!DOCTYPE html>

@@ -92,6 +92,25 @@ def test_missing_predictions_and_size_mismatches_are_errors(tmp_path):
         evaluate_files(tmp_path / "pred", tmp_path / "gt")
 
 
+def test_pred_and_gt_that_are_no_folders_are_named(tmp_path):
+    _masks(tmp_path / "gt", _truth())
+    (tmp_path / "model.pt").write_bytes(b"a file")
+    with pytest.raises(InputError, match=r"^--pred .*nowhere: no such folder \(a folder of masks\)$"):
+        evaluate_files(tmp_path / "nowhere", tmp_path / "gt")
+    with pytest.raises(InputError, match=r"^--pred .*model.pt: not a folder"):
+        evaluate_files(tmp_path / "model.pt", tmp_path / "gt")
+    with pytest.raises(InputError, match=r"^--gt .*model.pt: not a folder"):
+        evaluate_files(tmp_path / "gt", tmp_path / "model.pt")
+
+
+def test_inference_flags_without_a_checkpoint_are_refused_not_ignored(tmp_path, capsys):
+    _masks(tmp_path / "gt", _truth())
+    with pytest.raises(SystemExit) as exit:
+        main(["evaluate", "--pred", str(tmp_path / "gt"), "--gt", str(tmp_path / "gt"), "--tta", "flip", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1 and "--tta, --device: how --checkpoint predicts" in err, err
+
+
 def test_existing_report_is_not_overwritten(tmp_path, capsys):
     truth = _truth()
     _masks(tmp_path / "gt", truth)

@@ -225,6 +225,26 @@ def test_an_evaluation_under_another_protocol_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "pred" / "report.html").exists()
 
 
+@pytest.mark.parametrize("case", ["report.json a list", "report.json null", "predictions a file", "evaluation a file",
+                                  "no predictions folder"])
+def test_what_is_not_a_predictions_or_evaluation_folder_is_a_one_line_error(tmp_path, case, capsys):
+    (tmp_path / "pred").mkdir()
+    (tmp_path / "pred" / "summary.json").write_text('{"images": 0, "px_size_mm": null, "warnings": []}')
+    (tmp_path / "pred" / "predictions.csv").write_text("path,mask,width,height,crack_fraction,status\n")
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "report.json").write_text({"report.json a list": "[1]", "report.json null": "null"}.get(case, "{}"))
+    (tmp_path / "file.pt").write_bytes(b"not a folder")
+    predictions = {"predictions a file": tmp_path / "file.pt", "no predictions folder": tmp_path / "nowhere"}.get(case, tmp_path / "pred")
+    evaluation = tmp_path / "file.pt" if case == "evaluation a file" else tmp_path / "eval"
+    with pytest.raises(SystemExit) as exit:
+        main(["report", str(predictions), "--evaluation", str(evaluation)])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.startswith("crackseg: error: ") and err.count("\n") == 1, err
+    named = {"predictions a file": "file.pt: not a folder", "evaluation a file": "file.pt: not a folder",
+             "no predictions folder": "nowhere: no such folder"}.get(case, "report.json: not what crackseg writes there")
+    assert named in err and not (tmp_path / "pred" / "report.html").exists()
+
+
 def test_the_report_names_and_pictures_photos_whose_names_look_like_formulas(tmp_path, monkeypatch, dark_checkpoint):
     """predictions.csv holds '=x.jpg (a spreadsheet must not run it); the report reads back =x.jpg and finds the photo."""
     import json
