@@ -48,6 +48,9 @@ def import_labels(annotations: Path, fmt: str, images: Path, out: Path, options:
     if fmt != "labelme":  # before any work: polygons and COCO RLE are drawn by pycocotools
         require("pycocotools.mask", "labels", f"reading {fmt} files")
     found = read_annotations(annotations, fmt, skip=Path(out) / "labels.json")
+    if not found.images:  # an empty dataset written with exit status 0 would look like a successful import
+        unlabelled = f" ({found.unlabelled} tasks have no submitted annotation: predictions or drafts only)" if found.unlabelled else ""
+        raise InputError(f"{annotations}: no annotated image to import{unlabelled}; nothing was written")
     wanted = {name.lower() for name in options.labels}
     known = {name.lower() for name in found.labels}
     unmatched = sorted(wanted - known)
@@ -303,9 +306,13 @@ def export_labels(predictions: Path, fmt: str, out: Path, rle: bool = False, ove
         name = folder.name_of(mask_path)
         entries.append((name, (PurePosixPath(name).parent / Path(row["path"]).name).as_posix(), mask_path))
     out = Path(out)
-    if fmt == "labelme":
+    if fmt == "labelme":  # a file beside each photo, in a folder
+        if out.exists() and not out.is_dir():
+            raise InputError(f"--out {out}: a file; labelme's files go beside each photo, in a folder: give a folder")
         targets = [_inside(out, f"{name}.json") for name, _, _ in entries]
     else:
+        if out.is_dir():
+            raise InputError(f"--out {out}: a folder; {fmt} writes one file: give its name, e.g. {out / f'{fmt}.json'}")
         targets = [out]
     existing = [target for target in targets if target.exists()]
     if existing and not overwrite:

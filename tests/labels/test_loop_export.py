@@ -193,6 +193,17 @@ def test_labelme_export_writes_only_inside_out(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.json"))
 
 
+@pytest.mark.parametrize("fmt", ["labelme", "coco", "cvat", "labelstudio"])
+def test_an_out_of_the_wrong_kind_is_one_line_even_with_overwrite(tmp_path, fmt):
+    """labelme writes a folder of files, the other formats one file: the other kind at --out is named, not replaced."""
+    predictions, _ = _predictions(tmp_path, ("a",))
+    out = tmp_path / ("file.json" if fmt == "labelme" else "folder")
+    out.write_text("kept\n") if fmt == "labelme" else (out / "kept").mkdir(parents=True)
+    code, err = _cli("export", predictions, "--format", fmt, "--out", out, "--overwrite")
+    _one_line_error(code, err, str(out), "a file; labelme" if fmt == "labelme" else f"a folder; {fmt} writes one file")
+    assert (out.read_text() == "kept\n") if fmt == "labelme" else [p.name for p in out.iterdir()] == ["kept"]
+
+
 # 4. oversized brushes and masks: refused before their pixels are allocated
 
 

@@ -322,3 +322,16 @@ def test_a_cvat_polyline_width_beyond_its_image_is_refused(tmp_path, width):
     _photo(tmp_path / "photos")
     path = _cvat(tmp_path, f'<polyline label="crack" points="1,1;5,5"><attribute name="width">{width}</attribute></polyline>')
     _refused(path, "cvat", tmp_path / "photos", tmp_path / "out", f"shape 0 (<polyline>, label 'crack'): width '{width}'; a width is")
+
+
+def test_a_file_with_no_annotated_image_is_refused_and_writes_nothing(tmp_path):
+    """An empty COCO file, or a Label Studio export of tasks that only hold the model's predictions, would otherwise
+    give an empty dataset and exit status 0."""
+    _photo(tmp_path / "photos")
+    empty = _coco(tmp_path, [], images=())
+    _refused(empty, "coco", tmp_path / "photos", tmp_path / "out", f"{empty}: no annotated image to import; nothing was written")
+    drafts = tmp_path / "tasks.json"
+    drafts.write_text(json.dumps([{"id": 1, "data": {"image": "a.png"}, "annotations": [],
+                                   "predictions": [{"result": [], "model_version": "crackseg"}]}]))
+    _refused(drafts, "labelstudio", tmp_path / "photos", tmp_path / "out", "(1 tasks have no submitted annotation")
+    assert not (tmp_path / "out").exists()
