@@ -27,6 +27,9 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
         if is_url(text):
             found += [(file, name) for file, name in list_files(text, IMAGE_SUFFIXES, recursive) if not (below_out and file.url.startswith(below_out))]
         elif path.is_dir():
+            if inside_out(path):
+                raise InputError(f"{path}: is --out {out} or inside it, where predict writes; nothing there is read as input: "
+                                 "choose another --out")
             pattern = "**/*" if recursive else "*"
             files = sorted(
                 p for p in path.glob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not inside_out(p)
@@ -37,7 +40,11 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
                 raise InputError(f"{path}: is inside --out {out}, where predict writes; it is never read as input")
             found.append((path, path.stem))
         else:
-            matches = sorted(Path(p) for p in glob.glob(text, recursive=recursive) if Path(p).is_file() and not inside_out(p))
+            every = sorted(Path(p) for p in glob.glob(text, recursive=recursive) if Path(p).is_file())
+            matches = [p for p in every if not inside_out(p)]
+            if every and not matches:
+                raise InputError(f"{text}: every file it matches is inside --out {out}, where predict writes; they are never "
+                                 "read as input: choose another --out")
             if not matches:
                 raise InputError(f"{text}: no such file or folder, and no file matches it as a pattern")
             found += [(p, p.stem) for p in matches if p.suffix.lower() in IMAGE_SUFFIXES]

@@ -114,7 +114,14 @@ def build_app(session: PredictionSession, settings: ServerSettings, version: str
 def listen(host: str, port: int) -> socket.socket:
     """A socket bound to ``host``:``port`` (0: any free port), so the URL to give Label Studio is known before serving."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family)
+    try:
+        socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise InputError(f"--host {host}: not an address of this machine or a name that resolves ({error.strerror})") from None
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as error:  # in use, not this machine's address, a privileged port
+        raise InputError(f"--host {host} --port {port}: cannot listen there ({error.strerror or error})") from None
 
 
 def serve(app: Starlette, listener: socket.socket, header_timeout_s: float = 10.0) -> None:

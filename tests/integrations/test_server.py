@@ -247,6 +247,17 @@ def test_a_bad_checkpoint_or_half_an_auth_stops_before_serving(tmp_path, monkeyp
     assert code == 2 and "LABEL_STUDIO_URL must be" in err, err
 
 
+def test_a_port_in_use_or_a_host_that_is_not_here_is_one_line(tmp_path):
+    (tmp_path / "model.pt").write_bytes(b"never loaded: listening comes first")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code, err = cli_result(["serve", "label-studio", "--checkpoint", tmp_path / "model.pt", "--host", "127.0.0.1",
+                                "--port", port])
+    assert code == 2 and err.count("\n") == 1 and f"--host 127.0.0.1 --port {port}: cannot listen there (" in err, err
+    code, err = cli_result(["serve", "label-studio", "--checkpoint", tmp_path / "model.pt", "--host", "no-such-host.invalid"])
+    assert code == 2 and err.count("\n") == 1 and "--host no-such-host.invalid: not an address of this machine" in err, err
+
+
 def test_no_secret_reaches_the_logs(backends, photo):
     _predict(backends["token"], [_task(8, "/data/upload/1/wall.png")])
     logs = (photo["folder"] / "token.log").read_text() + (photo["folder"] / "jwt.log").read_text()

@@ -333,6 +333,11 @@ def test_outputs_inside_a_recursive_input_are_never_read_again(tmp_path, checkpo
     assert len(list((tmp_path / "din" / "pred" / "masks").rglob("*.png"))) == 4
     with pytest.raises(InputError, match="is inside --out"):
         collect_inputs([str(tmp_path / "din" / "pred" / "masks" / "img0.png")], out=tmp_path / "din" / "pred")
+    _photos(tmp_path / "same", [(32, 32)] * 2)  # photos predicted into their own folder: said, not "no images"
+    with pytest.raises(InputError, match=r"same: is --out .*same or inside it, where predict writes; .* choose another --out"):
+        collect_inputs([str(tmp_path / "same")], out=tmp_path / "same")
+    with pytest.raises(InputError, match=r"every file it matches is inside --out"):
+        collect_inputs([str(tmp_path / "same" / "*.jpg")], out=tmp_path / "same")
 
 
 def test_skip_existing_redoes_an_image_whose_requested_outputs_are_incomplete(tmp_path, checkpoint):
