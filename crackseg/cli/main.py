@@ -56,3 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("crackseg: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as error:
+        if not _out_of_memory(error):
+            raise
+        reason = (str(error).splitlines() or [""])[0][:200]
+        parser.exit(1, f"crackseg: error: out of memory ({type(error).__name__}: {reason}); choose smaller sizes or batches "
+                       "(--batch-size, --crop-size, --tile, --size)\n")
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """NumPy's MemoryError, torch's CUDA OutOfMemoryError, or torch's CPU allocator refusing (a plain RuntimeError)."""
+    return (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
+            or "DefaultCPUAllocator: can't allocate memory" in str(error))

@@ -91,7 +91,7 @@ def number_in(text: str, valid: Range, expected: str, shown: str | None = None) 
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"must be {expected}, got {shown or text!r}") from None
+        raise ValueError(f"must be {expected}, got {repr(text) if shown is None else shown}") from None
     problem = valid.problem(value)
     if problem:
         raise ValueError(problem)

@@ -127,7 +127,7 @@ def test_a_pixel_size_too_coarse_for_three_pixels_per_band_names_the_pixel_size_
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(join_gap="ten"), "--join-gap must be a length like 12px or 3mm"),
+    (dict(join_gap="ten"), "--join-gap must be a length like 12px or 3mm, got 'ten'$"),
     (dict(scale=dict(px_size=0.2, width_classes="0.3,0.1")), "--width-classes widths must be positive and increasing"),
 ])
 def test_deliverable_options_are_checked_before_work(tmp_path, options, message):
