@@ -14,6 +14,7 @@ A later visit of the same spots is :mod:`crackseg.data.later_visit`.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -123,13 +124,20 @@ def write_dataset(
         raise InputError(f"--count must be at least 1, got {count}")
     if not 0.0 <= options.crack_free <= 1.0:
         raise InputError(f"--crack-free must be in [0, 1], got {options.crack_free:g}")
+    made = [folder for folder in (out, out / "images", out / "masks", out / "truth") if not folder.exists()]
     previous = claim_folder(out, overwrite)
     jobs = [(out, seed, index, size, options) for index in range(count)]
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            results = list(pool.map(_write_one, jobs, chunksize=4))
-    else:
-        results = [_write_one(job) for job in jobs]
+    try:
+        if workers > 1:
+            with ProcessPoolExecutor(workers) as pool:
+                results = list(pool.map(_write_one, jobs, chunksize=4))
+        else:
+            results = [_write_one(job) for job in jobs]
+    except BaseException:  # a run that stops (out of memory, Ctrl-C) leaves no empty folders behind it
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):  # kept where it holds a file
+                folder.rmdir()
+        raise
 
     if truth:
         table = {stem: [vars(c) for c in cracks] for stem, cracks in results}
