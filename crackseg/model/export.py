@@ -54,15 +54,14 @@ def export_model(checkpoint: Path, fmt: str, out: Path, overwrite: bool = False,
         raise InputError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
     if fmt != "onnx" and deepness != DeepnessOptions():
         raise InputError(f"--tile, --tile-overlap and --px-size are for --format onnx (QGIS's Deepness plugin), not {fmt}")
-    if deepness.px_size is not None:
-        _check_deepness_resolution(deepness.px_size)
+    kept_resolution = _deepness_resolution(deepness.px_size) if deepness.px_size is not None else None
     out = Path(out)
     if fmt == "openvino" and out.suffix.lower() != ".xml":
         raise InputError(f"--out {out}: an OpenVINO model is an .xml file (its weights go to the .bin beside it); e.g. --out {out.with_suffix('.xml')}")
     if fmt == "onnx" and out.suffix.lower() != ".onnx":  # predict picks the runtime by the suffix
         raise InputError(f"--out {out}: an ONNX model is an .onnx file; e.g. --out {out.with_suffix('.onnx')}")
-    written = [out, out.with_suffix(".bin")] if fmt == "openvino" else [out]
-    existing = next((path for path in written if path.exists()), None)
+    targets = [out, out.with_suffix(".bin")] if fmt == "openvino" else [out]
+    existing = next((path for path in targets if path.exists()), None)
     if existing is not None and not overwrite:
         raise InputError(f"{existing} already exists; choose another --out or pass --overwrite")
     model = load_model(checkpoint, resaving=fmt == "safetensors")
@@ -70,7 +69,10 @@ def export_model(checkpoint: Path, fmt: str, out: Path, overwrite: bool = False,
         if fmt != "safetensors":
             raise InputError(f"--half is for --format safetensors; {fmt} models are stored in float32")
         model.net.half()  # the network only: the scaling in its settings stays float32
-    return write_exported(model, fmt, out, deepness)
+    written = write_exported(model, fmt, out, deepness)
+    if kept_resolution is not None:  # said once the file is written, so that a refusal stays one line
+        _warn_if_rounded(deepness.px_size, kept_resolution)
+    return written
 
 
 def write_exported(model: CrackSegModel, fmt: str, out: Path, deepness: DeepnessOptions = DeepnessOptions()) -> Path:
@@ -134,14 +136,19 @@ def deepness_metadata(model: CrackSegModel, tiles: DeepnessOptions) -> dict[str,
     return {key: json.dumps(value) for key, value in values.items()}
 
 
-def _check_deepness_resolution(px_size: float) -> None:
-    """Deepness keeps two decimals of the resolution in cm per pixel (its dock's field): refuse a pixel size it reads
-    as 0, which it divides by; warn where the rounding moves it by more than 1%."""
-    exact = px_size / 10
-    kept = float(f"{exact:.2f}")
+def _deepness_resolution(px_size: float) -> float:
+    """The resolution Deepness will use, in cm per pixel: its dock's field keeps two decimals. A pixel size it would read
+    as 0, which it divides by, is refused."""
+    kept = float(f"{px_size / 10:.2f}")
     if kept == 0:
         raise InputError(f"--px-size {px_size:g}: QGIS's Deepness keeps two decimals of the resolution in cm per pixel and "
-                         f"reads {exact:g} cm as 0, which it divides by; it takes 0.05 mm and more")
+                         f"reads {px_size / 10:g} cm as 0, which it divides by; it takes 0.05 mm and more")
+    return kept
+
+
+def _warn_if_rounded(px_size: float, kept: float) -> None:
+    """One line when Deepness's two decimals move the resolution by more than 1%."""
+    exact = px_size / 10
     if abs(kept / exact - 1) > 0.01:
         print(f"crackseg: warning: --px-size {px_size:g}: QGIS's Deepness keeps two decimals of the resolution in cm per pixel "
               f"and will run rasters at {kept:.2f} cm, not {exact:g} cm per pixel ({abs(kept / exact - 1):.0%} "

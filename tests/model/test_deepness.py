@@ -118,6 +118,8 @@ def test_a_resolution_deepness_rounds_is_said_and_the_exact_one_stored(tmp_path,
     assert "will run rasters at 0.03 cm, not 0.025 cm per pixel (20% coarser than the training photos)" in err
     _, meta = _deepness_run(tmp_path / "m.onnx", np.zeros((1, 64, 64, 3), np.uint8))
     assert meta["resolution"] == pytest.approx(0.025)
+    code, err = cli_result(["export", model_file, "--format", "onnx", "--out", tmp_path / "m.onnx", "--px-size", "0.25"])
+    assert code == 2 and err.count("\n") == 1 and "already exists" in err, err  # no warning for an export refused
 
 
 def test_a_large_tile_is_declared_not_traced(tmp_path, model_file):
