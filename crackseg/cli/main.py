@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         if not _out_of_memory(error):
             raise
         reason = (str(error).splitlines() or [""])[0][:200]
-        parser.exit(1, f"crackseg: error: out of memory ({type(error).__name__}: {reason}); choose smaller sizes or batches "
-                       "(--batch-size, --crop-size, --tile, --size)\n")
+        shrinking = [f"--{name.replace('_', '-')}" for name in ("batch_size", "crop_size", "tile", "size") if name in vars(args)]
+        advice = f"choose smaller sizes or batches ({', '.join(shrinking)})" if shrinking else "the inputs need more memory than this machine has"
+        parser.exit(1, f"crackseg: error: out of memory ({type(error).__name__}: {reason}); {advice}\n")
 
 
 def _out_of_memory(error: BaseException) -> bool:

@@ -115,7 +115,7 @@ def listen(host: str, port: int) -> socket.socket:
     """A socket bound to ``host``:``port`` (0: any free port), so the URL to give Label Studio is known before serving."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+        socket.getaddrinfo(host or None, port, family, socket.SOCK_STREAM)  # "" is every interface, as for bind
     except socket.gaierror as error:
         raise InputError(f"--host {host}: not an address of this machine or a name that resolves ({error.strerror})") from None
     try:

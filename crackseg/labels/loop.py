@@ -312,7 +312,8 @@ def export_labels(predictions: Path, fmt: str, out: Path, rle: bool = False, ove
         targets = [_inside(out, f"{name}.json") for name, _, _ in entries]
     else:
         if out.is_dir():
-            raise InputError(f"--out {out}: a folder; {fmt} writes one file: give its name, e.g. {out / f'{fmt}.json'}")
+            example = out / f"{fmt}.{'xml' if fmt == 'cvat' else 'json'}"
+            raise InputError(f"--out {out}: a folder; {fmt} writes one file: give its name, e.g. {example}")
         targets = [out]
     existing = [target for target in targets if target.exists()]
     if existing and not overwrite:

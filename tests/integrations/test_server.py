@@ -256,6 +256,10 @@ def test_a_port_in_use_or_a_host_that_is_not_here_is_one_line(tmp_path):
     assert code == 2 and err.count("\n") == 1 and f"--host 127.0.0.1 --port {port}: cannot listen there (" in err, err
     code, err = cli_result(["serve", "label-studio", "--checkpoint", tmp_path / "model.pt", "--host", "no-such-host.invalid"])
     assert code == 2 and err.count("\n") == 1 and "--host no-such-host.invalid: not an address of this machine" in err, err
+    from crackseg.integrations.server import listen
+
+    with listen("", 0) as every:  # an empty host is every interface, as bind takes it
+        assert every.getsockname()[0] == "0.0.0.0"
 
 
 def test_no_secret_reaches_the_logs(backends, photo):

@@ -201,6 +201,8 @@ def test_an_out_of_the_wrong_kind_is_one_line_even_with_overwrite(tmp_path, fmt)
     out.write_text("kept\n") if fmt == "labelme" else (out / "kept").mkdir(parents=True)
     code, err = _cli("export", predictions, "--format", fmt, "--out", out, "--overwrite")
     _one_line_error(code, err, str(out), "a file; labelme" if fmt == "labelme" else f"a folder; {fmt} writes one file")
+    if fmt != "labelme":
+        assert err.rstrip().endswith(f"{out / fmt}.{'xml' if fmt == 'cvat' else 'json'}"), err
     assert (out.read_text() == "kept\n") if fmt == "labelme" else [p.name for p in out.iterdir()] == ["kept"]
 
 
