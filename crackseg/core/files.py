@@ -128,6 +128,12 @@ def ensure_writable_folder(path: Path, flag: str) -> Path:
     return path
 
 
+def decoded_text(data: bytes) -> str:
+    """A hand-written list file's text: UTF-8 with or without a byte order mark, or UTF-16 with one (what Windows
+    editors save as "Unicode"); UnicodeDecodeError for anything else."""
+    return data.decode("utf-16" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig")
+
+
 def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
     """A UTF-8 CSV with a header; columns are ``columns`` then every other key in order of appearance.
 

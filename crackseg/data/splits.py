@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from crackseg.core.errors import InputError
-from crackseg.core.files import write_atomic
+from crackseg.core.files import decoded_text, write_atomic
 from crackseg.core.storage import RemoteFile
 
 if TYPE_CHECKING:
@@ -34,8 +34,8 @@ def read_stems(path: File) -> list[str]:
         if not path.is_file():
             raise InputError(f"{path}: no such split file (one stem per line)")
         data = path.read_bytes()
-    try:  # UTF-8 with or without a byte order mark, or UTF-16 with one (Windows editors' "Unicode")
-        text = data.decode("utf-16" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig")
+    try:
+        text = decoded_text(data)
     except UnicodeDecodeError:
         raise InputError(f"{path}: not UTF-8 text; save it as UTF-8, one stem per line") from None
     stems = [line.strip() for line in text.splitlines() if line.strip()]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from crackseg.core.errors import InputError
+from crackseg.core.files import decoded_text
 from crackseg.core.options import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
@@ -55,7 +56,7 @@ def dataset_list(path: Path) -> tuple[list[str], list[float] | None]:
     folder relative to the file; their weights (None when no line gives one, 1 where a line gives none)."""
     roots, weights = [], []
     try:
-        text = Path(path).read_text()
+        text = decoded_text(Path(path).read_bytes())
     except UnicodeDecodeError:
         raise InputError(f"--data {path}: a file, but not a text list of dataset folders (a dataset is a folder)") from None
     except OSError as error:

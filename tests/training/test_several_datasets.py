@@ -200,6 +200,10 @@ def test_a_dataset_that_is_not_there_is_named_before_any_saved_run_is_compared(t
     code, error = _train("--data", stems, "--run", tmp_path / "other", *TINY_FLAGS)
     assert code == 2 and f"{stems}:1: 00000: no such dataset folder (the file lists one per line" in error, error
     assert error.count("\n") == 1 and not (tmp_path / "other").exists()
+    listing = tmp_path / "datasets.txt"  # saved by Notepad: UTF-8 with a byte order mark, or "Unicode"
+    for encoding in ("utf-8-sig", "utf-16"):
+        listing.write_bytes(f"{big}\n".encode(encoding))
+        assert _train("--data", listing, "--run", tmp_path / "run", "--epochs", "1", *TINY_FLAGS)[0] == 0, encoding
 
 
 def test_one_dataset_s_crack_free_photos_are_mixed_in_under_its_name(two_datasets, tmp_path):
