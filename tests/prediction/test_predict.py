@@ -103,6 +103,12 @@ def test_loader_workers_and_measuring_processes_give_what_the_main_process_gives
         rows = [{k: v for k, v in row.items() if k != "mask"} for row in csv_rows(out / "predictions.csv")]
         outputs.append((files, rows, (out / "cracks.csv").read_text(), len(csv_rows(out / "errors.csv"))))
     assert outputs[0] == outputs[1] and len(outputs[0][0]) == 15 and len(outputs[0][1]) == 5 and outputs[0][3] == 1
+    masks_only = [flag for flag in flags if flag not in ("--save-prob", "8")]  # masks, not probabilities, sent to the processes
+    assert subprocess.run([sys.executable, "-m", "crackseg", "predict", *masks_only, "--out", str(tmp_path / "masks2"),
+                           "--device", "cpu", "--workers", "2"], env=env, capture_output=True).returncode == 1
+    masks = {p.name: p.read_bytes() for p in (tmp_path / "masks2" / "masks").iterdir()}
+    assert masks == {name.split("/", 1)[1]: data for name, data in outputs[0][0].items() if name.startswith("masks/")}
+    assert (tmp_path / "masks2" / "cracks.csv").read_text() == outputs[0][2]
 
 
 def test_jpegs_decoded_on_the_device_in_batches_give_what_pillow_gives(tmp_path, checkpoint, synth_root, monkeypatch):
