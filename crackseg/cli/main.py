@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         reason = (str(error).splitlines() or [""])[0][:200]
         shrinking = [f"--{name.replace('_', '-')}" for name in ("batch_size", "crop_size", "tile", "size") if name in vars(args)]
-        advice = f"choose smaller sizes or batches ({', '.join(shrinking)})" if shrinking else "the inputs need more memory than this machine has"
+        advice = (f"choose smaller sizes or batches ({', '.join(shrinking)})" if shrinking
+                  else "the inputs need more memory than this machine has")
         parser.exit(1, f"crackseg: error: out of memory ({type(error).__name__}: {reason}); {advice}\n")
 
 

@@ -92,8 +92,9 @@ class EvaluateOptions(Options):
             raise InputError("--checkpoint needs --data ROOT (and --split, default test)")
         if self.checkpoint is None and (self.pred is None or self.gt is None):
             raise InputError("give --pred DIR and --gt DIR, or --checkpoint FILE and --data ROOT")
-        if self.checkpoint is None and self.inference != InferenceOptions():
-            changed = [f"--{name.replace('_', '-')}" for name in vars(self.inference) if getattr(self.inference, name) != getattr(InferenceOptions(), name)]
+        default = InferenceOptions()
+        if self.checkpoint is None and self.inference != default:
+            changed = [f"--{name.replace('_', '-')}" for name, value in vars(self.inference).items() if value != getattr(default, name)]
             raise InputError(f"{', '.join(changed)}: how --checkpoint predicts; --pred scores masks already predicted: leave "
                              f"{'them' if len(changed) > 1 else 'it'} out")
         self.scoring.check(self.tolerance)
