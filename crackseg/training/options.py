@@ -218,7 +218,8 @@ class TrainConfig(Options):
     # run folder
     resume: str = option(
         "auto",
-        "auto: continue from RUN/last.pt when present; none: start fresh (refused if RUN has checkpoints); or a checkpoint PATH", section="run folder",
+        "auto: continue from RUN/last.pt when present; none: start fresh (refused if RUN has checkpoints); or a run's checkpoint "
+        "PATH (its last.pt or an epoch_NNNN.pt; a model's weights start a run with --init)", section="run folder",
     )
     val_every: int = option(1, "validate every N epochs (and after the last)", section="run folder", valid=AT_LEAST_ONE)
     monitor: str = option(
