@@ -9,6 +9,7 @@ SIGTERM, which stops the run as Ctrl-C does, with 143; anything else is a bug an
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--"]:  # torchrun ... -m crackseg -- train ...: some Pythons pass the "--" on
         argv = argv[1:]
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_values_attached(argv))
     try:
         with stops_raised():
             return args.handler(args)
@@ -64,6 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         advice = (f"choose smaller sizes or batches ({', '.join(shrinking)})" if shrinking
                   else "the inputs need more memory than this machine has")
         parser.exit(1, f"crackseg: error: out of memory ({type(error).__name__}: {reason}); {advice}\n")
+
+
+def _values_attached(argv: list[str]) -> list[str]:
+    """``--flag -1,2`` as ``--flag=-1,2``: argparse takes a value that starts with a dash and is not one plain number
+    for an option, and says the flag "expected one argument", hiding the value's real problem."""
+    joined: list[str] = []
+    for arg in argv:
+        if joined and re.fullmatch(r"--[a-z][\w-]*", joined[-1]) and re.match(r"-[\d.]", arg):
+            joined[-1] = f"{joined[-1]}={arg}"
+        else:
+            joined.append(arg)
+    return joined
 
 
 def _out_of_memory(error: BaseException) -> bool:

@@ -228,3 +228,11 @@ def test_running_out_of_memory_is_one_line(tmp_path):
     code, err = _main("synth", str(tmp_path / "huge"), "--size", "100000000", "--count", "1")
     assert code == 1 and err.count("\n") == 1 and err.startswith("crackseg: error: out of memory (MemoryError: "), err
     assert err.rstrip().endswith("(--size)") and not (tmp_path / "huge").exists()  # no empty dataset folders left behind
+
+
+def test_a_list_value_starting_with_a_minus_is_checked_as_a_value(tmp_path):
+    """argparse took "-1,2" after a flag for another option ("expected one argument"); the value's own problem is said."""
+    code, err = _main("predict", str(tmp_path), "--out", str(tmp_path / "out"), "--px-size", "0.5", "--width-classes", "-1,2")
+    assert code == 2 and "--width-classes: widths must be positive and increasing (mm), got '-1,2'" in err, err
+    code, err = _main("train", "--data", str(tmp_path), "--data-weights", "-1,1", "--run", str(tmp_path / "run"))
+    assert code == 2 and "--data-weights: must be > 0, got -1" in err, err
