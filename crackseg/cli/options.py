@@ -22,7 +22,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if "default" in text or action.default is None or action.default is False or action.default == argparse.SUPPRESS \
-                or not action.option_strings:
+                or not action.option_strings or action.nargs == 0:  # a switch: what it stores is not what it defaults to
             return text
         return text + " (default: %(default)s)"
 

@@ -42,8 +42,8 @@ def add_commands(commands) -> None:
     add_command(
         commands, "export", "export a model to ONNX, OpenVINO IR or safetensors, for prediction without PyTorch",
         (
-            "Write the model of CHECKPOINT for other runtimes. ONNX and OpenVINO models take uint8 RGB\n"
-            "images (N, 3, H, W) of any size (normalization and padding inside) and return crack\n"
+            "Write the model of CHECKPOINT for other runtimes. ONNX and OpenVINO models take float32 RGB\n"
+            "images in [0, 1] (N, 3, H, W) of any size (normalization and padding inside) and return crack\n"
             "probabilities (N, 1, H, W); the threshold, architecture, encoder and size divisor are\n"
             "stored as metadata. safetensors writes a folder (config.json + model.safetensors) that\n"
             "predict, evaluate and crackseg.load_model read without unpickling anything.\n\n"

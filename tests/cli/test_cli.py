@@ -27,6 +27,7 @@ def test_every_command_has_help_with_defaults(command, capsys):
     assert _main(command, "--help")[0] == 0
     out = capsys.readouterr().out
     assert "usage: crackseg " + command in out and "default" in out
+    assert "(default: True)" not in out  # what a --no-X switch stores, not what happens without it
 
 
 @pytest.mark.parametrize("stop, status", [("ctrl-c", 130), ("sigterm", 143)])
