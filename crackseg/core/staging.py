@@ -144,6 +144,22 @@ class StagedFolder:
                 raise
             self._sent[self._key(path)] = _identity(path)
 
+    def remove(self, paths: Iterable[Path]) -> None:
+        """Files below the root removed (missing ones skipped), on a store too, and the folders they leave empty below
+        the root."""
+        for path in paths:
+            path = Path(path)
+            path.unlink(missing_ok=True)
+            key = self._key(path)
+            if self.remote and key in self.existing:
+                delete_file(self._url_of(path))
+                self.existing.discard(key)
+                self._downloaded.pop(key, None)
+            for folder in path.parents:
+                if folder == self.root or not folder.is_relative_to(self.root) or not folder.is_dir() or any(folder.iterdir()):
+                    break
+                folder.rmdir()
+
     def check_room(self, error: OSError) -> None:
         """Raise :class:`OutFailed` when ``error``, met writing a file below the root, says its device is full (or the
         user's quota spent): every later file would fail the same way."""

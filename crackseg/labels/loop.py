@@ -38,7 +38,8 @@ from crackseg.labels.formats.labelme import embedded_photo, labelme_document
 from crackseg.labels.formats.reading import read_annotations
 from crackseg.labels.formats.shapes import LabelledImage, paint_all
 from crackseg.labels.options import ImportOptions
-from crackseg.prediction.outputs import PredictionsFolder, read_saved_mask, uncertainty, write_png
+from crackseg.prediction.outputs import PredictionsFolder, read_saved_mask, uncertainty
+from crackseg.prediction.pictures import write_png
 
 DRAWN = ("polygon", "line", "mask")  # shape kinds that become crack pixels; others (rectangles, points) are counted
 

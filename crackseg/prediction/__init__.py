@@ -8,10 +8,11 @@
 - ``outputs``: the predictions folder (:class:`~crackseg.prediction.outputs.PredictionsFolder`): every
   file's name, and the one writer and reader of its tables (predictions.csv, cracks.csv); written through
   :class:`crackseg.core.staging.StagedFolder`, so that an --out in object storage is staged locally.
+- ``pictures``: one image's prediction drawn: the overlay JPEG, mask and probability PNGs.
 - ``streamed``: rasters too large to hold, predicted and written block by block.
 - ``report``: the predictions folder's ``report.html``.
 - ``session``: a model loaded once, predict's mask of one picture at a time (the labelling tools' backends).
 
-May import crackseg.model, crackseg.cracks, crackseg.data, crackseg.core; ``options``, ``engines``, ``outputs`` and
-``report`` load no torch. This file imports nothing: import from the modules.
+May import crackseg.model, crackseg.cracks, crackseg.data, crackseg.core; ``options``, ``engines``, ``outputs``,
+``pictures`` and ``report`` load no torch. This file imports nothing: import from the modules.
 """

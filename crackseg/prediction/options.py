@@ -51,7 +51,7 @@ class PredictOptions(Options):
                                          "that does not grow with their area", unit="px", valid=AT_LEAST_ONE)
     overviews: bool = option(False, "add overviews to GeoTIFF outputs, so GIS software opens them fast")
     skip_existing: bool = option(False, "keep masks already in OUT and predict the rest (finishes an interrupted batch)")
-    overwrite: bool = option(False, "replace outputs already in OUT")
+    overwrite: bool = option(False, "replace outputs already in OUT, and remove those an earlier run wrote that this one does not")
     lock: bool = option(True, "for an --out in object storage that cannot lock (no conditional writes): write without the lock "
                               "object, and run one predict per --out at a time (a local --out is always locked)",
                         flags=("--no-lock",))

@@ -16,7 +16,8 @@ every pixel the model marked).
 
 from __future__ import annotations
 
-import io
+import contextlib
+import csv
 import json
 import sys
 from dataclasses import dataclass, field
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
 from crackseg.core.errors import InputError
@@ -34,6 +34,7 @@ from crackseg.cracks.pixel_sets import thinned
 from crackseg.cracks.vectors import FORMATS, centrelines, layer_files, skeleton_links, write_vectors
 from crackseg.cracks.widths import WidthClasses, in_mm
 from crackseg.data.images import crack_mask
+from crackseg.prediction.pictures import overlay_jpeg, probability_levels, write_png
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from crackseg.core.staging import StagedFolder
     from crackseg.prediction.options import PredictOptions
 
-_TINT = np.array([255.0, 30.0, 30.0], np.float32)
+REPORT_PICTURES = ("thumbs", "photos", "overlays")  # report/<kind>/<name>.jpg
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class PredictionsFolder:
         self.report_pictures = self.root / "report"
         self.rank_csv = self.root / "rank.csv"  # crackseg labels rank
         self.tables = [self.predictions_csv, self.cracks_csv, self.errors_csv, self.summary_json, self.report_html, self.rank_csv]
+        self.earlier_names: set[str] = set()  # under --overwrite: the names the predictions.csv found here listed
 
     def mask(self, name: str, raster: bool = False) -> Path:
         return self.root / "masks" / f"{name}{'.tif' if raster else '.png'}"
@@ -96,6 +98,9 @@ class PredictionsFolder:
     def vectors(self, name: str, fmt: str) -> Path:
         return self.root / "vectors" / f"{name}{FORMATS[fmt][1]}"
 
+    def report_picture(self, kind: str, name: str) -> Path:
+        return self.report_pictures / kind / f"{name}.jpg"
+
     def outputs(self, name: str, spec: OutputSpec, raster: bool = False) -> list[Path]:
         """The files one input gets: its mask first, then what the spec asks for (rasters get no overlay)."""
         paths = [self.mask(name, raster)]
@@ -106,6 +111,18 @@ class PredictionsFolder:
         if spec.vectors:
             paths += layer_files(self.vectors(name, spec.vectors))
         return paths
+
+    def every_output(self, name: str) -> list[Path]:
+        """Every file predict or report may have written for ``name``, whatever the options."""
+        paths = [self.mask(name), self.mask(name, True), self.probabilities(name), self.probabilities(name, True), self.overlay(name)]
+        paths += [path for fmt in FORMATS for path in layer_files(self.vectors(name, fmt))]
+        return paths + [self.report_picture(kind, name) for kind in REPORT_PICTURES]
+
+    def superseded(self, names: set[str], kept: set[Path]) -> list[Path]:
+        """What no longer matches the tables just written: the report made from earlier ones, and every file of ``names``
+        (under --overwrite: this run's and those the replaced predictions.csv listed) that is not in ``kept``."""
+        paths = [self.report_html, self.report_pictures / "pr_curve.png"]
+        return paths + [path for name in sorted(names) for path in self.every_output(name) if path not in kept]
 
     def name_of(self, mask: Path) -> str:
         """The output name of an input from its mask's path (sub-folders kept)."""
@@ -130,7 +147,20 @@ class PredictionsFolder:
             raise
         for folder in [self.root, *(path for path in self.root.rglob("*") if path.is_dir())]:
             remove_orphan_temps(folder)
+        self.earlier_names = self._listed_names() if overwrite else set()
         return listed
+
+    def _listed_names(self) -> set[str]:
+        """The output names predictions.csv lists; none from a row (or a table) that cannot be read: it is replaced."""
+        try:
+            rows = read_csv(self.predictions_csv) if self.predictions_csv.is_file() else []
+        except (OSError, ValueError, csv.Error):
+            return set()
+        names = set()
+        for number, row in enumerate(rows, 1):
+            with contextlib.suppress(InputError):
+                names.add(self.name_of(self.table_path(row.get("mask") or "", "mask", number)))
+        return names
 
     def write_tables(self, records: Records, spec: OutputSpec, warnings: list[str], overwrite: bool,
                      threshold: float | None = None) -> dict:
@@ -348,34 +378,3 @@ def write_summary(folder: PredictionsFolder, rows: list[dict], crack_rows: list[
             }
     write_atomic(folder.summary_json, json.dumps(summary, indent=1) + "\n")
     return summary
-
-
-def overlay_jpeg(photo: np.ndarray, cracks_mask: np.ndarray, cracks: list[CrackMeasure]) -> bytes:
-    """The (H, W, 3) photo with crack pixels tinted red and each crack's id written at it, for people to look at."""
-    photo = photo.astype(np.float32)
-    photo[cracks_mask] = 0.35 * photo[cracks_mask] + 0.65 * _TINT
-    picture = Image.fromarray(photo.round().astype(np.uint8))
-    if cracks:
-        draw = ImageDraw.Draw(picture)
-        font = ImageFont.load_default(size=max(10, min(picture.size) // 40))
-        for crack in cracks:
-            row, col = crack.anchor
-            box = draw.textbbox((col + 3, row + 3), str(crack.id), font=font)
-            draw.rectangle((box[0] - 2, box[1] - 1, box[2] + 2, box[3] + 1), fill=(255, 255, 255))
-            draw.text((col + 3, row + 3), str(crack.id), fill=(180, 0, 0), font=font)
-    buffer = io.BytesIO()
-    picture.save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
-
-
-def probability_levels(prob: np.ndarray, bits: int) -> np.ndarray:
-    """Probabilities (float32) as 8- or 16-bit grey levels (0 = 0, the top level = 1)."""
-    if bits == 8:
-        return np.round(prob * 255).astype(np.uint8)
-    return np.round(prob.astype(np.float64) * 65535).astype(np.uint16)
-
-
-def write_png(path: Path, array: np.ndarray) -> None:
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, "PNG", compress_level=1)
-    write_atomic(path, buffer.getvalue())

@@ -135,6 +135,11 @@ def _write_tables(plan: Plan, records: Records, options: PredictOptions, thresho
         print(f"crackseg: warning: {implausible}", file=sys.stderr)
     warnings = plan.warnings + ([implausible] if implausible else [])
     summary = folder.write_tables(records, plan.spec, warnings, options.overwrite, threshold)
+    names, kept = set(), set()
+    if options.overwrite:  # what an earlier run wrote and this one did not would pass for this run's
+        names = folder.earlier_names | {folder.name_of(paths[0]) for paths in plan.outputs.values()}
+        kept = {path for key in records.rows for path in plan.outputs[key]}
+    plan.staged.remove(folder.superseded(names, kept))
     if options.report:
         write_report(folder.root)
     plan.staged.finish()

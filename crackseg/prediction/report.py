@@ -24,7 +24,8 @@ from crackseg.core.files import read_csv, write_atomic
 from crackseg.core.html import VIEW_PX, page, relative_url
 from crackseg.cracks.measure import find_cracks
 from crackseg.data.images import DECODE_ERRORS, image_pixels
-from crackseg.prediction.outputs import PredictionsFolder, overlay_jpeg, read_saved_mask
+from crackseg.prediction.outputs import REPORT_PICTURES, PredictionsFolder, read_saved_mask
+from crackseg.prediction.pictures import overlay_jpeg
 
 THUMB_PX = 192
 
@@ -70,7 +71,7 @@ def _image_entry(folder: PredictionsFolder, row: dict, number: int, cracks: list
 
 def _pictures(folder: PredictionsFolder, name: str, photo_path: Path, mask_path: Path, summary: dict) -> dict:
     """Thumbnail, photo and overlay as JPEGs under report/, written only when missing or older than the mask."""
-    pictures = {kind: folder.report_pictures / kind / f"{name}.jpg" for kind in ("thumbs", "photos", "overlays")}
+    pictures = {kind: folder.report_picture(kind, name) for kind in REPORT_PICTURES}
     names = {kind: relative_url(path.relative_to(folder.root)) for kind, path in pictures.items()}
     fresh = all(path.exists() and path.stat().st_mtime >= mask_path.stat().st_mtime for path in pictures.values())
     if fresh:

@@ -38,7 +38,8 @@ from crackseg.data.raster_sink import BLOCK, RasterSink
 from crackseg.data.rasters import RasterSource, gdal_settings, on_map, rasterio
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor, part_rows
-from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, probability_levels, table_rows
+from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, table_rows
+from crackseg.prediction.pictures import probability_levels
 
 if TYPE_CHECKING:
     from crackseg.core.staging import StagedFolder

@@ -246,6 +246,39 @@ def test_existing_outputs_need_overwrite_or_skip_existing(tmp_path, checkpoint, 
     assert first.stat().st_mtime != 1
 
 
+def _files(folder: Path) -> list[str]:
+    return sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
+
+
+def test_overwrite_removes_what_an_earlier_run_wrote_that_this_one_does_not(tmp_path, checkpoint):
+    photos = _photos(tmp_path / "in" / "sub", [(32, 32), (32, 48), (40, 32)])
+    out = tmp_path / "out"
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--recursive", "--out", out, "--save-prob", "8", "--overlay",
+                       "--vectors", "geojson", "--report") == 0
+    before = _files(out)
+    assert {"probs/sub/img2.png", "overlays/sub/img2.jpg", "vectors/sub/img2.geojson", "report/thumbs/sub/img2.jpg",
+            "report.html"} <= set(before)
+    (out / "masks" / "mine.png").write_bytes(b"a user's file, listed in no table")
+    (out / "notes.txt").write_text("kept")
+    photos[1].write_bytes(b"\xff\xd8\xff no longer a photo")  # fails this time: its earlier outputs are not this run's
+    photos[2].unlink()
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--recursive", "--out", out, "--overwrite") == 1
+    assert _files(out) == ["cracks.csv", "errors.csv", "masks/mine.png", "masks/sub/img0.png", "notes.txt", "predictions.csv",
+                           "summary.json"]
+    assert sorted(path.name for path in out.iterdir() if path.is_dir()) == ["masks"]  # emptied folders go too
+    assert [row["mask"] for row in csv_rows(out / "predictions.csv")] == [str(out / "masks" / "sub" / "img0.png")]
+
+
+def test_a_report_of_earlier_tables_is_removed_when_they_are_written_again_without_one(tmp_path, checkpoint):
+    photos = _photos(tmp_path / "in", [(32, 32), (32, 48)])
+    out = tmp_path / "out"
+    assert predict_cli("--checkpoint", checkpoint, photos[0], "--out", out, "--report") == 0
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", out, "--skip-existing") == 0
+    assert not (out / "report.html").exists() and (out / "masks" / "img0.png").exists()
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", out, "--skip-existing", "--report") == 0
+    assert "img1" in (out / "report.html").read_text()
+
+
 @pytest.mark.parametrize("table", ["summary.json", "cracks.csv", "report.html", "errors.csv"])
 def test_a_table_of_another_run_is_not_replaced_without_overwrite(tmp_path, checkpoint, capsys, table):
     photo = _photos(tmp_path / "in", [(32, 32)])[0]

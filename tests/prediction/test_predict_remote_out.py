@@ -92,6 +92,9 @@ def test_existing_outputs_are_refused_skipped_or_replaced(s3, photos, tmp_path, 
     assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive", "--overwrite") == 0
     assert written == ["a", "b", "sub/c"]
     assert _keys(s3, "survey/pred") == ["cracks.csv", "masks/a.png", "masks/b.png", "masks/sub/c.png", "predictions.csv", "summary.json"]
+    s3.put("survey/pred/notes.txt", b"kept")
+    assert predict_cli("--checkpoint", checkpoint, photos / "a.jpg", "--out", out, "--overwrite", "--save-prob", "8") == 0
+    assert _keys(s3, "survey/pred") == ["cracks.csv", "masks/a.png", "notes.txt", "predictions.csv", "probs/a.png", "summary.json"]
 
 
 def test_a_held_lock_refuses_a_second_run_and_a_run_removes_its_own(s3, photos, checkpoint, monkeypatch, staging):

@@ -1,0 +1,45 @@
+"""How one image's prediction is drawn: the overlay people look at, probability maps and masks as PNG files."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from crackseg.core.files import write_atomic
+from crackseg.cracks.measure import CrackMeasure
+
+_TINT = np.array([255.0, 30.0, 30.0], np.float32)
+
+
+def overlay_jpeg(photo: np.ndarray, cracks_mask: np.ndarray, cracks: list[CrackMeasure]) -> bytes:
+    """The (H, W, 3) photo with crack pixels tinted red and each crack's id written at it, for people to look at."""
+    photo = photo.astype(np.float32)
+    photo[cracks_mask] = 0.35 * photo[cracks_mask] + 0.65 * _TINT
+    picture = Image.fromarray(photo.round().astype(np.uint8))
+    if cracks:
+        draw = ImageDraw.Draw(picture)
+        font = ImageFont.load_default(size=max(10, min(picture.size) // 40))
+        for crack in cracks:
+            row, col = crack.anchor
+            box = draw.textbbox((col + 3, row + 3), str(crack.id), font=font)
+            draw.rectangle((box[0] - 2, box[1] - 1, box[2] + 2, box[3] + 1), fill=(255, 255, 255))
+            draw.text((col + 3, row + 3), str(crack.id), fill=(180, 0, 0), font=font)
+    buffer = io.BytesIO()
+    picture.save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def probability_levels(prob: np.ndarray, bits: int) -> np.ndarray:
+    """Probabilities (float32) as 8- or 16-bit grey levels (0 = 0, the top level = 1)."""
+    if bits == 8:
+        return np.round(prob * 255).astype(np.uint8)
+    return np.round(prob.astype(np.float64) * 65535).astype(np.uint16)
+
+
+def write_png(path: Path, array: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, "PNG", compress_level=1)
+    write_atomic(path, buffer.getvalue())
