@@ -20,6 +20,7 @@ run works on local copies, and what it writes names the URLs.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,9 @@ def _compare(before: Path, after: Path, outputs: ComparisonFolder, options: Comp
     known = _require_pixel_sizes(paired) if classes is not None and options.scale.px_size is None else {}
     surveys = _surveys(before, after, visits, options, _register_crs(paired, known), shown) if options.register else None
     outputs.prepare(options.overwrite, [shot.name for _, shot in paired])
+    warning = _same_inspection(options)  # said once nothing refuses the run
+    if warning:
+        print(f"crackseg: warning: {warning}", file=sys.stderr)
     found = Comparison()
     for index, pair in enumerate(tqdm(paired, desc="compare", unit="pair", disable=len(paired) < 2)):
         found.add(compare_pair(index, pair, options, classes, outputs, known))
@@ -113,7 +117,7 @@ def _compare(before: Path, after: Path, outputs: ComparisonFolder, options: Comp
                             "status": ONLY_BEFORE if side == "before" else ONLY_AFTER})
     for row in found.pairs + found.changes:
         row.update({key: shown(value) for key, value in row.items() if isinstance(value, str)})
-    summary = _summary(shown(str(before)), shown(str(after)), found, options, classes)
+    summary = _summary(shown(str(before)), shown(str(after)), found, options, classes) | ({"warnings": [warning]} if warning else {})
     outputs.write_tables(found.pairs, found.changes, summary, options.report)
     outputs.remove_stale()
     if options.register:
@@ -188,6 +192,15 @@ def _summary(before: str, after: str, found: Comparison, options: CompareOptions
     if classes is not None:  # changes.csv's class columns are those of the width the standard grades
         summary["width_classes"] = classes.as_dict() | {"class_changed": sum(bool(row.get("class_changed")) for row in found.changes)}
     return summary
+
+
+def _same_inspection(options: CompareOptions) -> str | None:
+    """The warning for BEFORE and AFTER naming one folder (a slip when typing two visits): every crack matches itself.
+    None with --register, which refuses such a comparison."""
+    if options.register or not (inside(options.before, options.after) and inside(options.after, options.before)):
+        return None
+    return (f"BEFORE and AFTER are the same inspection ({shown_location(options.before)}): every crack is compared with itself, "
+            "so none can be new, longer, wider or gone; give the earlier and the later visit")
 
 
 def _append_to_register(register: Path, surveys: tuple[history.Survey, history.Survey], found: Comparison, registered: int,

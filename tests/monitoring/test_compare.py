@@ -158,12 +158,23 @@ def test_predictions_folders_compare_with_the_ids_of_their_cracks_csv(two_visits
     assert "report/pair0-before.jpg" in page and (out / "report" / "pair0-after.jpg").stat().st_size > 1000
 
 
-def test_an_unchanged_visit_is_unchanged_everywhere(two_visits, tmp_path):
+def test_an_unchanged_visit_is_unchanged_everywhere(two_visits, tmp_path, capsys):
+    before, _ = two_visits
+    again = shutil.copytree(before, tmp_path / "again")
+    assert main(["compare", str(before), str(again), "--out", str(tmp_path / "copy")]) == 0
+    assert {row["status"] for row in _rows(tmp_path / "copy" / "changes.csv")} == {"unchanged"}
+    assert "warning" not in capsys.readouterr().err and "warnings" not in json.loads((tmp_path / "copy" / "summary.json").read_text())
+
+
+def test_one_folder_given_as_both_visits_is_compared_with_a_warning(two_visits, tmp_path, capsys):
     before, _ = two_visits
     out = tmp_path / "same"
-    assert main(["compare", str(before), str(before), "--out", str(out)]) == 0
-    statuses = {row["status"] for row in _rows(out / "changes.csv")}
-    assert statuses == {"unchanged"}
+    assert main(["compare", str(before), str(before.parent / ".." / before.parent.name / before.name), "--out", str(out), "--report"]) == 0
+    assert {row["status"] for row in _rows(out / "changes.csv")} == {"unchanged"}
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"crackseg: warning: BEFORE and AFTER are the same inspection ({before})")
+    assert json.loads((out / "summary.json").read_text())["warnings"] == [line.removeprefix("crackseg: warning: ")]
+    assert "the same inspection" in (out / "report.html").read_text()
 
 
 def test_a_pair_without_features_is_unregistered_and_not_compared(tmp_path, two_visits, capsys):
