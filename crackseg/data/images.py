@@ -4,9 +4,9 @@
   stored 64x32 with Orientation 6 is read as the 32x64 image every viewer (and every
   labelling tool) shows, and masks traced on it line up.
 - **Mask values**: 0 = background, grey levels above 127 = crack; a mask whose only
-  values are 0 and 1 (with some 1) is a 0/1 mask and is read as 0/255. 16-bit masks and
-  probability maps are scaled to 8 bits first, floating-point ones (TIFFs) hold values in
-  [0, 1]. A mask in colour (channels more than COLOUR_SPREAD apart) is refused, naming
+  values are 0 and 1 (with some 1) is a 0/1 mask and is read as 0/255, also in 16 bits, where
+  0/255 is a mask as well. Other 16-bit masks and probability maps are scaled to 8 bits first,
+  floating-point ones (TIFFs) hold values in [0, 1]; predict's probability maps are marked as such. A mask in colour (channels more than COLOUR_SPREAD apart) is refused, naming
   its colours, rather than read as grey levels that would hide a red or green crack.
 - **Size limit**: Pillow refuses images over its decompression-bomb limit
   (``Image.MAX_IMAGE_PIXELS``); that is reported as a one-line error naming the file and
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff")
+PROBABILITY_MARK = ("crackseg", "probabilities")  # the PNG text chunk of predict's probability maps
 # How the files of those kinds begin: JPEG, PNG, BMP, TIFF and BigTIFF in either byte order
 _PICTURE_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 _HEADER_BYTES = 64 * 1024
@@ -150,10 +151,20 @@ def mask_levels(path: Path | RemoteFile) -> np.ndarray:
     """(H, W) uint8 grey levels of a mask as displayed, 0/1 masks already scaled to 0/255."""
     with open_picture(path) as image:
         _refuse_colours(image)
-        levels = _grey_levels(_upright(image))
+        image = _upright(image)
+        if image.mode.startswith("I") and _narrow_mask(raw := np.asarray(image)):
+            return np.where(raw > 0, np.uint8(255), np.uint8(0))
+        levels = _grey_levels(image)
     if is_zero_one(levels):
         levels = levels * np.uint8(255)
     return levels
+
+
+def _narrow_mask(values: np.ndarray) -> bool:
+    """A 16-bit file holding a 0/1 or 0/255 mask, as a mask array of a wider type is saved: read as that mask, since
+    scaling its values to 8 bits would leave 0/1 empty."""
+    top = values.max(initial=0)
+    return bool(top in (1, 255) and not np.any((values != 0) & (values != top)))
 
 
 def is_zero_one(levels: np.ndarray) -> bool:
@@ -180,18 +191,21 @@ def load_mask(path: Path | RemoteFile) -> torch.Tensor:
 
 
 def read_probability(path: Path | RemoteFile) -> torch.Tensor:
-    """(H, W) float32 in [0, 1] from a predicted mask (0/255 or 0/1), an 8- or 16-bit probability map, or a
-    floating-point one (a TIFF of probabilities in [0, 1])."""
+    """(H, W) float32 in [0, 1] from a predicted mask (0/255 or 0/1, 8 or 16 bits), an 8- or 16-bit probability map,
+    or a floating-point one (a TIFF of probabilities in [0, 1]). A map predict marked (:data:`PROBABILITY_MARK`) is
+    read as probabilities whatever its values: a sure crack-free photo's 8-bit map holds only levels 0 and 1."""
     import torch
 
     with open_picture(path) as image:
         _refuse_colours(image)
+        marked = image.info.get(PROBABILITY_MARK[0]) == PROBABILITY_MARK[1]
         image = _upright(image)
         if image.mode == "F":
             return torch.from_numpy(_unit_floats(image).copy())
         if image.mode.startswith("I"):
-            return torch.from_numpy(np.asarray(image, dtype=np.float32) / 65535.0)
+            values = np.asarray(image, dtype=np.float32)
+            return torch.from_numpy((values > 0).astype(np.float32) if not marked and _narrow_mask(values) else values / 65535.0)
         levels = np.asarray(image.convert("L"))
-    if is_zero_one(levels):
+    if not marked and is_zero_one(levels):
         levels = levels * np.uint8(255)
     return torch.from_numpy(levels.astype(np.float32) / 255.0)

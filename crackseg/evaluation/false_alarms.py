@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from scipy import ndimage
 
-from crackseg.evaluation.metrics import bin_of, threshold_index
+from crackseg.evaluation.metrics import operating_mask
 
 DEFINITION = (
     "far alarm pixels: predicted crack pixels (the mask at the operating threshold the other figures use) lying more than "
@@ -42,13 +42,9 @@ def image_alarms(prob: torch.Tensor, truth: torch.Tensor, threshold: float, prot
                  tile: int) -> dict | None:
     """The false-alarm counts of one (H, W) probability map against its (H, W) bool ground truth, the mask taken
     as ``protocol`` takes it at ``threshold``; None for a protocol without an operating threshold."""
-    if protocol == "crackseg":  # p >= the grid threshold nearest ``threshold``, exactly as the histograms count
-        mask = bin_of(prob) >= threshold_index(threshold)
-    elif protocol == "omnicrack":
-        mask = prob >= threshold
-    else:
+    if protocol not in ("crackseg", "omnicrack"):
         return None
-    mask, truth = mask.cpu().numpy(), truth.cpu().numpy().astype(bool)
+    mask, truth = operating_mask(prob, threshold, protocol).cpu().numpy(), truth.cpu().numpy().astype(bool)
     far = mask & (ndimage.distance_transform_edt(~truth) > distance) if truth.any() else mask
     free = ~_any_per_tile(truth, tile)
     return {

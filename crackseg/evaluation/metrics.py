@@ -50,6 +50,13 @@ def threshold_index(threshold: float) -> int:
     return int(torch.argmin((THRESHOLDS.double() - float(threshold)).abs()))
 
 
+def operating_mask(probs: torch.Tensor, threshold: float, protocol: str = "crackseg") -> torch.Tensor:
+    """The crack mask at a report's operating threshold: under crackseg's protocol p >= the grid threshold nearest
+    ``threshold``, exactly as the histograms count, so that every figure of a report marks the same pixels; under a
+    paper's, p >= ``threshold``."""
+    return bin_of(probs) >= threshold_index(threshold) if protocol == "crackseg" else probs >= threshold
+
+
 def threshold_histograms(
     probs: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor | None = None, tolerance: float = 0.0
 ) -> torch.Tensor:

@@ -23,6 +23,7 @@ from crackseg.evaluation.metrics import (
     average_precision,
     background_iou,
     best_f1,
+    operating_mask,
     optimal_image_scale,
     scores_at,
     sweep,
@@ -47,7 +48,7 @@ DEFINITIONS = {
 }
 CRACK_FREE_DEFINITION = (
     "images whose ground truth has no crack pixel, also reported apart: how many get at least one predicted crack (the mask "
-    "predict writes, probability >= the threshold, cut into cracks as predict counts them: pieces joined across gaps up to "
+    "at the operating threshold the other figures use, cut into cracks as predict counts them: pieces joined across gaps up to "
     "join_gap_px, cracks shorter than min_length_px left out), and the mask's crack pixels per megapixel of these images; "
     "every other figure counts them as before"
 )
@@ -86,7 +87,7 @@ def score_one(name: str, prob: torch.Tensor, truth: torch.Tensor, tolerance: flo
 
 def _false_alarm(prob: torch.Tensor, threshold: float, scoring: Scoring) -> dict:
     """The cracks predict would count on a crack-free photo, and the crack pixels of its mask."""
-    mask = (prob >= threshold).cpu().numpy()
+    mask = operating_mask(prob, threshold, scoring.protocol).cpu().numpy()
     cracks = find_cracks(mask, scoring.join_gap, scoring.min_length)[1]
     return {"cracks": len(cracks), "crack_pixels": int(mask.sum()), "pixels": int(mask.size)}
 
@@ -173,7 +174,7 @@ def _with_crack_free(report: dict, results: list[ImageScore], threshold: float, 
         "images": len(free),
         "with_predicted_cracks": sum(alarm["cracks"] > 0 for alarm in free.values()),
         "false_crack_pixels_per_megapixel": 1e6 * sum(a["crack_pixels"] for a in free.values()) / sum(a["pixels"] for a in free.values()),
-        "threshold": threshold,
+        "threshold": report.get("threshold", threshold),  # under crackseg's protocol, the grid threshold scored
         "min_length_px": scoring.min_length,
         "join_gap_px": scoring.join_gap,
     }

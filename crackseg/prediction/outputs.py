@@ -265,7 +265,7 @@ def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image:
     counts = mask_counts(mask)
     if spec.save_prob:
         levels = probability_levels(prob, spec.save_prob)
-        write_png(folder.probabilities(name), levels)
+        write_png(folder.probabilities(name), levels, probabilities=True)
         counts |= uncertainty(levels.astype(np.float32) / float(np.iinfo(levels.dtype).max), threshold)  # as rank reads the file
     labels, cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px) if spec.measure else (None, [])
     if spec.overlay:

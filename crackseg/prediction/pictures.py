@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+from PIL.PngImagePlugin import PngInfo
 
 from crackseg.core.files import write_atomic
 from crackseg.cracks.measure import CrackMeasure
+from crackseg.data.images import PROBABILITY_MARK
 
 _TINT = np.array([255.0, 30.0, 30.0], np.float32)
 
@@ -39,7 +41,11 @@ def probability_levels(prob: np.ndarray, bits: int) -> np.ndarray:
     return np.round(prob.astype(np.float64) * 65535).astype(np.uint16)
 
 
-def write_png(path: Path, array: np.ndarray) -> None:
+def write_png(path: Path, array: np.ndarray, probabilities: bool = False) -> None:
+    """``probabilities``: marked as a probability map, which readers never take for a 0/1 mask."""
+    info = PngInfo()
+    if probabilities:
+        info.add_text(*PROBABILITY_MARK)
     buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, "PNG", compress_level=1)
+    Image.fromarray(array).save(buffer, "PNG", compress_level=1, pnginfo=info)
     write_atomic(path, buffer.getvalue())

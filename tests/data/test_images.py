@@ -16,6 +16,8 @@ from PIL import Image, ImageOps
 from crackseg.cli.main import main
 from crackseg.data.datasets import open_dataset
 from crackseg.data.images import displayed_size, load_image, load_mask, read_probability
+from crackseg.evaluation.evaluate import evaluate_files
+from crackseg.prediction.pictures import write_png
 from crackseg.training.loader import CrackDataset
 
 
@@ -95,6 +97,47 @@ def test_zero_one_masks_and_predictions_read_like_zero_255(tmp_path):
     assert torch.equal(read_probability(tmp_path / "zero_one.png"), read_probability(tmp_path / "zero_255.png"))
     Image.fromarray(np.zeros((6, 8), np.uint8)).save(tmp_path / "empty.png")
     assert load_mask(tmp_path / "empty.png").sum() == 0
+
+
+@pytest.mark.parametrize("top", [1, 255])
+def test_sixteen_bit_zero_one_and_zero_255_masks_read_like_eight_bit_ones(tmp_path, top):
+    levels = np.zeros((6, 8), np.uint16)
+    levels[2, 1:7] = top
+    Image.fromarray(levels).save(tmp_path / "wide.png")
+    Image.fromarray((levels > 0).astype(np.uint8) * 255).save(tmp_path / "narrow.png")
+    assert Image.open(tmp_path / "wide.png").mode.startswith("I")
+    assert load_mask(tmp_path / "wide.png").sum() == 6
+    assert torch.equal(load_mask(tmp_path / "wide.png"), load_mask(tmp_path / "narrow.png"))
+    assert torch.equal(read_probability(tmp_path / "wide.png"), read_probability(tmp_path / "narrow.png"))
+
+
+def test_sixteen_bit_probabilities_are_scaled_from_the_full_range(tmp_path):
+    levels = np.array([[0, 256, 32768, 65535]], np.uint16)
+    Image.fromarray(levels).save(tmp_path / "prob.png")
+    assert torch.allclose(read_probability(tmp_path / "prob.png"), torch.tensor([[0.0, 256 / 65535, 32768 / 65535, 1.0]]))
+    assert load_mask(tmp_path / "prob.png").tolist() == [[[0, 0, 1, 1]]]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_a_probability_map_predict_marked_is_never_read_as_a_zero_one_mask(tmp_path, dtype):
+    """A sure crack-free photo's 8-bit map holds only levels 0 and 1: probabilities under 0.006, not cracks."""
+    levels = np.zeros((6, 8), dtype)
+    levels[2, 1:7] = 1
+    write_png(tmp_path / "prob.png", levels, probabilities=True)
+    assert read_probability(tmp_path / "prob.png").max() == pytest.approx(1 / np.iinfo(dtype).max)
+    Image.fromarray(levels).save(tmp_path / "unmarked.png")  # another tool's 0/1 mask
+    assert read_probability(tmp_path / "unmarked.png").max() == 1.0
+
+
+def test_a_sure_crack_free_prediction_scores_no_false_alarm(tmp_path):
+    for folder in ("pred", "gt"):
+        (tmp_path / folder).mkdir()
+    levels = np.zeros((16, 16), np.uint8)
+    levels[4:12, 4:12] = 1  # p = 1/255 where predict saw the most of a crack
+    write_png(tmp_path / "pred" / "wall.png", levels, probabilities=True)
+    Image.fromarray(np.zeros((16, 16), np.uint8)).save(tmp_path / "gt" / "wall.png")
+    report = evaluate_files(tmp_path / "pred", tmp_path / "gt")
+    assert report["crack_free"]["with_predicted_cracks"] == 0 and report["false_alarms"]["far_pixels"] == 0
 
 
 def _png_header_only(path: Path, width: int, height: int) -> None:

@@ -251,6 +251,23 @@ def test_crack_free_photos_are_reported_apart_counting_cracks_as_predict_does(tm
     assert [row["false_cracks"] for row in sorted(apart["per_image"], key=lambda r: r["image"]) if row["crack_free"]] == [1, 1, 2]
 
 
+@pytest.mark.parametrize("threshold, counted", [(0.4, False), (0.39, True)])
+def test_every_figure_of_a_report_marks_the_pixels_of_one_threshold(tmp_path, threshold, counted):
+    """0.4 asked is scored at the grid's 0.4009, above an 8-bit level of 102 (0.4): no figure may count that line."""
+    truth, pred = {name: np.zeros((20, 40)) for name in ("crack", "free")}, {name: np.zeros((20, 40)) for name in ("crack", "free")}
+    truth["crack"][5, 5:35] = pred["crack"][5, 5:35] = 1
+    pred["free"][10, 5:35] = 102 / 255
+    _masks(tmp_path / "gt", truth)
+    _masks(tmp_path / "pred", pred)
+    report = evaluate_files(tmp_path / "pred", tmp_path / "gt", threshold=threshold)
+    assert (report["threshold"] <= 102 / 255) == counted
+    false_pixels = 30 if counted else 0
+    assert report["crack_free"]["with_predicted_cracks"] == int(counted) and report["crack_free"]["threshold"] == report["threshold"]
+    assert report["crack_free"]["false_crack_pixels_per_megapixel"] == pytest.approx(1e6 * false_pixels / 800)
+    assert report["false_alarms"]["far_pixels"] == false_pixels
+    assert report["dataset"]["precision"] == pytest.approx(30 / (30 + false_pixels))
+
+
 def test_crack_free_figures_reach_the_report_files_and_need_crack_free_truth(tmp_path):
     _crack_free_case(tmp_path)
     args = ["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt"), "--min-length", "4", "--join-gap", "0"]
