@@ -5,9 +5,11 @@
   labelling tool) shows, and masks traced on it line up.
 - **Mask values**: 0 = background, grey levels above 127 = crack; a mask whose only
   values are 0 and 1 (with some 1) is a 0/1 mask and is read as 0/255, also in 16 bits, where
-  0/255 is a mask as well. Other 16-bit masks and probability maps are scaled to 8 bits first,
-  floating-point ones (TIFFs) hold values in [0, 1]; predict's probability maps are marked as such. A mask in colour (channels more than COLOUR_SPREAD apart) is refused, naming
-  its colours, rather than read as grey levels that would hide a red or green crack.
+  0/255 is a mask as well. Other 16-bit masks and probability maps are scaled to 8 bits
+  first, floating-point ones (TIFFs) hold values in [0, 1]; predict's probability maps are
+  marked as such. A mask in colour (channels more than COLOUR_SPREAD apart) is refused,
+  naming its colours, rather than read as grey levels that would hide a red or green crack.
+  A mask with transparency is read as shown over black (a crack painted on a transparent layer).
 - **Size limit**: Pillow refuses images over its decompression-bomb limit
   (``Image.MAX_IMAGE_PIXELS``); that is reported as a one-line error naming the file and
   how to convert it for prediction (large TIFFs are read by windows, crackseg.data.rasters).
@@ -112,6 +114,15 @@ def _unit_floats(image: Image.Image) -> np.ndarray:
     return values
 
 
+def _over_black(image: Image.Image) -> Image.Image:
+    """A mask with transparency as shown over black: a crack painted on a transparent layer is the crack, whatever
+    colour the transparent pixels hold."""
+    if image.mode not in ("RGBA", "LA", "PA", "RGBa", "La") and not (image.mode == "P" and "transparency" in image.info):
+        return image
+    rgba = image.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (0, 0, 0, 255)), rgba).convert("RGB")
+
+
 def _refuse_colours(image: Image.Image) -> None:
     """A mask drawn in colour (a red crack on black) is not guessed at: its grey level would hide the crack."""
     if image.mode in ("1", "L", "LA", "F") or image.mode.startswith("I"):
@@ -150,8 +161,8 @@ def load_image(path: Path | RemoteFile | BinaryIO) -> torch.Tensor:
 def mask_levels(path: Path | RemoteFile) -> np.ndarray:
     """(H, W) uint8 grey levels of a mask as displayed, 0/1 masks already scaled to 0/255."""
     with open_picture(path) as image:
+        image = _over_black(_upright(image))
         _refuse_colours(image)
-        image = _upright(image)
         if image.mode.startswith("I") and _narrow_mask(raw := np.asarray(image)):
             return np.where(raw > 0, np.uint8(255), np.uint8(0))
         levels = _grey_levels(image)
@@ -197,9 +208,9 @@ def read_probability(path: Path | RemoteFile) -> torch.Tensor:
     import torch
 
     with open_picture(path) as image:
-        _refuse_colours(image)
         marked = image.info.get(PROBABILITY_MARK[0]) == PROBABILITY_MARK[1]
-        image = _upright(image)
+        image = _over_black(_upright(image))
+        _refuse_colours(image)
         if image.mode == "F":
             return torch.from_numpy(_unit_floats(image).copy())
         if image.mode.startswith("I"):

@@ -140,6 +140,24 @@ def test_a_sure_crack_free_prediction_scores_no_false_alarm(tmp_path):
     assert report["crack_free"]["with_predicted_cracks"] == 0 and report["false_alarms"]["far_pixels"] == 0
 
 
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+def test_a_mask_painted_on_a_transparent_layer_is_read_as_shown_over_black(tmp_path, mode):
+    alpha = np.zeros((6, 8), np.uint8)
+    alpha[2, 1:7] = 255
+    layer = Image.fromarray(np.dstack([np.full((6, 8, 3), 255, np.uint8), alpha]), "RGBA")  # white everywhere, opaque on the crack
+    if mode == "P":
+        layer = layer.convert("P", palette=Image.Palette.ADAPTIVE)
+        layer.info["transparency"] = layer.getpixel((0, 0))
+        layer.putpalette(layer.getpalette())
+    else:
+        layer = layer.convert(mode)
+    layer.save(tmp_path / "layer.png", **({"transparency": layer.info["transparency"]} if mode == "P" else {}))
+    Image.fromarray(alpha).save(tmp_path / "plain.png")
+    assert Image.open(tmp_path / "layer.png").mode == mode
+    assert torch.equal(load_mask(tmp_path / "layer.png"), load_mask(tmp_path / "plain.png"))
+    assert torch.equal(read_probability(tmp_path / "layer.png"), read_probability(tmp_path / "plain.png"))
+
+
 def _png_header_only(path: Path, width: int, height: int) -> None:
     """A PNG whose header claims ``width`` x ``height`` px: enough for Pillow's size guard to fire."""
     def chunk(kind: bytes, data: bytes) -> bytes:
