@@ -62,21 +62,42 @@ def dataset_list(path: Path) -> tuple[list[str], list[float] | None]:
     except OSError as error:
         raise InputError(f"--data {path}: cannot read it ({error.strerror or error})") from None
     for number, line in enumerate(text.splitlines(), 1):
-        words = line.split("#", 1)[0].split()
-        if not words:
+        whole = line.split("#", 1)[0].strip()
+        if not whole:
             continue
-        if len(words) > 2:
-            raise InputError(f"{path}:{number}: a dataset folder and optionally its weight, got {line.strip()!r}")
-        roots.append(os.path.abspath(Path(path).parent / words[0]))
-        if not Path(roots[-1]).is_dir():
-            raise InputError(f"{path}:{number}: {words[0]}: no such dataset folder (the file lists one per line, relative to it)")
-        try:
-            weights.append(_weights(words[1])[0] if len(words) == 2 else None)
-        except ValueError as error:
-            raise InputError(f"{path}:{number}: the weight {error}") from None
+        folder, weight = _listed_dataset(Path(path).parent, whole, f"{path}:{number}")
+        roots.append(os.path.abspath(Path(path).parent / folder))
+        weights.append(weight)
     if not roots:
         raise InputError(f"{path}: lists no dataset folder (one per line, optionally with its weight)")
     return roots, None if all(weight is None for weight in weights) else [1.0 if weight is None else weight for weight in weights]
+
+
+def _listed_dataset(base: Path, text: str, where: str) -> tuple[str, float | None]:
+    """One line of a dataset list: a folder (its name may hold spaces), then optionally its weight."""
+    head, last = text.rsplit(None, 1) if len(text.split()) > 1 else ("", text)
+    head = head.strip()
+    weighted = bool(head) and (base / head).is_dir()
+    if (base / text).is_dir():
+        if weighted and _parses_as_weight(last):
+            raise InputError(f"{where}: {text!r} names the folder {text!r}, and also the folder {head!r} with weight {last}; "
+                             "rename one of them")
+        return text, None
+    if not head or not weighted:
+        raise InputError(f"{where}: {head or text}: no such dataset folder (the file lists one per line, relative to it, "
+                         "optionally followed by its weight)")
+    try:
+        return head, _weights(last)[0]
+    except ValueError as error:
+        raise InputError(f"{where}: the weight {error}") from None
+
+
+def _parses_as_weight(text: str) -> bool:
+    try:
+        _weights(text)
+        return True
+    except ValueError:
+        return False
 
 
 def _pos_weight(text: str) -> str:
@@ -275,7 +296,10 @@ def check_same_run(config: TrainConfig, saved: dict, source: Path) -> None:
 
     differ = [key for key in current if key not in RESUMABLE_CHANGES and key in saved and not same(key)]
     if differ:
-        listing = ", ".join(f"{flag(key)} {current[key]} (saved: {saved[key]})" for key in differ)
+        def given(value) -> str:  # as the flag takes it: several values apart, not as a tuple
+            return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+        listing = ", ".join(f"{flag(key)} {given(current[key])} (saved: {given(saved[key])})" for key in differ)
         raise InputError(f"{listing} contradicts the run saved in {source}; resume with its settings or start another --run")
 
 

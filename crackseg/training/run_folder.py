@@ -91,19 +91,24 @@ class RunFolder:
         if resume != "auto":
             return Path(resume), _resumable(Path(resume))
         last = self.path / "last.pt"
-        if not last.exists():
+        if last.exists():
+            try:
+                return last, _resumable(last)
+            except InputError as error:
+                problem = str(error)
+        elif any(self.path.glob("*.pt")):  # removed by hand: starting afresh would overwrite the epochs left
+            problem = f"{last}: missing"
+        else:
             return None
-        try:
-            return last, _resumable(last)
-        except InputError as error:
-            for candidate in sorted(self.path.glob("epoch_*.pt"), reverse=True):
-                try:
-                    payload = _resumable(candidate)
-                except InputError:
-                    continue
-                print(f"crackseg: warning: {error}; resuming from {candidate} instead", file=sys.stderr)
-                return candidate, payload
-            raise InputError(f"{error}, and no intact epoch_NNNN.pt in {self.path} to fall back to") from None
+        for candidate in sorted(self.path.glob("epoch_*.pt"), reverse=True):
+            try:
+                payload = _resumable(candidate)
+            except InputError:
+                continue
+            print(f"crackseg: warning: {problem}; resuming from {candidate} instead", file=sys.stderr)
+            return candidate, payload
+        raise InputError(f"{problem}, and no intact epoch_NNNN.pt in {self.path} to fall back to; resume a checkpoint with "
+                         "--resume PATH, or choose another --run")
 
     def resume_source(self, env: distributed.Environment, resume: str) -> tuple[Path | None, dict | None]:
         """:meth:`find_resume_source` for every process: rank 0 finds the checkpoint and reads it once,

@@ -75,12 +75,14 @@ def prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunFo
         raise InputError(f"--negative-share {config.negative_share:g} needs crack-free photos: --negatives DIR, or ROOT/negatives.txt")
     if payload is not None:
         split = saved
+        _check_test_kept_out(found, split)
         resolved = Resolved(**{**payload["config"]["resolved"], "workers": _workers(config)})
     else:
         split = _split(scans, samples, config) | crack_free
         if not split["train"]:
             raise InputError("no training images left after the split")
         _check_each_trains(names, roots, samples, split)
+        _check_val_has_cracks(found, split["val"])
         resolved = _resolve(config, env, [found.masks[stem] for stem in split["train"]], bool(negatives))
         if config.init:
             by_stem = {sample.stem: sample for sample in samples}
@@ -119,6 +121,33 @@ def _check_each_trains(names: list[str], roots: list[Path | None], samples: list
             reason = (f"its split files put all {usable} of its usable photos in val or test; list some in its train.txt"
                       if usable else "it has no usable image/mask pairs; fix them")
             raise InputError(f"--data {root}: no training images ({reason}, or train without it)")
+
+
+def check_same_processes(saved: dict, env: distributed.Environment, source: Path) -> None:
+    """The global batch, the learning rate and each process's share of an epoch follow from the process count: a run
+    resumes with the count it began with."""
+    if saved["world_size"] != env.world_size:
+        raise InputError(f"this run trains with {saved['world_size']} process(es) (global batch {saved['global_batch']}), not "
+                         f"{env.world_size}: resume it with {saved['world_size']} (launch.sh --nproc {saved['world_size']}), "
+                         f"or start another --run from its weights with --init {source}")
+
+
+def _check_test_kept_out(found: Scan, split: dict[str, list[str]]) -> None:
+    """A resumed run keeps the split it began with: photos a test.txt listed since then must not be trained on."""
+    fitted = set(split["train"]) | set(split["val"])
+    leaked = [stem for stem in found.listed.get("test", []) if stem in fitted]
+    if leaked:
+        raise InputError(f"test.txt now lists {len(leaked)} photo{'s' if len(leaked) > 1 else ''} this run trains or validates on "
+                         f"(e.g. {leaked[0]}; its split was fixed when it began): start a new --run to keep them for testing")
+
+
+def _check_val_has_cracks(found: Scan, val: list[str]) -> None:
+    """Validation without a crack pixel scores every threshold that marks nothing F1 1: the run would keep its first
+    epoch, with a threshold that finds no crack."""
+    if val and not any(found.masks[stem].crack_pixels for stem in val):
+        raise InputError(f"the validation split ({len(val)} photo{'s' if len(val) > 1 else ''}, e.g. {val[0]}) has no crack pixel, so F1, IoU and the "
+                         "threshold cannot be chosen on it; list photos with cracks in val.txt, or draw another split "
+                         "(--seed, --val-fraction)")
 
 
 def _records(scans: dict[str, Scan], roots: list[Path | None], weights: dict[str, float],

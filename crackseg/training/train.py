@@ -44,7 +44,7 @@ from crackseg.training.losses import CrackLoss
 from crackseg.training.options import TrainConfig, check_options, check_same_run, expand_datasets, resolved_encoder
 from crackseg.training.run_folder import RunFolder, TrainingPass
 from crackseg.training.seeding import mix_seed, seed_everything
-from crackseg.training.setup import Prepared, build_training_model, prepare_run
+from crackseg.training.setup import Prepared, build_training_model, check_same_processes, prepare_run
 from crackseg.training.transforms import DeviceGeometry, PhotometricJitter
 
 
@@ -97,6 +97,7 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
     source, payload = folder.resume_source(env, config.resume)
     if payload is not None:
         check_same_run(config, payload["config"]["options"], source)
+        check_same_processes(payload["config"]["resolved"], env, source)
     prepared = distributed.decided_on_main(env, prepare_run, config, env, folder, payload)
     with folder:
         if source is not None:

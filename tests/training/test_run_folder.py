@@ -48,6 +48,19 @@ def test_resume_source_is_last_then_the_newest_intact_epoch(tmp_path, model, cap
         folder.find_resume_source("auto")
 
 
+def test_a_run_whose_last_link_was_removed_resumes_from_its_newest_epoch_not_afresh(tmp_path, model, capsys):
+    folder = RunFolder(tmp_path)
+    _save_epochs(folder, model, [1, 2, 3], best=(1,), keep_last=2)
+    (tmp_path / "last.pt").unlink()
+    source, payload = folder.find_resume_source("auto")
+    assert source == tmp_path / "epoch_0003.pt" and payload["epoch"] == 3
+    assert f"{tmp_path / 'last.pt'}: missing; resuming from" in capsys.readouterr().err
+    for path in tmp_path.glob("epoch_*.pt"):
+        path.unlink()
+    with pytest.raises(InputError, match="last.pt: missing, and no intact epoch_NNNN.pt .* --resume PATH"):
+        folder.find_resume_source("auto")  # best.pt alone: neither afresh over it nor from it
+
+
 def test_setup_files_are_written_and_the_split_read_back(tmp_path):
     folder = RunFolder(tmp_path / "run")
     assert folder.saved_split() is None

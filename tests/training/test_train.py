@@ -235,6 +235,43 @@ def test_contradicting_a_saved_run_is_an_error(finished_run, tmp_path):
     assert fit(_config(run, _data_of(finished_run), epochs=2))["epochs_run"] == 0
 
 
+def test_a_validation_split_without_a_crack_is_refused_before_training(synth_root, tmp_path):
+    """Every threshold that marks nothing would score F1 1 on it: the run would keep a model that finds no crack."""
+    data = shutil.copytree(synth_root, tmp_path / "data")
+    stems = sorted(path.stem for path in (data / "images").iterdir())
+    empty = torch.zeros(64, 64, dtype=torch.uint8).numpy()
+    from PIL import Image
+
+    for stem in stems[:2]:
+        Image.fromarray(empty).save(data / "masks" / f"{stem}.png")
+    (data / "val.txt").write_text("".join(f"{stem}\n" for stem in stems[:2]))
+    (data / "train.txt").write_text("".join(f"{stem}\n" for stem in stems[2:]))
+    with pytest.raises(InputError, match=rf"the validation split \(2 photos, e.g. {stems[0]}\) has no crack pixel"):
+        fit(_config(tmp_path / "run", data))
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_a_test_split_that_names_trained_photos_is_refused_on_resume(finished_run, tmp_path):
+    run, data = tmp_path / "run", shutil.copytree(_data_of(finished_run), tmp_path / "data")
+    fit(_config(run, data, epochs=1))
+    trained = load_split(run / "split.json")["train"]
+    (data / "test.txt").write_text(f"{trained[1]}\n")
+    with pytest.raises(InputError, match=rf"test.txt now lists 1 photo this run trains or validates on \(e.g. {trained[1]};"):
+        fit(_config(run, data, epochs=2))
+    assert read_checkpoint(run / "last.pt")["epoch"] == 1
+
+
+def test_a_run_resumes_with_the_process_count_it_began_with(finished_run):
+    """Its global batch, learning rate and each process's share of an epoch follow from the count."""
+    from crackseg.training.setup import check_same_processes
+
+    resolved = read_checkpoint(finished_run / "last.pt")["config"]["resolved"]
+    check_same_processes(resolved, distributed.Environment(0, 0, 1, torch.device("cpu")), finished_run / "last.pt")
+    with pytest.raises(InputError, match=rf"this run trains with 1 process\(es\) \(global batch 2\), not 2: resume it with 1 "
+                                         rf"\(launch.sh --nproc 1\), or start another --run from its weights with --init {finished_run}"):
+        check_same_processes(resolved, distributed.Environment(1, 1, 2, torch.device("cpu")), finished_run / "last.pt")
+
+
 def test_resuming_from_a_model_file_points_to_init(finished_run, tmp_path):
     """A model file (a run's weights re-saved, a shipped model) holds no optimizer or epoch to continue from."""
     from crackseg.model.checkpoint import load_model, save_model

@@ -90,3 +90,18 @@ def test_compile_is_left_to_the_device_unless_a_switch_says_otherwise(tmp_path, 
 def test_the_options_module_does_not_import_torch():
     code = "import sys, crackseg.training.options; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_dataset_list_reads_folder_names_with_spaces_and_refuses_a_line_that_names_two(tmp_path):
+    from crackseg.training.options import dataset_list
+
+    for name in ("my site", "other 2", "site", "site 2"):
+        (tmp_path / name).mkdir()
+    listing = tmp_path / "datasets.txt"
+    listing.write_text("my site\t3  # a weight after a tab\nother 2\nsite 0.5\n")
+    assert dataset_list(listing) == ([str(tmp_path / "my site"), str(tmp_path / "other 2"), str(tmp_path / "site")], [3.0, 1.0, 0.5])
+    for line, message in (("site 2", "names the folder 'site 2', and also the folder 'site' with weight 2; rename one"),
+                          ("site x", "the weight"), ("nowhere 2", "nowhere: no such dataset folder")):
+        listing.write_text(f"{line}\n")
+        with pytest.raises(InputError, match=f"{listing}:1: .*{message}"):
+            dataset_list(listing)
