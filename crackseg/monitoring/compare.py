@@ -73,6 +73,9 @@ def compare_inspections(options: CompareOptions) -> dict:
 
         try:
             out.prepare(writes_at)  # the lock, and in a store its listing, before any download
+            if out.existed(out.root / "predictions.csv"):
+                raise InputError(f"--out {shown_location(options.out)}: a predictions folder (predictions.csv), whose summary.json, "
+                                 "report and layers compare's would replace; choose a folder of its own")
             before, after = (sources.folder(side, flag, _INSPECTION, lambda copy: _stage_photos(copy, sources))
                              for flag, side in (("BEFORE", options.before), ("AFTER", options.after)))
             summary = _compare(before, after, ComparisonFolder(out, options.vectors, options.register, shown), options, shown)

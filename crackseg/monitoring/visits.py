@@ -72,7 +72,7 @@ def _predicted_shots(folder: PredictionsFolder) -> list[Shot]:
     for number, row in enumerate(folder.read_predictions(), start=1):
         mask = folder.table_path(row.get("mask") or "", "mask", number)
         relative = mask.relative_to(folder.root / "masks")
-        shots.append(Shot(relative.with_suffix("").as_posix(), mask, _photo_path(folder.root, row.get("path")), **lengths))
+        shots.append(Shot(relative.with_suffix("").as_posix(), mask, folder.photo(row["path"]) if row.get("path") else None, **lengths))
     return shots
 
 
@@ -101,16 +101,6 @@ def _predicted_lengths(folder: PredictionsFolder) -> dict:
               f"pixel sizes), and no mm value recorded; measuring with predict's defaults, so crack ids may differ from "
               f"{folder.cracks_csv}", file=sys.stderr)
     return lengths
-
-
-def _photo_path(root: Path, written: str | None) -> Path | None:
-    """predictions.csv's path, written relative to predict's working folder: as given where it exists, else relative to
-    the predictions folder's parent (where predict usually ran); a photo missing both ways fails its pair, naming it."""
-    if not written:
-        return None
-    photo = Path(written)
-    beside = root.parent / photo
-    return beside if not photo.exists() and not photo.is_absolute() and beside.exists() else photo
 
 
 def pair_shots(before: list[Shot], after: list[Shot], pairs_csv: Path | None) -> tuple[list[tuple[Shot, Shot]], list[tuple[str, Shot]]]:

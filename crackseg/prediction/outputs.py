@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from tqdm import tqdm
 
 from crackseg.core.errors import InputError
 from crackseg.core.files import read_csv, remove_orphan_temps, write_atomic, write_csv
+from crackseg.core.storage import is_url
 from crackseg.cracks.measure import CrackMeasure, find_cracks
 from crackseg.cracks.pixel_sets import thinned
 from crackseg.cracks.vectors import FORMATS, centrelines, layer_files, skeleton_links, write_vectors
@@ -203,6 +205,19 @@ class PredictionsFolder:
                              f"{self.root}; give the folder predict wrote, with its own files")
         return path
 
+    def photo(self, written: str) -> Path:
+        """The photo a predictions.csv path names: a relative one from the folder predict ran in (summary.json's
+        ``working_folder``), else from the current folder or this folder's parent, the first that holds it; as
+        written when none does (whoever reads it fails, naming it)."""
+        path = Path(written)
+        if path.is_absolute() or is_url(written):
+            return path
+        try:
+            ran_in = [Path(json.loads(self.summary_json.read_text())["working_folder"])]
+        except (OSError, ValueError, KeyError, TypeError):
+            ran_in = []  # written before predict recorded it
+        return next((found for found in (*(folder / path for folder in ran_in), path, self.root.parent / path) if found.exists()), path)
+
     def read_cracks(self) -> list[dict]:
         """cracks.csv's rows, one per crack, as text cells; none when predict did not measure (no cracks.csv)."""
         return read_csv(self.cracks_csv) if self.cracks_csv.is_file() else []
@@ -355,7 +370,8 @@ def write_summary(folder: PredictionsFolder, rows: list[dict], crack_rows: list[
     ``spec`` is the run's: its pixel size is the one every image shares, or None; totals in mm
     are given when every image had a pixel size, its own or the run's.
     """
-    summary: dict = {"images": len(rows), "px_size_mm": spec.px_size, "warnings": warnings}
+    summary: dict = {"images": len(rows), "px_size_mm": spec.px_size, "warnings": warnings,
+                     "working_folder": os.getcwd()}  # where predictions.csv's relative photo paths start
     if threshold is not None:
         summary["threshold"] = threshold  # the masks' decision threshold, which crackseg labels rank measures from
     in_mm = bool(rows) and all("length_mm" in row for row in rows)

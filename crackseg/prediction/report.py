@@ -52,7 +52,7 @@ def _image_entry(folder: PredictionsFolder, row: dict, number: int, cracks: list
     """One image's table row (``number``, 1 = the first) and detail, with its pictures written (once) under report/."""
     mask_path = folder.table_path(row["mask"], "mask", number)
     name = folder.name_of(mask_path)
-    pictures = _pictures(folder, name, Path(row["path"]), mask_path, summary)
+    pictures = _pictures(folder, name, folder.photo(row["path"]), mask_path, summary)
     widest = max(cracks, key=lambda c: float(c["max_width_px"]), default=None)
     return {
         "name": name,

@@ -640,6 +640,16 @@ def test_the_register_names_itself_when_the_geo_libraries_are_missing(tmp_path, 
 # --out and what is in it.
 
 
+def test_out_that_is_another_predictions_folder_is_refused(two_visits, tmp_path, capsys):
+    third = _predictions(tmp_path / "third", two_visits[0], "wall", "wall.png", {})
+    before = sorted(path for path in third.rglob("*"))
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", *map(str, two_visits), "--out", str(third), "--overwrite"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and f"--out {third}: a predictions folder" in err
+    assert sorted(path for path in third.rglob("*")) == before
+
+
 def test_out_inside_an_inspection_is_refused(two_visits, capsys):
     before, after = two_visits
     with pytest.raises(SystemExit) as stop:
@@ -731,6 +741,24 @@ def test_predictions_folders_find_their_photos_and_names_as_predict_wrote_them(t
     pair = _rows(elsewhere / "out" / "pairs.csv")[0]
     assert pair["name_after"] == "site/masks/wall" and pair["status"] == "registered"
     assert "crack ids may differ from" in capsys.readouterr().err
+
+
+def test_photos_are_found_where_predict_ran_wherever_compare_and_report_run(tmp_path, two_visits, dark_checkpoint, monkeypatch):
+    """Another site's photos under the same relative path, in the folder compare and report run in, are not used."""
+    site_a, site_b = tmp_path / "siteA", tmp_path / "siteB"
+    for site in (site_a, site_b):
+        (site / "photos").mkdir(parents=True)
+    photo = np.asarray(Image.open(two_visits[0] / "images" / "wall.png"))
+    Image.fromarray(photo).save(site_b / "photos" / "wall.png")
+    Image.fromarray(np.full_like(photo, 128)).save(site_a / "photos" / "wall.png")  # featureless: would not register
+    monkeypatch.chdir(site_b)
+    assert predict_cli("--checkpoint", dark_checkpoint, "photos/wall.png", "--out", "pred") == 0
+    monkeypatch.chdir(site_a)
+    assert main(["compare", "../siteB/pred", "../siteB/pred/.", "--out", "changes"]) == 0
+    assert _rows(site_a / "changes" / "pairs.csv")[0]["status"] == "registered"
+    assert main(["report", "../siteB/pred"]) == 0
+    shown = np.asarray(Image.open(site_b / "pred" / "report" / "photos" / "wall.jpg").convert("L"), float)
+    assert shown.std() > 10  # site B's textured photo, not site A's flat grey
 
 
 def test_a_predicted_photo_that_is_nowhere_fails_its_pair_and_dates_say_so(tmp_path, two_visits, capsys):

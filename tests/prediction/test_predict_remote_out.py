@@ -214,7 +214,7 @@ def test_torchrun_processes_write_to_the_store_what_one_process_writes(s3, photo
     assert _keys(s3, "one") == _keys(s3, "two") and "masks/ortho.tif" in _keys(s3, "two")  # no part, no lock left
     for key in _keys(s3, "one"):
         content = [s3.client.get_object(Bucket=s3.name, Key=f"{prefix}/{key}")["Body"].read() for prefix in ("one", "two")]
-        assert content[0].replace(b"/one/", b"/two/") == content[1], key
+        assert content[0].replace(b"/one/", b"/two/") == content[1], (key, content)
 
 
 def test_sigterm_ends_a_run_into_the_store_as_ctrl_c_does(s3, synth_root, tmp_path, checkpoint):
