@@ -69,5 +69,10 @@ export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 
 # "--" keeps torchrun's parser off crackseg's options: without it torchrun reads --run as an
 # ambiguous abbreviation of its --run-path, and --monitor as its --monitor-interval.
-exec "$python" -m torch.distributed.run "${rendezvous[@]}" --nproc-per-node "$nproc" \
+# One intra-op thread per process when there are several, as torchrun would set it, without its banner.
+if [[ $nproc -gt 1 ]]; then export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}; fi
+
+# crackseg.cli.launch runs torchrun so that a user mistake ends as its one line and exit status 2, not as
+# torchrun's restarts and traceback.
+exec "$python" -m crackseg.cli.launch "${rendezvous[@]}" --nproc-per-node "$nproc" \
   --max-restarts "$max_restarts" -m crackseg -- "$@"

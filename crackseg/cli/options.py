@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from crackseg.cli.launch import USER_MISTAKE, first_to_say
 from crackseg.core.options import Range, flag, local_path_problem, option_fields
 
 
@@ -32,6 +33,11 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"crackseg: error: {message} (see {self.prog} --help)\n")
+
+    def exit(self, status: int = 0, message: str | None = None):
+        if status == USER_MISTAKE and not first_to_say():  # another process of the launch said it
+            message = None
+        super().exit(status, message)
 
 
 def local_path(text: str) -> Path:

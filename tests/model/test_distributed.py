@@ -92,6 +92,26 @@ def _one_box(data: list, run, *extra) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=_launch_env(), timeout=300)
 
 
+def test_a_user_mistake_under_launch_sh_is_said_once_and_ends_with_status_2(tmp_path):
+    """torchrun alone restarts the processes (3 times for train), each says the mistake, and it ends in its traceback."""
+    for mistake, said in (([tmp_path / "nosuch"], f"--data {tmp_path / 'nosuch'}: no such dataset folder or list file"),
+                          ([tmp_path, "--bogus"], "unrecognized arguments: --bogus (see crackseg --help)")):
+        command = _train(mistake[:1], tmp_path / "run", 1, *mistake[1:])
+        result = subprocess.run(["bash", str(ROOT / "launch.sh"), "--nproc", "2", *command], capture_output=True, text=True,
+                                env=_launch_env(), timeout=120)
+        assert (result.returncode, result.stderr) == (2, f"crackseg: error: {said}\n")
+
+
+def test_inputs_that_fail_under_launch_sh_end_with_status_1_and_their_lines(tmp_path, checkpoint):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "broken.jpg").write_bytes(b"not a photo")
+    result = subprocess.run(["bash", str(ROOT / "launch.sh"), "--nproc", "2", "predict", "--checkpoint", str(checkpoint),
+                             str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--device", "cpu"], capture_output=True,
+                            text=True, env=_launch_env(), timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [f"crackseg: error: {tmp_path / 'in' / 'broken.jpg'}: not a readable image (empty, or another kind of file)"]
+
+
 @pytest.fixture(scope="module")
 def two_datasets(synth_root, tmp_path_factory) -> list:
     """The 12 synthetic photos and 4 more of another site, without split files: 3 and 1 validation photos."""
