@@ -104,12 +104,12 @@ def _predicted_lengths(folder: PredictionsFolder) -> dict:
 
 
 def pair_shots(before: list[Shot], after: list[Shot], pairs_csv: Path | None) -> tuple[list[tuple[Shot, Shot]], list[tuple[str, Shot]]]:
-    """The pairs to compare and the shots present on one side only, as ("before" | "after", shot)."""
-    if pairs_csv is None:
-        by_name = {shot.name: shot for shot in after}
-        paired = [(shot, by_name[shot.name]) for shot in before if shot.name in by_name]
-    else:
-        paired = _listed_pairs(before, after, Path(pairs_csv))
+    """The pairs to compare (those --pairs lists, then the others by name) and the shots present on one side only, as
+    ("before" | "after", shot)."""
+    paired = _listed_pairs(before, after, Path(pairs_csv)) if pairs_csv is not None else []
+    listed = {id(shot) for pair in paired for shot in pair}
+    by_name = {shot.name: shot for shot in after if id(shot) not in listed}
+    paired += [(shot, by_name[shot.name]) for shot in before if id(shot) not in listed and shot.name in by_name]
     if not paired:
         raise InputError(f"nothing pairs: BEFORE has {_names(before)} and AFTER has {_names(after)}; "
                          "give --pairs CSV (before,after) when names differ between visits")

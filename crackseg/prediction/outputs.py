@@ -207,8 +207,8 @@ class PredictionsFolder:
 
     def photo(self, written: str) -> Path:
         """The photo a predictions.csv path names: a relative one from the folder predict ran in (summary.json's
-        ``working_folder``), else from the current folder or this folder's parent, the first that holds it; as
-        written when none does (whoever reads it fails, naming it)."""
+        ``working_folder``), else from the current folder or this folder's parent, the first that holds it; named as
+        written when that is the file, or none holds it (whoever reads it fails, naming it)."""
         path = Path(written)
         if path.is_absolute() or is_url(written):
             return path
@@ -216,7 +216,8 @@ class PredictionsFolder:
             ran_in = [Path(json.loads(self.summary_json.read_text())["working_folder"])]
         except (OSError, ValueError, KeyError, TypeError):
             ran_in = []  # written before predict recorded it
-        return next((found for found in (*(folder / path for folder in ran_in), path, self.root.parent / path) if found.exists()), path)
+        found = next((found for found in (*(folder / path for folder in ran_in), path, self.root.parent / path) if found.exists()), path)
+        return path if found != path and path.exists() and path.samefile(found) else found  # as written, when that is it
 
     def read_cracks(self) -> list[dict]:
         """cracks.csv's rows, one per crack, as text cells; none when predict did not measure (no cracks.csv)."""

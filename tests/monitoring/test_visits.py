@@ -32,6 +32,15 @@ def test_pairs_csv_cells_name_a_shot_by_name_then_path_then_a_file_name_only_one
     assert alone == []
 
 
+def test_images_a_pairs_csv_does_not_list_pair_by_name(tmp_path):
+    before, after = _shots(tmp_path / "v1", ["wall", "kerb", "gone"]), _shots(tmp_path / "v2", ["wall-2026", "kerb", "wall", "new"])
+    listed = tmp_path / "pairs.csv"
+    listed.write_text("before,after\nwall,wall-2026\n")
+    paired, alone = pair_shots(before, after, listed)
+    assert [(b.name, a.name) for b, a in paired] == [("wall", "wall-2026"), ("kerb", "kerb")]
+    assert [(side, shot.name) for side, shot in alone] == [("before", "gone"), ("after", "wall"), ("after", "new")]
+
+
 @pytest.mark.parametrize("content, message", [
     ("before,after\nwall.png,a/wall\n", "line 2: 'wall.png' is ambiguous: BEFORE has 2 images named wall.png (a/wall, b/wall)"),
     ("before,after\na/wall\n", "line 2: needs a before and an after cell"),
