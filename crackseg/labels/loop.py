@@ -190,6 +190,8 @@ def _match(listed: list[LabelledImage], index: _PhotoIndex, source: Path, out: P
     matched: dict[Path, LabelledImage] = {}
     missing = []
     for image in listed:
+        if not isinstance(image.name, str) or not image.name:
+            raise InputError(f"{source}: an image named {image.name!r}; a file names each image's file as text")
         photo = index.find(image.name, source)
         embedded_in = image.embedded_in if photo is None else None  # the photo itself, when there is one
         if photo is None and embedded_in is not None:

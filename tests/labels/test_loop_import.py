@@ -25,9 +25,9 @@ masks_api = pytest.importorskip("pycocotools.mask")
 W, H = 10, 8  # px
 
 
-def _photo(folder, name="a.png", colour=(128, 128, 128)):
+def _photo(folder, name="a.png", colour=(128, 128, 128), size=None):
     folder.mkdir(parents=True, exist_ok=True)
-    Image.new("RGB", (W, H), colour).save(folder / name)
+    Image.new("RGB", size or (W, H), colour).save(folder / name)
     return folder / name
 
 
@@ -203,6 +203,28 @@ def test_a_far_vertex_is_drawn_clipped_to_the_image(tmp_path, guarded_polygons, 
     drawn, expected = _mask(tmp_path / "far"), _mask(tmp_path / "by_hand")
     assert expected.sum() > 10 and (drawn == expected).all()
     assert provenance["zero_area"] == 0 and provenance["clipped"] == 1
+
+
+@pytest.mark.parametrize("name", [5, None, ""])
+def test_a_coco_image_whose_file_name_is_not_text_is_one_line(tmp_path, name):
+    _photo(tmp_path / "photos")
+    path = _coco(tmp_path, [(1, [[1, 1, 6, 1, 6, 5]])], images=((name, W, H),))
+    _refused(path, "coco", tmp_path / "photos", tmp_path / "out", f"an image named {name!r}; a file names each image's file as text")
+
+
+def test_polygons_are_the_pixels_pycocotools_draws_on_the_whole_image(tmp_path):
+    """Decimal vertices, and vertices up to 15 px outside the image: each polygon's mask is what pycocotools' annToMask
+    gives, pixel for pixel (drawn in a box around it, the vertices must still be snapped as in the whole image)."""
+    rng = np.random.default_rng(3)
+    _photo(tmp_path / "photos", size=(64, 48))
+    for number in range(40):
+        centre = rng.uniform([0, 0], [64, 48])
+        ring = centre + rng.uniform(-15, 15, (int(rng.integers(3, 8)), 2))
+        polygon = np.round(ring, int(rng.integers(0, 3))).ravel().tolist()
+        path = _coco(tmp_path, [(1, [polygon])], images=(("a.png", 64, 48),))
+        import_labels(path, "coco", tmp_path / "photos", tmp_path / "out", ImportOptions(overwrite=True))
+        expected = masks_api.decode(masks_api.frPyObjects([polygon], 48, 64))[:, :, 0].astype(bool)
+        assert (_mask(tmp_path / "out") == expected).all(), (number, polygon)
 
 
 def test_a_far_polyline_vertex_is_drawn_as_near_ones_are(tmp_path):

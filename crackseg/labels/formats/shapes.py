@@ -8,10 +8,11 @@ PIL (edge coordinates moved half a pixel onto centres).
 
 Bounds (docs/labels.md), so that a file cannot make import allocate more than its photos: readers
 refuse coordinates that are not finite (:func:`finite_points`) and masks larger than their image
-(:func:`check_mask_box`, :class:`DeferredPatch`), and :func:`paint` clips outlines that leave the
-image before rasterizing, as the labelling tools draw them (pycocotools' polygons at the image's
-edges, PIL's outlines and lines PIL_MARGIN px out): pycocotools takes all memory for a vertex at
-1e8 px, and PIL draws a line through one a pixel off.
+(:func:`check_mask_box`, :class:`DeferredPatch`), and :func:`paint` clips outlines that reach too far
+before rasterizing (pycocotools' polygons at the image's edges when their outline passes
+COCO_STEP_LIMIT, PIL's outlines and lines PIL_MARGIN px out): pycocotools takes all memory for a
+vertex at 1e8 px, and PIL draws a line through one a pixel off. Any other polygon is drawn whole, in
+a box around it, with its vertices snapped where pycocotools snaps them in the whole image.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from PIL import Image, ImageDraw
 from crackseg.core.errors import InputError, require
 
 PIL_MARGIN = 1 << 20  # px beyond the image where PIL's outlines are cut: PIL draws a line through 1e8 px wrong, 1e7 right
+COCO_GRID = 5  # pycocotools' rleFrPoly snaps each vertex to a 1/5 px grid: (int)(5 * x + .5), cast toward zero as C does
+COCO_STEP_LIMIT = 10_000_000  # steps along an outline on that grid (16 bytes each in pycocotools) drawn whole: 2e6 px
 
 
 @dataclass
@@ -150,8 +153,9 @@ def paint(canvas: np.ndarray, shape: Shape, line_width: float | None = None) -> 
     clipped = bool(len(points)) and bool((points - stroke / 2 < low).any() or (points + stroke / 2 > high).any())
     if len(points) < (2 if shape.kind == "line" else 3) or not np.isfinite(points).all():
         return 0, clipped
-    if shape.kind == "polygon" and not shape.centres:  # pycocotools: exactly at the image's edges, no pixel centre on them
-        pieces = [_clip_polygon(points, np.zeros(2), np.array([width, height], float))] if clipped else [points]
+    if shape.kind == "polygon" and not shape.centres:  # pycocotools: whole, or cut at the image's edges when too long to hold
+        too_long = clipped and _coco_steps(points) > COCO_STEP_LIMIT
+        pieces = [_clip_polygon(points, np.zeros(2), np.array([width, height], float))] if too_long else [points]
     else:  # PIL: cut PIL_MARGIN px out, where the cut edges cover no pixel of the image and PIL still draws right
         margin = PIL_MARGIN + stroke
         outer_low, outer_high = np.array([-margin, -margin], float), np.array([width + margin, height + margin], float)
@@ -180,6 +184,8 @@ def _raster(canvas: np.ndarray, shape: Shape, points: np.ndarray, stroke: int) -
     local = points - [x0, y0]
     if shape.kind == "polygon" and not shape.centres:
         masks = require("pycocotools.mask", "labels", "drawing polygons as pycocotools does")
+        offset = np.array([x0, y0])  # a box cut off on an axis holds the whole outline along it, every vertex >= 1 px in
+        local = np.where(offset > 0, (_coco_grid(points) - COCO_GRID * offset) / COCO_GRID, points)  # snapped as in the image
         drawn = masks.decode(masks.frPyObjects([local.ravel().tolist()], int(y1 - y0), int(x1 - x0)))[:, :, 0].astype(bool)
     else:
         picture = Image.new("L", (int(x1 - x0), int(y1 - y0)), 0)
@@ -191,6 +197,17 @@ def _raster(canvas: np.ndarray, shape: Shape, points: np.ndarray, stroke: int) -
         drawn = np.asarray(picture, dtype=bool)
     canvas[y0:y1, x0:x1] |= drawn
     return int(drawn.sum())
+
+
+def _coco_grid(points: np.ndarray) -> np.ndarray:
+    """The vertices as pycocotools snaps them, in 1/COCO_GRID px: moving the box by whole px keeps them exactly."""
+    return np.trunc(COCO_GRID * points + 0.5)
+
+
+def _coco_steps(points: np.ndarray) -> int:
+    """How many boundary points pycocotools lists for the outline: each edge's longer side on its grid, plus one."""
+    grid = _coco_grid(points)
+    return int((np.abs(grid - np.roll(grid, -1, axis=0)).max(axis=1) + 1).sum())
 
 
 def _clip_polygon(points: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
