@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -144,11 +145,21 @@ def image_pixels(path: Path | RemoteFile | BinaryIO) -> np.ndarray:
 
 
 def picture_pixels(image: Image.Image) -> np.ndarray:
-    """:func:`image_pixels` of an image already opened (one an annotation tool hands over)."""
+    """:func:`image_pixels` of an image already opened (one an annotation tool hands over). 16-bit grey is scaled from
+    its bit depth (:func:`eight_bit_factor`), as rasters are."""
     image = _upright(image)
     if image.mode.startswith("I"):
-        return np.repeat(_grey_levels(image)[..., None], 3, axis=2)
+        values = np.asarray(image).astype(np.float32)
+        grey = np.clip(values * eight_bit_factor(float(values.max(initial=0))) + 0.5, 0, 255).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=2)
     return np.asarray(image.convert("RGB")).copy()
+
+
+def eight_bit_factor(largest: float) -> float:
+    """The factor from 16-bit values to 0..255: that of the smallest bit depth from 8 to 16 that holds ``largest``, so
+    that 12-bit data stored in 16 bits keeps its brightness."""
+    bits = min(max(8, math.ceil(math.log2(max(largest, 0) + 1))), 16)
+    return 255.0 / (2**bits - 1)
 
 
 def load_image(path: Path | RemoteFile | BinaryIO) -> torch.Tensor:

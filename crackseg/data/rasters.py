@@ -3,10 +3,10 @@
 Reading goes through rasterio (GDAL) a window at a time, so a gigapixel orthomosaic is
 never whole in memory. What predict needs from a raster:
 
-- **pixels** as (3, rows, cols) uint8 RGB: grey rasters are repeated to three bands, a fourth
-  band (alpha) is not fed to the model, and 16-bit data is scaled from its bit depth (the
-  smallest of 8 to 16 bits that holds the raster's largest value, from GDAL's approximate
-  statistics) to 8 bits;
+- **pixels** as (3, rows, cols) uint8 RGB: grey rasters are repeated to three bands, a palette
+  band is looked up in its colour table, a fourth band (alpha) is not fed to the model, and
+  16-bit data is scaled from its bit depth (the smallest of 8 to 16 bits that holds the
+  raster's largest value, from GDAL's approximate statistics) to 8 bits, as photos are;
 - **valid pixels**: GDAL's dataset mask (nodata value, alpha band or mask band); invalid
   pixels are neither predicted nor measured, and are masked in the outputs;
 - **georeferencing**: CRS and geotransform, copied to every raster output; in a projected
@@ -35,7 +35,7 @@ from PIL import Image
 from crackseg.core.errors import InputError, require
 from crackseg.core.options import PX_SIZE
 from crackseg.core.storage import RemoteFile, StorageError, gdal_options, gdal_path, scrubbed
-from crackseg.data.images import DECODE_ERRORS
+from crackseg.data.images import DECODE_ERRORS, eight_bit_factor
 from crackseg.data.options import MAX_PIXELS, STREAM_ABOVE
 
 if TYPE_CHECKING:
@@ -169,7 +169,10 @@ class RasterSource:
             raise InputError(f"{path}: {dataset.dtypes[0]} pixels; crackseg reads 8- and 16-bit rasters (convert with gdal_translate -ot Byte -scale)")
         self._indexes = [1] if dataset.count < 3 else [1, 2, 3]
         self._order = [0, 0, 0] if dataset.count < 3 else [0, 1, 2]  # grey is repeated to RGB; a 4th band is not fed
-        self._scale = self._to_8_bits()
+        self._palette = _palette(dataset) if dataset.count < 3 else None  # (entries, 3) RGB of a palette band's values
+        if self._palette is not None:
+            self._order = [0]
+        self._scale = 1.0 if self._palette is not None else self._to_8_bits()
         self.crs = dataset.crs
         self.transform = dataset.transform
         self._run = None  # the columns last read, see read()
@@ -238,7 +241,9 @@ class RasterSource:
             cause = "the store stopped answering?" if isinstance(self.path, RemoteFile) else "a damaged file?"
             raise InputError(f"{self.path}: rows {top}-{top + rows}, columns {start}-{end} cannot be decoded "
                              f"({cause}): {gdal_reason(error)}") from None
-        if self._scale != 1:
+        if self._palette is not None:
+            pixels = self._palette[pixels[0]].transpose(2, 0, 1)
+        elif self._scale != 1:
             pixels = np.minimum(pixels.astype(np.float32) * self._scale + 0.5, 255).astype(np.uint8)
         if kept:
             pixels = np.concatenate([old.pixels[:, :, first - old.left :], pixels], axis=2)
@@ -249,9 +254,18 @@ class RasterSource:
         """The factor from the raster's values to 0..255: its bit depth, from GDAL's approximate statistics."""
         if self._dataset.dtypes[0] == "uint8":
             return 1.0
-        largest = max(stats.max for stats in self._dataset.stats(indexes=self._indexes, approx=True))
-        bits = min(max(8, math.ceil(math.log2(largest + 1))), 16)
-        return 255.0 / (2**bits - 1)
+        return eight_bit_factor(max(stats.max for stats in self._dataset.stats(indexes=self._indexes, approx=True)))
+
+
+def _palette(dataset) -> np.ndarray | None:
+    """The RGB of each value of a palette (colour-mapped) first band, as a lookup table; None for other rasters."""
+    if dataset.colorinterp[0] != rasterio().enums.ColorInterp.palette:
+        return None
+    colours = dataset.colormap(1)
+    table = np.zeros((np.iinfo(dataset.dtypes[0]).max + 1, 3), np.uint8)
+    for value, colour in colours.items():
+        table[value] = colour[:3]
+    return table
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import csv
 
 import numpy as np
 import pytest
+from PIL import Image
 
 rasterio = pytest.importorskip("rasterio")
 from affine import Affine  # noqa: E402
@@ -59,10 +60,18 @@ def test_sixteen_bit_and_single_band_rasters_read_like_their_eight_bit_rgb(tmp_p
     write_geotiff(tmp_path / "in" / "rgb16.tif", pixels.astype(np.uint16) * 257)
     write_geotiff(tmp_path / "in" / "rgb12.tif", ((pixels.astype(np.uint32) * 4095 + 127) // 255).astype(np.uint16))
     write_geotiff(tmp_path / "in" / "grey.tif", pixels[:1])
+    palette = {index: (255 - index,) * 3 + (255,) for index in range(256)}  # colours the inverse of their numbers
+    write_geotiff(tmp_path / "in" / "palette.tif", 255 - pixels[:1], photometric="palette")
+    with rasterio.open(tmp_path / "in" / "palette.tif", "r+") as raster:
+        raster.write_colormap(1, palette)
+    twelve_bits = ((pixels[0].astype(np.uint32) * 4095 + 127) // 255).astype(np.uint16)
+    Image.fromarray(twelve_bits).save(tmp_path / "in" / "grey12.png")  # a photo: 12-bit data in 16-bit grey
+    assert Image.open(tmp_path / "in" / "grey12.png").mode.startswith("I")
     assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--no-measure") == 0
-    masks = {name: read_mask(tmp_path / "out" / "masks" / f"{name}.tif")[0] for name in ("rgb8", "rgb16", "rgb12", "grey")}
+    masks = {name: read_mask(tmp_path / "out" / "masks" / f"{name}.tif")[0] for name in ("rgb8", "rgb16", "rgb12", "grey", "palette")}
+    masks["grey12"] = np.asarray(Image.open(tmp_path / "out" / "masks" / "grey12.png"))
     assert masks["rgb8"].any()
-    for name in ("rgb16", "rgb12", "grey"):
+    for name in ("rgb16", "rgb12", "grey", "palette", "grey12"):
         assert np.array_equal(masks[name], masks["rgb8"]), name
 
 
