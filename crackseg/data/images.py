@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import torch
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff")
-PROBABILITY_MARK = ("crackseg", "probabilities")  # the PNG text chunk of predict's probability maps
+PROBABILITY_MARK = ("crackseg", "probabilities")  # predict's probability maps: a PNG text chunk, a GeoTIFF metadata item
 # How the files of those kinds begin: JPEG, PNG, BMP, TIFF and BigTIFF in either byte order
 _PICTURE_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 _HEADER_BYTES = 64 * 1024
@@ -182,6 +182,14 @@ def mask_levels(path: Path | RemoteFile) -> np.ndarray:
     return levels
 
 
+def _marked_probabilities(image: Image.Image) -> bool:
+    """Whether predict marked the file as probabilities: a PNG text chunk, or a GeoTIFF's GDAL metadata item (TIFF tag
+    42112, GDAL_METADATA)."""
+    key, value = PROBABILITY_MARK
+    gdal = getattr(image, "tag_v2", {}).get(42112)
+    return image.info.get(key) == value or (isinstance(gdal, str) and f'<Item name="{key}">{value}</Item>' in gdal)
+
+
 def _narrow_mask(values: np.ndarray) -> bool:
     """A 16-bit file holding a 0/1 or 0/255 mask, as a mask array of a wider type is saved: read as that mask, since
     scaling its values to 8 bits would leave 0/1 empty."""
@@ -213,20 +221,19 @@ def load_mask(path: Path | RemoteFile) -> torch.Tensor:
 
 
 def read_probability(path: Path | RemoteFile) -> torch.Tensor:
-    """(H, W) float32 in [0, 1] from a predicted mask (0/255 or 0/1, 8 or 16 bits), an 8- or 16-bit probability map,
-    or a floating-point one (a TIFF of probabilities in [0, 1]). A map predict marked (:data:`PROBABILITY_MARK`) is
-    read as probabilities whatever its values: a sure crack-free photo's 8-bit map holds only levels 0 and 1."""
+    """(H, W) float32 in [0, 1] from a predicted mask (8-bit 0/255 or 0/1), an 8- or 16-bit probability map, or a
+    floating-point one (a TIFF of probabilities in [0, 1]). A map predict marked (:data:`PROBABILITY_MARK`) is read as
+    probabilities whatever its values: a sure crack-free photo's 8-bit map holds only levels 0 and 1."""
     import torch
 
     with open_picture(path) as image:
-        marked = image.info.get(PROBABILITY_MARK[0]) == PROBABILITY_MARK[1]
+        marked = _marked_probabilities(image)
         image = _over_black(_upright(image))
         _refuse_colours(image)
         if image.mode == "F":
             return torch.from_numpy(_unit_floats(image).copy())
         if image.mode.startswith("I"):
-            values = np.asarray(image, dtype=np.float32)
-            return torch.from_numpy((values > 0).astype(np.float32) if not marked and _narrow_mask(values) else values / 65535.0)
+            return torch.from_numpy(np.asarray(image, dtype=np.float32) / 65535.0)
         levels = np.asarray(image.convert("L"))
     if not marked and is_zero_one(levels):
         levels = levels * np.uint8(255)

@@ -26,10 +26,11 @@ class RasterSink:
     a temporary name and moves that into place. A COG is read by windows over HTTP (object storage, GIS software), and
     its layout depends on the pixels alone, so outputs written in one pass, joined from parts (torchrun, Ray) or
     written from any band order are the same bytes. BigTIFF when the file may pass 4 GB; the CRS and geotransform of
-    ``source``; invalid pixels in an internal mask band, so GIS software shows them as nodata.
+    ``source``; invalid pixels in an internal mask band, so GIS software shows them as nodata; ``tags`` as GDAL
+    metadata items.
     """
 
-    def __init__(self, path: Path, source: RasterSource, dtype: str, rows: tuple[int, int] | None = None):
+    def __init__(self, path: Path, source: RasterSource, dtype: str, rows: tuple[int, int] | None = None, tags: dict | None = None):
         rio = rasterio()
         start, stop = rows or (0, source.height)
         self.path = Path(path)
@@ -41,6 +42,7 @@ class RasterSink:
             compress="deflate", predictor=2, bigtiff="IF_SAFER",
         )
         self._dataset = rio.open(self._scratch.temp, "w", **profile)
+        self._dataset.update_tags(**(tags or {}))  # GDAL metadata items, kept in the COG
         self._width = source.width
         self._written = 0  # rows in the file
         # Finished rows not yet a whole row of GeoTIFF tiles, then the band being filled block by block.

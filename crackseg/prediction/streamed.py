@@ -33,7 +33,7 @@ from crackseg.core.files import temp_path
 from crackseg.core.storage import RemoteFile
 from crackseg.cracks.measure import CrackMeasure, crack_measure, crack_parts
 from crackseg.cracks.vectors import centrelines, skeleton_links, write_vectors
-from crackseg.data.images import CRACK_THRESHOLD
+from crackseg.data.images import CRACK_THRESHOLD, PROBABILITY_MARK
 from crackseg.data.raster_sink import BLOCK, RasterSink
 from crackseg.data.rasters import RasterSource, gdal_settings, on_map, rasterio
 from crackseg.model import distributed
@@ -188,8 +188,9 @@ def predict_raster(source: RasterSource, outputs: list[Path], run: RasterRun, pa
         crack_pixels = valid_pixels = 0
         sinks = []
         try:
-            for target, dtype in zip(band_paths(outputs, part), ["uint8", "uint8" if save_prob == 8 else "uint16"]):
-                sinks.append(RasterSink(target, source, dtype, (start, stop)))
+            for target, dtype, tags in zip(band_paths(outputs, part), ["uint8", "uint8" if save_prob == 8 else "uint16"],
+                                           [None, dict([PROBABILITY_MARK])]):
+                sinks.append(RasterSink(target, source, dtype, (start, stop), tags))
             megapixels = round((stop - start) * source.width / 1e6, 1)
             with tqdm(total=megapixels, desc=f"predict {source.path.name}", unit="MP", disable=None if progress else True) as bar:
                 for top, left, prob, valid in predictor.blocks(source.read, source.height, source.width, part):
@@ -231,8 +232,8 @@ def merge_parts(source: RasterSource, outputs: list[Path], tile: int, overlap: i
         for output in outputs:
             parts = [part_paths([output], index)[0] for index in written]
             with rio.open(parts[0]) as first:
-                dtype = first.dtypes[0]
-            sink = RasterSink(output, source, dtype)
+                dtype, tags = first.dtypes[0], first.tags()
+            sink = RasterSink(output, source, dtype, tags=tags)
             try:
                 for file in parts:
                     with rio.open(file) as raster:
