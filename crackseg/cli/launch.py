@@ -5,8 +5,8 @@ torchrun restarts every process after any failure (``--max-restarts``, which let
 ends with its own traceback. A process that stops on a user mistake (exit status 2) marks it in a file of the
 launch: the restarted processes exit at once without saying it again (it would only repeat), torchrun's failure lines
 are left out, and the launch exits with 2. A process that ends with exit status 1 after saying why (a run that cannot
-go on, inputs that failed) marks that: the launch exits with 1 once torchrun gives up. Any other failure (a crash, a
-signal) is reported as torchrun reports it.
+go on, inputs that failed) marks that for its attempt: the launch exits with 1 when torchrun gives up after such an
+attempt. Any other failure (a crash, a signal) is reported as torchrun reports it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-MARKS = "CRACKSEG_LAUNCH_MARKS"  # the folder of a launch's marks: "2" once a process stops on a user mistake, "1" on a failure it said
+MARKS = "CRACKSEG_LAUNCH_MARKS"  # the folder of a launch's marks: "2" once a process stops on a user mistake, "1.N" on a
+# failure it said in attempt N (torchrun's restart count)
 USER_MISTAKE, FAILED = 2, 1  # crackseg.cli.main's exit statuses
 
 
@@ -46,7 +47,9 @@ def exit_status(command: Callable[[], int]) -> int:
     try:
         status = command()
     except SystemExit as stop:
-        status = stop.code if isinstance(stop.code, int) else FAILED
+        if stop.code is not None and not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)  # as Python says sys.exit("message")
+        status = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else FAILED
     if status == USER_MISTAKE:
         first_to_say()
     elif status == FAILED and (mark := _mark(FAILED)) is not None:
@@ -59,13 +62,14 @@ def launch(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="crackseg-launch-") as folder:
         os.environ[MARKS] = folder
-        marked = [_mark(USER_MISTAKE), _mark(FAILED)]
+        marked = [_mark(USER_MISTAKE), _mark(FAILED, args.max_restarts)]  # the last attempt's failure, when torchrun gives up
         logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
             lambda record: not any(mark.exists() for mark in marked))
         try:
-            run(parse_args(argv))
+            run(args)
         except ChildFailedError:
             said = [status for status, mark in zip((USER_MISTAKE, FAILED), marked) if mark.exists()]
             if said:
@@ -74,9 +78,16 @@ def launch(argv: list[str]) -> int:
     return 0
 
 
-def _mark(status: int) -> Path | None:
+def _mark(status: int, attempt: int | None = None) -> Path | None:
+    """A user mistake's mark, for the whole launch; a failure's, for one attempt (default: this process's, from the
+    restart count torchrun gives it), so that a later crash keeps torchrun's report."""
     folder = os.environ.get(MARKS)
-    return Path(folder) / str(status) if folder else None
+    if not folder:
+        return None
+    if status == USER_MISTAKE:
+        return Path(folder) / str(status)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) if attempt is None else attempt
+    return Path(folder) / f"{status}.{attempt}"
 
 
 if __name__ == "__main__":

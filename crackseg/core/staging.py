@@ -78,6 +78,7 @@ class StagedFolder:
         self._downloaded: dict[str, tuple[int, int]] = {}  # staged files as they were downloaded
         self._sent: dict[str, tuple[int, int] | None] = {}  # staged files as they were uploaded (None: the upload failed)
         self._lost: StoreUnreachable | None = None  # the store stopped answering
+        self._removed: set[str] = set()  # keys of objects the run removed (remove), deleted at finish
 
     def __enter__(self) -> StagedFolder:
         return self
@@ -145,16 +146,14 @@ class StagedFolder:
             self._sent[self._key(path)] = _identity(path)
 
     def remove(self, paths: Iterable[Path]) -> None:
-        """Files below the root removed (missing ones skipped), on a store too, and the folders they leave empty below
-        the root."""
+        """Files below the root removed (missing ones skipped), and the folders they leave empty below the root; on a
+        store, their objects are deleted by :meth:`finish`, once the files that replace them are up."""
         for path in paths:
             path = Path(path)
             path.unlink(missing_ok=True)
             key = self._key(path)
-            if self.remote and key in self.existing:
-                delete_file(self._url_of(path))
-                self.existing.discard(key)
-                self._downloaded.pop(key, None)
+            if self.remote and (key in self.existing or self._sent.get(key) is not None):
+                self._removed.add(key)
             for folder in path.parents:
                 if folder == self.root or not folder.is_relative_to(self.root) or not folder.is_dir() or any(folder.iterdir()):
                     break
@@ -196,7 +195,8 @@ class StagedFolder:
 
     def finish(self) -> None:
         """After the run: every file new or changed since it was downloaded or uploaded sent up (but one whose upload
-        failed: the run reported it), and the files the run removed of those it decided on removed from the store."""
+        failed: the run reported it), then the objects of the files the run removed (those it downloaded, and those
+        :meth:`remove` named) deleted from the store."""
         if not self.remote:
             return
         for path in sorted(path for path in self.root.rglob("*") if path.is_file()):
@@ -204,7 +204,7 @@ class StagedFolder:
             failed = key in self._sent and self._sent[key] is None
             if not (_hidden(key) or failed) and self._sent.get(key, self._downloaded.get(key)) != _identity(path):
                 self.upload([path])
-        for key in self._downloaded:
+        for key in sorted(set(self._downloaded) | self._removed):
             if not (self.root / key).exists():
                 delete_file(f"{self.url}/{key}")
 

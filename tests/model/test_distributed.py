@@ -112,6 +112,29 @@ def test_inputs_that_fail_under_launch_sh_end_with_status_1_and_their_lines(tmp_
     assert result.stderr.splitlines() == [f"crackseg: error: {tmp_path / 'in' / 'broken.jpg'}: not a readable image (empty, or another kind of file)"]
 
 
+CRASHING_AFTER_A_FAILURE = textwrap.dedent("""
+    import os, signal, sys
+    from crackseg.cli.launch import exit_status
+
+    def attempt():
+        if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+            print("crackseg: error: a failure this attempt says", file=sys.stderr)
+            return 1
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    sys.exit(exit_status(attempt))
+""")
+
+
+def test_a_crash_after_a_failure_the_processes_said_keeps_torchruns_report(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(CRASHING_AFTER_A_FAILURE)
+    result = subprocess.run([sys.executable, "-m", "crackseg.cli.launch", "--standalone", "--nproc-per-node", "1", "--max-restarts",
+                             "1", str(script)], capture_output=True, text=True, env=_launch_env(), timeout=120)
+    assert result.returncode == 1 and "a failure this attempt says" in result.stderr
+    assert "ChildFailedError" in result.stderr and "SIGKILL" in result.stderr
+
+
 @pytest.fixture(scope="module")
 def two_datasets(synth_root, tmp_path_factory) -> list:
     """The 12 synthetic photos and 4 more of another site, without split files: 3 and 1 validation photos."""
