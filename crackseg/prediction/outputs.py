@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import json
 import os
 import sys
@@ -121,8 +122,7 @@ class PredictionsFolder:
         return paths + [self.report_picture(kind, name) for kind in REPORT_PICTURES]
 
     def superseded(self, names: set[str], kept: set[Path]) -> list[Path]:
-        """What no longer matches the tables just written: the report made from earlier ones, and every file of ``names``
-        (under --overwrite: this run's and those the replaced predictions.csv listed) that is not in ``kept``."""
+        """What no longer matches the tables just written: the report of earlier ones, and the files of ``names`` but ``kept``."""
         paths = [self.report_html, self.report_pictures / "pr_curve.png"]
         return paths + [path for name in sorted(names) for path in self.every_output(name) if path not in kept]
 
@@ -206,18 +206,21 @@ class PredictionsFolder:
         return path
 
     def photo(self, written: str) -> Path:
-        """The photo a predictions.csv path names: a relative one from the folder predict ran in (summary.json's
-        ``working_folder``), else from the current folder or this folder's parent, the first that holds it; named as
-        written when that is the file, or none holds it (whoever reads it fails, naming it)."""
+        """The photo a predictions.csv path names: a relative one from the first of :attr:`_photo_roots` that holds it,
+        named as written when that is the file or when none holds it (whoever reads it fails, naming it)."""
         path = Path(written)
         if path.is_absolute() or is_url(written):
             return path
+        found = next((root / path for root in self._photo_roots if (root / path).exists()), path)
+        return path if found != path and path.exists() and path.samefile(found) else found
+
+    @functools.cached_property
+    def _photo_roots(self) -> list[Path]:
+        """The folder predict ran in (summary.json's ``working_folder``, read once), the current one, this one's parent."""
         try:
-            ran_in = [Path(json.loads(self.summary_json.read_text())["working_folder"])]
-        except (OSError, ValueError, KeyError, TypeError):
-            ran_in = []  # written before predict recorded it
-        found = next((found for found in (*(folder / path for folder in ran_in), path, self.root.parent / path) if found.exists()), path)
-        return path if found != path and path.exists() and path.samefile(found) else found  # as written, when that is it
+            return [Path(json.loads(self.summary_json.read_text())["working_folder"]), Path(), self.root.parent]
+        except (OSError, ValueError, KeyError, TypeError):  # written before predict recorded it
+            return [Path(), self.root.parent]
 
     def read_cracks(self) -> list[dict]:
         """cracks.csv's rows, one per crack, as text cells; none when predict did not measure (no cracks.csv)."""
