@@ -150,10 +150,13 @@ class StagedFolder:
         store, their objects are deleted by :meth:`finish`, once the files that replace them are up."""
         for path in paths:
             path = Path(path)
-            path.unlink(missing_ok=True)
             key = self._key(path)
             if self.remote and (key in self.existing or self._sent.get(key) is not None):
                 self._removed.add(key)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue  # most of a run's candidates: nothing to remove, no folder to look into
             for folder in path.parents:
                 if folder == self.root or not folder.is_relative_to(self.root) or not folder.is_dir() or any(folder.iterdir()):
                     break
