@@ -3,7 +3,8 @@
 A crack's centreline is its skeleton: links between 8-connected skeleton pixels (a diagonal
 only where no orthogonal path joins the pair, as the length estimator counts them), merged
 into lines by shapely. Coordinates are pixel centres, (col + 0.5, row + 0.5), mapped by the
-raster's geotransform when it is georeferenced, else left in pixels (x right, y down). The
+raster's geotransform when it has one (with or without a CRS, as its mask GeoTIFF is placed), else left in pixels
+(x right, y down). The
 attributes are those of the crack's row in cracks.csv. Files are written by pyogrio (GDAL), each
 with its default QGIS style (:mod:`crackseg.cracks.styles`): a GeoPackage in its ``layer_styles``
 table, a GeoJSON as the ``.qml`` of its name beside it. For GeoPackages extended by SQL (the crack

@@ -298,25 +298,26 @@ def gdal_settings():
                           GDAL_NUM_THREADS=str(torch.get_num_threads()), **gdal_options())
 
 
-def open_if_streamed(path: Path | RemoteFile, max_pixels: int = MAX_PIXELS) -> RasterSource | None:
+def open_if_streamed(path: Path | RemoteFile, max_pixels: int = MAX_PIXELS) -> tuple[RasterSource | None, str | None]:
     """The open source of ``path`` when it is predicted by windows: a TIFF that is georeferenced (a
     CRS or a geotransform), has a nodata value (pixels outside the survey, which a photo would
     predict) or is larger than STREAM_ABOVE; None for other images, which are decoded whole, as photos.
     A TIFF in object storage is told apart by GDAL reading its header there (run under ``gdal_settings``).
+    With it, a note when the TIFF is placed on the map by ground control points alone, which no output carries.
 
     Without the geo extra, such a TIFF is a one-line error naming it: read whole it would lose
     its georeferencing, or its size. Too many pixels or an unsupported pixel type is a one-line
     error too, before any work, as is a remote TIFF the store does not serve (a StorageError).
     """
     if path.suffix.lower() not in (".tif", ".tiff"):
-        return None
+        return None, None
     try:
         rio = rasterio()
     except InputError as error:
         if isinstance(path, RemoteFile) or _geotiff_or_large(path):
             raise InputError(f"{path}: a GeoTIFF or a TIFF over {STREAM_ABOVE / 1e6:.0f} megapixels is read by windows "
                              f"(and a TIFF in object storage is told apart by GDAL); {error}") from None
-        return None
+        return None, None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", rio.errors.NotGeoreferencedWarning)  # a plain TIFF: read as a photo
@@ -325,12 +326,16 @@ def open_if_streamed(path: Path | RemoteFile, max_pixels: int = MAX_PIXELS) -> R
         failure = unreadable_in_store(path, error)
         if failure:
             raise failure from None
-        return None  # not a TIFF GDAL reads: the photo path reports what is wrong with it
+        return None, None  # not a TIFF GDAL reads: the photo path reports what is wrong with it
     placed = dataset.crs is not None or not dataset.transform.is_identity  # a CRS, or a geotransform without one
+    note = None
+    if not placed and dataset.gcps[0]:
+        note = (f"{path}: placed on the map by ground control points only, which crackseg does not carry: its outputs "
+                "are not on the map (gdalwarp it onto a geotransform first)")
     if not (placed or dataset.nodata is not None or dataset.width * dataset.height > STREAM_ABOVE):
         dataset.close()
-        return None
-    return RasterSource(path, max_pixels, dataset)
+        return None, note
+    return RasterSource(path, max_pixels, dataset), note
 
 
 def _geotiff_or_large(path: Path) -> bool:

@@ -108,9 +108,10 @@ def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitSt
     if tiffs and importlib.util.find_spec("rasterio") is not None:  # without it, open_if_streamed says what a raster needs
         cleanup.enter_context(gdal_settings())
         allow_open_rasters(tiffs)
-    sources = {}
+    sources, unplaced = {}, []  # georeferencing no output carries
     for key, (path, _) in enumerate(listed):
-        source = open_if_streamed(path, options.max_pixels)
+        source, note = open_if_streamed(path, options.max_pixels)
+        unplaced += [note] if note else []
         if source is not None:
             cleanup.callback(source.close)
             sources[key] = source
@@ -123,7 +124,7 @@ def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitSt
     rasters = [Raster(key, listed[key][0], listed[key][1], source, raster_specs[key]) for key, source in sources.items()]
     photos = [(key, path, name) for key, (path, name) in enumerate(listed) if key not in sources]
     outputs = {key: folder.outputs(name, raster_specs.get(key, spec), raster=key in sources) for key, (_, name) in enumerate(listed)}
-    warnings = [f"{note}; lengths stay in px (give --px-size)" for note in notes.values()] + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
+    warnings = [f"{note}; lengths stay in px (give --px-size)" for note in notes.values()] + unplaced + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
     return Plan(folder, staged, photos, rasters, spec, outputs, warnings, options.skip_existing)
 
 

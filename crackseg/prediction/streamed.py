@@ -35,7 +35,7 @@ from crackseg.cracks.measure import CrackMeasure, crack_measure, crack_parts
 from crackseg.cracks.vectors import centrelines, skeleton_links, write_vectors
 from crackseg.data.images import CRACK_THRESHOLD, PROBABILITY_MARK
 from crackseg.data.raster_sink import BLOCK, RasterSink
-from crackseg.data.rasters import RasterSource, gdal_settings, on_map, rasterio
+from crackseg.data.rasters import RasterSource, gdal_settings, rasterio
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor, part_rows
 from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, table_rows
@@ -282,8 +282,7 @@ def _summarize(mask_path: Path, measure: bool, join_gap: float, min_length: floa
     rio = rasterio()
     halo = HALO + math.ceil(join_gap)
     with rio.open(mask_path) as raster:
-        georeferenced = on_map(raster)
-        transform = raster.transform if georeferenced else None
+        transform = None if raster.transform.is_identity else raster.transform  # with or without a CRS, as the mask is placed
         crs = raster.crs.to_string() if raster.crs else ""
         height, width = raster.height, raster.width
         band = max(64, min(1024, band_pixels // width))

@@ -4,9 +4,12 @@ outputs, limits, and each raster's own pixel size in mm."""
 from __future__ import annotations
 
 import csv
+import json
 
 import numpy as np
 import pytest
+import shapely
+import shapely.geometry
 from PIL import Image
 
 rasterio = pytest.importorskip("rasterio")
@@ -158,7 +161,7 @@ def test_a_raster_without_a_crs_keeps_its_nodata_out_and_its_geotransform(tmp_pa
     pixels[:, :, :100] = 0  # black, which the model calls crack, but declared nodata
     write_geotiff(tmp_path / "in" / "nocrs.tif", pixels, crs=None, nodata=0)
     write_geotiff(tmp_path / "in" / "plain.tif", pixels, crs=None, transform=Affine.identity(), nodata=0)
-    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 0
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--vectors", "geojson") == 0
     assert "nocrs.tif: a geotransform without a CRS" in capsys.readouterr().err
     for name in ("nocrs", "plain"):
         mask, valid, info = read_mask(tmp_path / "out" / "masks" / f"{name}.tif")
@@ -166,6 +169,25 @@ def test_a_raster_without_a_crs_keeps_its_nodata_out_and_its_geotransform(tmp_pa
     assert read_mask(tmp_path / "out" / "masks" / "nocrs.tif")[2]["transform"] == utm_transform()
     rows = {row["path"]: row for row in csv.DictReader(open(tmp_path / "out" / "predictions.csv"))}
     assert all(int(row["valid_px"]) == 300 * 300 and row["px_size_mm"] == "" for row in rows.values())
+    # centrelines lie on the mask as a GIS places it: by the geotransform, CRS or not
+    for name, transform in (("nocrs", utm_transform()), ("plain", Affine.identity())):
+        features = json.loads((tmp_path / "out" / "vectors" / f"{name}.geojson").read_text())["features"]
+        col, row = ~transform @ tuple(shapely.get_coordinates(shapely.geometry.shape(features[0]["geometry"]))[0])
+        assert 100 <= col <= 400 and 0 <= row <= 300
+
+
+def test_a_tiff_placed_by_ground_control_points_alone_is_a_warning(tmp_path, dark_checkpoint, capsys):
+    import rasterio
+    from rasterio.control import GroundControlPoint
+
+    (tmp_path / "in").mkdir()
+    gcps = [GroundControlPoint(row, col, 500000.0 + col / 500, 5e6 - row / 500) for row, col in ((0, 0), (0, 400), (300, 0))]
+    with rasterio.open(tmp_path / "in" / "gcps.tif", "w", driver="GTiff", width=400, height=300, count=3, dtype="uint8",
+                       gcps=gcps, crs="EPSG:32633") as out:
+        out.write(pavement(300, 400))
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out") == 0
+    assert "gcps.tif: placed on the map by ground control points only" in capsys.readouterr().err
+    assert "ground control points" in json.loads((tmp_path / "out" / "summary.json").read_text())["warnings"][0]
 
 
 def test_a_damaged_tile_is_one_line_naming_the_raster_and_the_rest_is_written(tmp_path, dark_checkpoint, capsys):
