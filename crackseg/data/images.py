@@ -36,6 +36,7 @@ PROBABILITY_MARK = ("crackseg", "probabilities")  # predict's probability maps: 
 _PICTURE_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 _HEADER_BYTES = 64 * 1024
 CRACK_THRESHOLD = 127  # mask grey levels above this are crack
+FAINT_LEVELS = 16  # a mask brightest below this, yet above 1, is a lossy 0/1 mask or class numbers, not 0/255
 COLOUR_SPREAD = 32  # levels between a pixel's channels beyond which a mask is in colour (JPEG noise stays below)
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError)
@@ -177,6 +178,10 @@ def mask_levels(path: Path | RemoteFile) -> np.ndarray:
         if image.mode.startswith("I") and _narrow_mask(raw := np.asarray(image)):
             return np.where(raw > 0, np.uint8(255), np.uint8(0))
         levels = _grey_levels(image)
+    top = int(levels.max(initial=0))
+    if 1 < top < FAINT_LEVELS:
+        raise MaskValueError(f"a mask whose brightest level is {top}: neither 0/255 nor 0/1 (a 0/1 mask saved as JPEG, "
+                             "or class numbers?), which would read as crack-free; save it as a 0/255 or 0/1 PNG")
     if is_zero_one(levels):
         levels = levels * np.uint8(255)
     return levels

@@ -149,6 +149,20 @@ def test_zero_one_ground_truth_scores_like_zero_255(tmp_path):
     assert report["dataset"]["f1"] == pytest.approx(1.0) and report["dataset"]["iou_crack"] == pytest.approx(1.0)
 
 
+def test_a_zero_one_mask_saved_as_jpeg_is_refused_not_read_as_crack_free(tmp_path, capsys):
+    truth = {"a": np.zeros((64, 64))}
+    truth["a"][30:34, 5:60] = truth["a"][10:50, 20:22] = 1
+    _masks(tmp_path / "pred", truth)
+    (tmp_path / "gt").mkdir()
+    Image.fromarray(truth["a"].astype(np.uint8)).save(tmp_path / "gt" / "a.jpg", quality=95)  # 0/1 and JPEG noise
+    assert np.asarray(Image.open(tmp_path / "gt" / "a.jpg")).max() > 1
+    with pytest.raises(SystemExit) as exit:
+        main(["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt")])
+    error = capsys.readouterr().err
+    assert exit.value.code == 2
+    assert error.count("\n") == 1 and "a.jpg" in error and "brightest level is" in error
+
+
 def test_duplicate_stems_empty_folders_and_bad_split_files_are_refused(tmp_path):
     truth = _truth()
     _masks(tmp_path / "gt", truth)
