@@ -226,9 +226,11 @@ def load_mask(path: Path | RemoteFile) -> torch.Tensor:
 
 
 def read_probability(path: Path | RemoteFile) -> torch.Tensor:
-    """(H, W) float32 in [0, 1] from a predicted mask (8-bit 0/255 or 0/1), an 8- or 16-bit probability map, or a
-    floating-point one (a TIFF of probabilities in [0, 1]). A map predict marked (:data:`PROBABILITY_MARK`) is read as
-    probabilities whatever its values: a sure crack-free photo's 8-bit map holds only levels 0 and 1."""
+    """(H, W) float32 in [0, 1] from a predicted mask (0/255 or 0/1 in 8 bits, 0/255 in 16), an 8- or 16-bit probability
+    map, or a floating-point one (a TIFF of probabilities in [0, 1]). A map predict marked (:data:`PROBABILITY_MARK`) is
+    read as probabilities whatever its values: a sure crack-free photo's 8-bit map holds only levels 0 and 1. An
+    unmarked 16-bit map of levels 0 and 1 stays probabilities (an older run's map of a crack-free photo); 0 and 255
+    alone are no plausible map."""
     import torch
 
     with open_picture(path) as image:
@@ -238,7 +240,10 @@ def read_probability(path: Path | RemoteFile) -> torch.Tensor:
         if image.mode == "F":
             return torch.from_numpy(_unit_floats(image).copy())
         if image.mode.startswith("I"):
-            return torch.from_numpy(np.asarray(image, dtype=np.float32) / 65535.0)
+            raw = np.asarray(image)
+            if not marked and raw.max(initial=0) == 255 and _narrow_mask(raw):  # a 0/255 mask saved in 16 bits
+                return torch.from_numpy((raw > 0).astype(np.float32))
+            return torch.from_numpy(raw.astype(np.float32) / 65535.0)
         levels = np.asarray(image.convert("L"))
     if not marked and is_zero_one(levels):
         levels = levels * np.uint8(255)

@@ -126,6 +126,11 @@ def test_a_probability_map_predict_marked_is_never_read_as_a_zero_one_mask(tmp_p
     assert read_probability(tmp_path / "prob.png").max() == pytest.approx(1 / np.iinfo(dtype).max)
     Image.fromarray(levels).save(tmp_path / "unmarked.png")  # another tool's 0/1 mask; in 16 bits, a faint map
     assert read_probability(tmp_path / "unmarked.png").max() == pytest.approx(1.0 if dtype == np.uint8 else 1 / 65535)
+    levels[2, 1:7] = 255
+    Image.fromarray(levels).save(tmp_path / "mask.png")  # another tool's 0/255 mask, in 8 or 16 bits
+    assert torch.equal(read_probability(tmp_path / "mask.png"), load_mask(tmp_path / "mask.png")[0].float())
+    write_png(tmp_path / "prob.png", levels, probabilities=True)
+    assert read_probability(tmp_path / "prob.png").max() == pytest.approx(255 / np.iinfo(dtype).max)
 
 
 def test_a_raster_probability_map_predict_wrote_is_marked_too(tmp_path, checkpoint):
