@@ -380,7 +380,7 @@ def write_summary(folder: PredictionsFolder, rows: list[dict], crack_rows: list[
         summary["threshold"] = threshold  # the masks' decision threshold, which crackseg labels rank measures from
     in_mm = bool(rows) and all("length_mm" in row for row in rows)
     if spec.measure:
-        widest = max(crack_rows, key=lambda r: r["max_width_px"], default=None)
+        widest = max(crack_rows, key=lambda r: r["max_width_mm" if in_mm else "max_width_px"], default=None)  # rasters' scales differ
         summary |= {
             "cracks": len(crack_rows),
             "length_px": round(sum(r["length_px"] for r in crack_rows), 2),

@@ -53,15 +53,17 @@ def _image_entry(folder: PredictionsFolder, row: dict, number: int, cracks: list
     mask_path = folder.table_path(row["mask"], "mask", number)
     name = folder.name_of(mask_path)
     pictures = _pictures(folder, name, folder.photo(row["path"]), mask_path, summary)
-    widest = max(cracks, key=lambda c: float(c["max_width_px"]), default=None)
+    measured = row.get("cracks") not in (None, "")  # not with --no-measure, nor for a failed image
+    in_mm = bool(cracks) and all(crack.get("max_width_mm") not in (None, "") for crack in cracks)
+    widest = max(cracks, key=lambda c: float(c["max_width_mm" if in_mm else "max_width_px"]), default=None)
     return {
         "name": name,
         "path": row["path"],
-        "cracks": int(row.get("cracks") or 0),
-        "length_px": float(row.get("length_px") or 0),
+        "cracks": int(row["cracks"]) if measured else None,
+        "length_px": float(row.get("length_px") or 0) if measured else None,
         "length_mm": float(row["length_mm"]) if row.get("length_mm") not in (None, "") else None,
-        "max_width_px": float(widest["max_width_px"]) if widest else 0.0,
-        "max_width_mm": float(widest["max_width_mm"]) if widest and widest.get("max_width_mm") else None,
+        "max_width_px": (float(widest["max_width_px"]) if widest else 0.0) if measured else None,
+        "max_width_mm": float(widest["max_width_mm"]) if in_mm and widest else None,
         "crack_fraction": float(row["crack_fraction"]),
         "status": row.get("status", ""),
         "cracks_table": [{key: crack[key] for key in crack if key != "path"} for crack in cracks],
@@ -147,17 +149,20 @@ const S = DATA.summary, scale = S.px_size_mm !== null && S.px_size_mm !== undefi
 const mm = scale || (S.length_mm !== null && S.length_mm !== undefined);  // rasters measured each in its own scale
 let sortKey = "name", sortDown = false, page = 0;
 /*HELPERS*/
-const len = im => mm && im.length_mm !== null ? num(im.length_mm / 1000, 3) + " m" : num(im.length_px, 0) + " px";
-const wid = im => mm && im.max_width_mm !== null ? num(im.max_width_mm, 2) + " mm" : num(im.max_width_px, 1) + " px";
-const value = (im, key) => key === "length" ? im.length_px : key === "widest" ? im.max_width_px : im[key];
+const measured = S.cracks !== undefined, UNMEASURED = "not measured";
+const lengthOf = im => mm && im.length_mm !== null ? im.length_mm : im.length_px;  // the sort keys: mm when the page shows mm
+const widthOf = im => mm && im.max_width_mm !== null ? im.max_width_mm : im.max_width_px;
+const len = im => im.length_px === null ? UNMEASURED : mm && im.length_mm !== null ? num(im.length_mm / 1000, 3) + " m" : num(im.length_px, 0) + " px";
+const wid = im => im.max_width_px === null ? UNMEASURED : mm && im.max_width_mm !== null ? num(im.max_width_mm, 2) + " mm" : num(im.max_width_px, 1) + " px";
+const value = (im, key) => (key === "length" ? lengthOf(im) : key === "widest" ? widthOf(im) : im[key]) ?? -Infinity;
 function card(label, text, id) { return el("div", {class: "card"}, label, el("b", {id: id}, String(text))); }
 function summary() {
   const box = document.getElementById("summary");
   box.append(el("div", {class: "cards"},
     card("images", S.images, "sum-images"),
-    card("cracks", S.cracks ?? "not measured", "sum-cracks"),
-    card("total length", mm && S.length_mm !== undefined ? num(S.length_mm / 1000, 3) + " m" : num(S.length_px, 0) + " px", "sum-length"),
-    card("widest crack", S.widest ? (mm ? num(S.widest.max_width_mm, 2) + " mm" : num(S.widest.max_width_px, 1) + " px") : "none", "sum-widest")));
+    card("cracks", measured ? S.cracks : UNMEASURED, "sum-cracks"),
+    card("total length", !measured ? UNMEASURED : mm && S.length_mm !== undefined ? num(S.length_mm / 1000, 3) + " m" : num(S.length_px, 0) + " px", "sum-length"),
+    card("widest crack", !measured ? UNMEASURED : S.widest ? (mm ? num(S.widest.max_width_mm, 2) + " mm" : num(S.widest.max_width_px, 1) + " px") : "none", "sum-widest")));
   if (S.widest) box.append(el("p", {class: "muted"}, `widest: crack ${S.widest.crack} of ${S.widest.path}`));
   box.append(el("p", {class: "muted", id: "scale"}, scale ? `pixel size ${S.px_size_mm} mm; widths are known to about ±1 px (±${S.px_size_mm} mm)`
     : mm ? "each raster in its own pixel size (px_size_mm in predictions.csv); widths are known to about ±1 px"
@@ -198,7 +203,7 @@ function render() {
   for (const im of rows.slice(page * PAGE_ROWS, (page + 1) * PAGE_ROWS)) {
     const tr = el("tr", {class: "image-row", "data-name": im.name},
       el("td", {}, im.name), el("td", {}, im.thumbs ? el("img", {class: "thumb", loading: "lazy", src: im.thumbs, alt: ""}) : "—"),
-      el("td", {}, String(im.cracks)), el("td", {}, len(im)), el("td", {}, wid(im)), el("td", {}, num(100 * im.crack_fraction, 2) + " %"));
+      el("td", {}, String(im.cracks ?? UNMEASURED)), el("td", {}, len(im)), el("td", {}, wid(im)), el("td", {}, num(100 * im.crack_fraction, 2) + " %"));
     tr.addEventListener("click", () => detail(im)); body.append(tr);
   }
   const pager = document.getElementById("pager"); pager.replaceChildren();

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -174,17 +175,50 @@ def test_the_report_of_rasters_in_two_scales_gives_metres_and_says_whose_scale(t
     from selenium.webdriver.common.by import By
 
     (tmp_path / "in").mkdir()
-    write_geotiff(tmp_path / "in" / "fine.tif", pavement(300, 400))
-    write_geotiff(tmp_path / "in" / "coarse.tif", pavement(300, 400), transform=utm_transform(0.004))
+    fine = pavement(300, 400)
+    fine[:, 149:153, 50:350] = 30  # wider in pixels than the coarse raster's cracks, narrower in mm
+    write_geotiff(tmp_path / "in" / "a_fine.tif", fine)
+    write_geotiff(tmp_path / "in" / "b_coarse.tif", pavement(300, 400), transform=utm_transform(0.004))
     assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--width-classes", "5,10", "--report") == 0
     cracks = list(csv.DictReader(open(tmp_path / "out" / "cracks.csv")))
+    widest = max(cracks, key=lambda c: float(c["max_width_mm"]))
+    assert widest["path"].endswith("b_coarse.tif") and float(widest["max_width_px"]) < max(float(c["max_width_px"]) for c in cracks)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert (summary["widest"]["path"], summary["widest"]["crack"]) == (widest["path"], int(widest["crack"]))
     driver = browser()
     try:
         driver.get((tmp_path / "out" / "report.html").as_uri())
         text = lambda css: driver.find_element(By.CSS_SELECTOR, css).text  # noqa: E731
         assert_soon(driver, lambda: text("#sum-length"), f"{sum(float(c['length_mm']) for c in cracks) / 1000:.3f} m")
+        assert text("#sum-widest") == f"{float(widest['max_width_mm']):.2f} mm"
         assert_soon(driver, lambda: text("#scale").startswith("each raster in its own pixel size"), True)
         assert driver.find_element(By.ID, "classes")
+        names = lambda: [row.get_attribute("data-name") for row in driver.find_elements(By.CSS_SELECTOR, "tr.image-row")]  # noqa: E731
+        for key in ("widest", "length"):  # most first: in mm, as the page shows them
+            driver.find_element(By.CSS_SELECTOR, f'th[data-key="{key}"]').click()
+            assert_soon(driver, names, ["b_coarse", "a_fine"])
+    finally:
+        driver.quit()
+
+
+@needs_browser
+def test_a_report_of_a_run_without_measurements_says_so_instead_of_zeros(tmp_path):
+    from selenium.webdriver.common.by import By
+
+    _photos(tmp_path / "in")
+    assert main(["predict", str(tmp_path / "in"), "--model", str(dark_pixel_model(tmp_path)), "--out", str(tmp_path / "pred"),
+                 "--no-measure", "--report", "--device", "cpu"]) == 0
+    driver = browser()
+    try:
+        driver.get((tmp_path / "pred" / "report.html").as_uri())
+        cells = lambda: [cell.text for cell in driver.find_elements(By.CSS_SELECTOR, 'tr.image-row[data-name="img2"] td')]  # noqa: E731
+        assert_soon(driver, lambda: cells()[2:5], ["not measured"] * 3)
+        assert float(cells()[5].rstrip(" %")) > 0  # its crack pixels are known
+        assert [driver.find_element(By.ID, key).text for key in ("sum-cracks", "sum-length", "sum-widest")] == ["not measured"] * 3
+        for key in ("length", "widest", "cracks"):  # sorting what was not measured keeps the page working
+            driver.find_element(By.CSS_SELECTOR, f'th[data-key="{key}"]').click()
+        assert len(driver.find_elements(By.CSS_SELECTOR, "tr.image-row")) == 4
+        assert [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"] == []
     finally:
         driver.quit()
 
