@@ -54,10 +54,19 @@ def _cmd_serve_label_studio(options: ServeOptions) -> int:
         max_image_bytes=int(options.max_image_mb * MIB), concurrency=options.concurrency, allowed_hosts=options.allow_host)
     listener = listen(options.host, options.port)  # a port in use fails before the model loads
     session = PredictionSession(options.checkpoint, options.inference, options.threshold)
-    app = build_app(session, settings, model_version(options.checkpoint))
+    app = build_app(session, settings, model_version(options.checkpoint, _mask_settings(options.inference, session.threshold)))
     print(_connect_line(listener, settings.basic_auth is not None, session.threshold), flush=True)
     serve(app, listener, settings.header_timeout_s)
     return 0
+
+
+def _mask_settings(inference, threshold: float) -> str:
+    """The settings besides the model that change its masks: the threshold, and the inference flags not at their default."""
+    default = type(inference)()
+    changed = [f"{name} {getattr(inference, name)}" for name in ("tile", "overlap", "tta") if getattr(inference, name) != getattr(default, name)]
+    if inference.resize is not None:
+        changed.append("resize {}x{}".format(*inference.resize))
+    return ", ".join([f"threshold {threshold:g}", *changed])
 
 
 def _connect_line(listener, basic_auth: bool, threshold: float) -> str:

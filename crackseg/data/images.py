@@ -11,7 +11,7 @@
   naming its colours, rather than read as grey levels that would hide a red or green crack.
   A mask with transparency is read as shown over black (a crack painted on a transparent layer).
 - **Size limit**: Pillow refuses images over its decompression-bomb limit
-  (``Image.MAX_IMAGE_PIXELS``); that is reported as a one-line error naming the file and
+  (twice ``Image.MAX_IMAGE_PIXELS``, past which it only warns); that is reported as a one-line error naming the file and
   how to convert it for prediction (large TIFFs are read by windows, crackseg.data.rasters).
 """
 
@@ -39,7 +39,8 @@ CRACK_THRESHOLD = 127  # mask grey levels above this are crack
 FAINT_LEVELS = 16  # a mask brightest below this, yet above 1, is a lossy 0/1 mask or class numbers, not 0/255
 COLOUR_SPREAD = 32  # levels between a pixel's channels beyond which a mask is in colour (JPEG noise stays below)
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
-DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError)
+# What Pillow raises for a file it cannot decode; SyntaxError is its "broken PNG file" and the like
+DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
 def describe_error(error: Exception) -> str:
@@ -49,7 +50,7 @@ def describe_error(error: Exception) -> str:
     if isinstance(error, FileNotFoundError):
         return "file not found"
     if isinstance(error, Image.DecompressionBombError):
-        limit = (Image.MAX_IMAGE_PIXELS or 0) / 1e6
+        limit = 2 * (Image.MAX_IMAGE_PIXELS or 0) / 1e6  # where Pillow raises
         return (f"over the limit of {limit:.0f} megapixels for an image decoded whole (to predict it, convert it to a tiled "
                 "GeoTIFF, which predict reads by windows: gdal_translate -co TILED=YES -co COMPRESS=DEFLATE IN OUT.tif)")
     if isinstance(error, MaskValueError):

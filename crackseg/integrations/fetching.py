@@ -21,10 +21,13 @@ import ipaddress
 import json
 import socket
 import threading
+import time
 from urllib.parse import urljoin, urlsplit
 
 import httpx
 from starlette.exceptions import HTTPException
+
+from crackseg.integrations.options import host_key
 
 MAX_REDIRECTS = 5
 _REFRESH_PATH = "/api/token/refresh/"  # where Label Studio exchanges a personal access token for an access token
@@ -61,6 +64,7 @@ class ImageFetcher:
         self._url, self._key, self._max_bytes = label_studio_url, api_key, max_bytes
         self._allowed = {host.lower() for host in allowed_hosts}
         self._client = httpx.Client(timeout=timeout_s, follow_redirects=False)
+        self._timeout_s = timeout_s  # for the whole image too: a host sending a byte at a time holds a task slot no longer
         self._refreshable = _jwt_claims(api_key or "").get("token_type") == "refresh"  # a personal access token
         self._access: str | None = None  # the access token it was exchanged for
         self._lock = threading.Lock()
@@ -71,7 +75,7 @@ class ImageFetcher:
     def trusted(self, url: str) -> bool:
         """Whether ``url`` may be fetched whatever its host's address: Label Studio's origin, or an allowed host."""
         _, host, port = origin(url)
-        return self.own(url) or host in self._allowed or f"{host}:{port}" in self._allowed
+        return self.own(url) or host in self._allowed or host_key(host, port) in self._allowed
 
     def own(self, url: str) -> bool:
         """Whether ``url`` is on Label Studio's exact origin, the one its API key is for."""
@@ -129,11 +133,13 @@ class ImageFetcher:
                 declared = response.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > self._max_bytes:
                     raise too_large
-                content = bytearray()
+                content, deadline = bytearray(), time.monotonic() + self._timeout_s
                 for chunk in response.iter_bytes():
                     content += chunk
                     if len(content) > self._max_bytes:
                         raise too_large
+                    if time.monotonic() > deadline:
+                        raise HttpError(504, f"{where}: the image did not arrive within {self._timeout_s:g} s")
                 return 200, bytes(content), None
         except httpx.HTTPError as error:
             raise HttpError(502, f"{where}: cannot fetch: {type(error).__name__} {error}".rstrip()) from None

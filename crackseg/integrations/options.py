@@ -2,14 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from crackseg.core.errors import InputError
 from crackseg.core.options import AT_LEAST_ONE, FRACTION, POSITIVE, REQUIRED, Options, Range, group, option
 from crackseg.prediction.options import InferenceOptions, model_file
 
 DEFAULT_PORT = 9090  # label-studio-ml-backend's port
+
+
+def allowed_host(text: str) -> str:
+    """``host`` or ``host:port`` as the image fetcher compares them (:func:`host_key`): lower case, an IPv6 address
+    bracketed only before a port; a URL, a path or a bad port is refused, since it would never match."""
+    with contextlib.suppress(ValueError):
+        return str(ipaddress.ip_address(text))  # a bare address, IPv6 included
+    try:
+        parts = urlsplit("//" + text)
+        port = parts.port
+    except ValueError:  # a bad port, an unclosed bracket
+        parts, port = None, None
+    if parts is None or not parts.hostname or set("/@?# \t") & set(text):
+        raise ValueError(f"{text!r}: give a host or host:port, e.g. files.internal or 10.0.0.5:8000 ([::1]:8000 "
+                         "for IPv6), without a scheme or a path")
+    return host_key(parts.hostname, port)
+
+
+def host_key(host: str, port: int | None = None) -> str:
+    """How an allowed host is written: ``host``, ``host:port``, ``[v6]:port``."""
+    if port is None:
+        return host
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -27,7 +53,8 @@ class ServeOptions(Options):
                                           env="LABEL_STUDIO_URL")
     allow_host: tuple[str, ...] = option((), "a host (or host:port) task images may be fetched from whatever its address, "
                                              "e.g. a file server on the internal network; give it once per host (public "
-                                             "hosts and LABEL_STUDIO_URL's need none)", repeat=True, metavar="HOST")
+                                             "hosts and LABEL_STUDIO_URL's need none)", repeat=True, metavar="HOST",
+                                         parse=allowed_host)
     basic_auth_user: str | None = option(None, "basic-auth user every request must give, with the password in $BASIC_AUTH_PASS "
                                                "(default: $BASIC_AUTH_USER); enter both in Label Studio's model settings",
                                          env="BASIC_AUTH_USER")

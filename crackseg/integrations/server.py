@@ -14,8 +14,9 @@ personal access token, a JWT, exchanged at ``/api/token/refresh/`` for an access
 without it, and from nowhere a task should not reach (:mod:`crackseg.integrations.fetching`). A client must send a
 request's headers within ``header_timeout_s`` and its body within ``body_timeout_s``, so clients that never finish
 cannot hold the connections others need; a JSON body nested deeper than :data:`MAX_JSON_DEPTH` is refused. Tasks of one request run one after another; up to ``concurrency`` tasks (fetch, decoding, model) run at
-once across requests. When some tasks of a request fail, those get an empty result and an ``error``; when all fail,
-the request fails with the first task's error.
+once across requests. When some tasks of a request fail, those get an ``error`` and no ``result``, which Label Studio
+passes over (an empty result would be stored as "no cracks" and never asked for again); when all fail, the request
+fails with the first task's error.
 """
 
 from __future__ import annotations
@@ -85,9 +86,10 @@ class ServerSettings:
                              f"got {self.label_studio_url!r}")
 
 
-def model_version(checkpoint: Path) -> str:
-    """``crackseg VERSION NAME@DIGEST``: the first 8 hex digits of the model file's SHA-256 (a folder's files in
-    name order), so Label Studio tells two models apart even when both are called best.pt."""
+def model_version(checkpoint: Path, settings: str = "") -> str:
+    """``crackseg VERSION NAME@DIGEST SETTINGS``: the first 8 hex digits of the model file's SHA-256 (a folder's files
+    in name order), so Label Studio tells two models apart even when both are called best.pt, and the settings that
+    change its masks (threshold, ...), so that it asks again for predictions made with others."""
     path = Path(checkpoint)
     files = sorted(item for item in path.iterdir() if item.is_file()) if path.is_dir() else [path]
     digest = hashlib.sha256()
@@ -95,7 +97,7 @@ def model_version(checkpoint: Path) -> str:
         with open(item, "rb") as file:
             while chunk := file.read(MIB):
                 digest.update(chunk)
-    return f"crackseg {__version__} {path.name}@{digest.hexdigest()[:8]}"
+    return f"crackseg {__version__} {path.name}@{digest.hexdigest()[:8]}" + (f" {settings}" if settings else "")
 
 
 def build_app(session: PredictionSession, settings: ServerSettings, version: str) -> Starlette:
@@ -215,7 +217,7 @@ class _Backend:
                 entries.append(await anyio.to_thread.run_sync(self._task_result, task, target, limiter=self._limiter))
             except HttpError as error:
                 failures.append(error)
-                entries.append({"result": [], "score": 0.0, "model_version": self._version, "error": error.detail})
+                entries.append({"model_version": self._version, "error": error.detail})  # no result: stored as no prediction
         if len(failures) == len(tasks):
             raise failures[0]
         return JSONResponse({"results": entries})
@@ -282,7 +284,7 @@ def _decoded(content: bytes, where: str):
     """(H, W, 3) uint8 pixels of an image file's bytes, refused past Pillow's pixel limit before decoding."""
     try:
         with Image.open(io.BytesIO(content)) as image:
-            if image.width * image.height > (Image.MAX_IMAGE_PIXELS or float("inf")):
+            if image.width * image.height > 2 * (Image.MAX_IMAGE_PIXELS or float("inf")):  # where predict refuses too
                 raise Image.DecompressionBombError("too many pixels")
             return picture_pixels(image)
     except DECODE_ERRORS as error:

@@ -5,6 +5,8 @@ through Label Studio's own decoder as predict's mask."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
 import os
 import socket
@@ -80,7 +82,12 @@ def photo(checkpoint, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def studio(photo):
-    fake = FakeLabelStudio({"wall.png": photo["path"].read_bytes(), "broken.png": b"\x89PNG\r\n\x1a\n not really"})
+    wall, noise = photo["path"].read_bytes(), io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (200, 200, 3), dtype=np.uint8)).save(noise, "PNG")
+    garbled = bytearray(noise.getvalue())  # its second IDAT chunk's type garbled: Pillow's SyntaxError, not an OSError
+    second = garbled.find(b"IDAT", garbled.find(b"IDAT") + 4)
+    garbled[second : second + 4] = b"\x00\x01\x02\x03"
+    fake = FakeLabelStudio({"wall.png": wall, "broken.png": b"\x89PNG\r\n\x1a\n not really", "garbled.png": bytes(garbled)})
     fake.thread.start()
     while not fake.server.started:
         time.sleep(0.02)
@@ -220,11 +227,29 @@ def test_bad_requests_get_one_line_and_the_server_keeps_serving(backends, send, 
 
 
 def test_a_failed_task_beside_good_ones_gets_an_error_entry(backends, photo):
-    answer = _predict(backends["token"], [_task(1, "/data/upload/1/wall.png"), _task(2, "/data/upload/1/broken.png")])
-    assert answer.status_code == 200
-    good, bad = answer.json()["results"]
+    tasks = [_task(1, "/data/upload/1/wall.png"), _task(2, "/data/upload/1/broken.png"), _task(3, "/data/upload/1/garbled.png")]
+    answer = _predict(backends["token"], tasks)
+    assert answer.status_code == 200, answer.text
+    good, bad, garbled = answer.json()["results"]
     assert good["result"] and "error" not in good
-    assert bad["result"] == [] and bad["error"].startswith("task 2: ")
+    # no result: Label Studio passes such an entry over, where an empty one would be stored as "no cracks"
+    assert "result" not in bad and bad["error"].startswith("task 2: ")
+    assert "result" not in garbled and garbled["error"].startswith("task 3: ") and "cannot decode" in garbled["error"]
+
+
+def test_the_model_version_names_the_threshold_and_the_inference_flags_that_change_masks(photo):
+    from crackseg.cli.serve import _mask_settings
+    from crackseg.integrations.server import model_version
+    from crackseg.model.options import InferenceOptions
+
+    plain = model_version(photo["checkpoint"], _mask_settings(InferenceOptions(), 0.5))
+    assert plain.endswith("@" + plain.split("@")[1]) and plain.endswith(" threshold 0.5")
+    versions = {plain, model_version(photo["checkpoint"], _mask_settings(InferenceOptions(), 0.3)),
+                model_version(photo["checkpoint"], _mask_settings(InferenceOptions(tta="flip"), 0.5)),
+                model_version(photo["checkpoint"], _mask_settings(InferenceOptions(tile=256, overlap=32), 0.5)),
+                model_version(photo["checkpoint"], _mask_settings(InferenceOptions(resize=(64, 64)), 0.5))}
+    assert len(versions) == 5
+    assert model_version(photo["checkpoint"], _mask_settings(InferenceOptions(batch_size=4, device="cpu"), 0.5)) == plain
 
 
 def test_allow_host_lets_tasks_fetch_from_an_internal_host_and_only_there(backends, internal):
@@ -245,6 +270,54 @@ def test_a_bad_checkpoint_or_half_an_auth_stops_before_serving(tmp_path, monkeyp
     monkeypatch.setenv("LABEL_STUDIO_URL", "localhost:8080")
     code, err = cli_result(["serve", "label-studio", "--checkpoint", tmp_path / "missing.pt"])
     assert code == 2 and "LABEL_STUDIO_URL must be" in err, err
+
+
+@pytest.mark.parametrize("value", ["http://files.internal:8000", "files.internal:8000/", "files.internal:http", "[::1"])
+def test_an_allow_host_that_could_never_match_stops_before_serving(tmp_path, value):
+    (tmp_path / "model.pt").write_bytes(b"never loaded: options come first")
+    code, err = cli_result(["serve", "label-studio", "--checkpoint", tmp_path / "model.pt", "--allow-host", value])
+    assert code == 2 and err.count("\n") == 1 and "--allow-host" in err and f"{value!r}: give a host or host:port" in err, err
+
+
+def test_allowed_hosts_match_as_written_in_any_case_and_ipv6_in_brackets():
+    from crackseg.integrations.fetching import ImageFetcher
+    from crackseg.integrations.options import allowed_host
+
+    fetcher = ImageFetcher(None, None, tuple(map(allowed_host, ["Files.Internal", "[::1]:8000", "10.0.0.5:81", "fe80::1"])), 1, 1.0)
+    trusted = ["http://files.internal/a.png", "http://FILES.internal:9/a.png", "http://[::1]:8000/a.png", "http://10.0.0.5:81/a.png",
+               "http://[fe80::1]/a.png"]
+    assert all(map(fetcher.trusted, trusted))
+    assert not any(map(fetcher.trusted, ["http://[::1]:8001/a.png", "http://10.0.0.5/a.png", "http://[::1:8000]/a.png"]))
+
+
+def test_an_image_that_trickles_in_is_cut_off_at_the_fetch_timeout(tmp_path):
+    from crackseg.integrations.fetching import ImageFetcher
+
+    async def trickle(request):
+        async def body():
+            for _ in range(40):
+                yield b"x" * 10
+                await anyio.sleep(0.1)
+        return StreamingResponse(body(), media_type="image/png")
+
+    import anyio
+    from starlette.responses import StreamingResponse
+
+    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/slow.png", trickle)]), log_level="warning"))
+    listener = socket.create_server(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    try:
+        host = f"127.0.0.1:{listener.getsockname()[1]}"
+        fetcher = ImageFetcher(None, None, (host,), 1 << 20, 1.0)  # each read arrives within the timeout, the whole does not
+        started = time.monotonic()
+        with pytest.raises(Exception) as refused:
+            fetcher.fetch(f"http://{host}/slow.png", "task 1")
+        assert refused.value.status_code == 504 and "within 1 s" in refused.value.detail
+        assert time.monotonic() - started < 3
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def test_a_port_in_use_or_a_host_that_is_not_here_is_one_line(tmp_path):
@@ -284,3 +357,17 @@ def test_a_bug_is_a_500_with_one_line_and_the_server_goes_on(studio):
         answer = _predict(client, [_task(1, "/data/upload/1/wall.png")])
         assert answer.status_code == 500 and answer.json() == {"error": "crackseg failed: RuntimeError: CUDA out of memory."}
         assert client.get("/health").json()["status"] == "UP"
+
+
+@pytest.mark.parametrize("limit, status", [(6000, 200), (4000, 422)])
+def test_serve_refuses_images_where_predict_does_at_twice_pillows_pixel_limit(photo, studio, monkeypatch, limit, status):
+    from starlette.testclient import TestClient
+
+    from crackseg.integrations.server import ServerSettings, build_app
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", limit)  # the 80x128 photo: over the limit, under twice it, or over both
+    session = PredictionSession(photo["checkpoint"], threshold=photo["threshold"])
+    app = build_app(session, ServerSettings(label_studio_url=studio.url, api_key=KEY), "crackseg test")
+    with TestClient(app, raise_server_exceptions=False) as client, pytest.warns(Image.DecompressionBombWarning) if status == 200 else contextlib.nullcontext():
+        answer = _predict(client, [_task(1, "/data/upload/1/wall.png")])
+    assert answer.status_code == status, answer.text
