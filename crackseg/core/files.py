@@ -46,7 +46,10 @@ class PendingFile:
 
     def __init__(self, path: Path, suffix: str = ""):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # a file where a folder of the path should be: the user's mistake
+            raise InputError(f"{self.path}: {_file_in_the_way(self.path)} is a file, not a folder") from None
         while True:
             self.temp = temp_path(self.path, secrets.token_hex(4), suffix)
             try:
@@ -112,6 +115,11 @@ def link_atomic(source: Path, target: Path) -> None:
         shutil.copyfile(source, temp)
     os.replace(temp, target)
     temp.unlink(missing_ok=True)  # when target already was a link to source, POSIX rename leaves both names
+
+
+def _file_in_the_way(path: Path) -> Path:
+    """The first of ``path``'s folders that is not a folder."""
+    return next((parent for parent in reversed(path.parents) if parent.exists() and not parent.is_dir()), path.parent)
 
 
 def ensure_writable_folder(path: Path, flag: str) -> Path:

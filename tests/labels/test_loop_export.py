@@ -99,7 +99,7 @@ def test_labelstudio_local_files_urls_are_encoded_as_label_studio_builds_them_an
                                                                      for stem in NAMES)
 
 
-@pytest.mark.parametrize("prefix", ["", "photos/", "/data/local-files/?d=", "http://files.example/survey/"])
+@pytest.mark.parametrize("prefix", ["", "photos/", "/data/local-files/?d=", "/data/local-files/?d=Bay 3&4 +#%/", "http://files.example/survey/"])
 def test_every_name_comes_back_as_itself_whatever_the_prefix(tmp_path, prefix):
     """Export then import of names with literal escapes (p%41 is not pA), URL delimiters, spaces and non-ASCII."""
     _round_trip(tmp_path, ("p%41", "100%", "a%20b", "a&b", "x#1", "q?d=1", "é", "a b", "plus+1"), prefix)
@@ -204,6 +204,14 @@ def test_an_out_of_the_wrong_kind_is_one_line_even_with_overwrite(tmp_path, fmt)
     if fmt != "labelme":
         assert err.rstrip().endswith(f"{out / fmt}.{'xml' if fmt == 'cvat' else 'json'}"), err
     assert (out.read_text() == "kept\n") if fmt == "labelme" else [p.name for p in out.iterdir()] == ["kept"]
+
+
+def test_an_out_below_a_file_is_one_line_naming_the_file(tmp_path):
+    predictions, _ = _predictions(tmp_path, ("a",))
+    (tmp_path / "photo.jpg").write_bytes(b"kept")
+    code, err = _cli("export", predictions, "--format", "cvat", "--out", tmp_path / "photo.jpg" / "sub" / "tasks.xml")
+    _one_line_error(code, err, str(tmp_path / "photo.jpg"), "is a file, not a folder")
+    assert (tmp_path / "photo.jpg").read_bytes() == b"kept"
 
 
 # 4. oversized brushes and masks: refused before their pixels are allocated

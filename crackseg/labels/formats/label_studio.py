@@ -152,9 +152,12 @@ def _is_url(text: str) -> bool:
 def task_image(prefix: str, name: str) -> str:
     """A task's image for ``name`` after ``prefix``: in a URL prefix (Label Studio's ``/data/local-files/?d=``, any
     ``/...`` or ``http(s)://...``) the name is URL-encoded as Label Studio's storages write it (``quote``: ``&``, ``%``,
-    ``#``, ``?``, spaces and non-ASCII escaped, ``/`` kept), so reading it back gives the name; after no prefix, or a
-    plain folder, the name as it is."""
-    return prefix + quote(name) if _is_url(prefix) else prefix + name
+    ``#``, ``?``, spaces and non-ASCII escaped, ``/`` kept), and so is the folder a ``?d=`` prefix names after it, so
+    reading it back gives the path; after no prefix, or a plain folder, the name as it is."""
+    if not _is_url(prefix):
+        return prefix + name
+    head, local, folder = prefix.partition("?d=")
+    return head + local + quote(folder + name) if local else prefix + quote(name)
 
 
 def upload_names(name: str) -> list[str]:
