@@ -156,13 +156,14 @@ def list_files(url: str, suffixes: Sequence[str], recursive: bool = False) -> li
     A prefix (``s3://bucket/photos/``, or a key with objects below it) gives its files with one of ``suffixes``, named by
     their key below the prefix without suffix (keys under sub-prefixes only when ``recursive``). A glob pattern
     (``s3://bucket/photos/*.jpg``) gives its matches with ``suffixes``, an object or an http(s) URL itself, named by stem.
+    A key or prefix that exists is taken as it is, whatever it holds: ``s3://bucket/survey [2024]/`` is that prefix.
     """
     scheme = _scheme(url)
     if scheme != "s3":
         RemoteFile(url).check_readable()  # a missing file or a refused request is said now, before any work
         return [(RemoteFile(url), RemoteFile(url).stem)]
     root = url.split("://", 1)[1].rstrip("/")
-    if _GLOB.search(root):
+    if _GLOB.search(root) and not _call(url, lambda fs: fs.exists(url)):  # a key or prefix holding [, * or ? is itself
         matches = _call(url, lambda fs: fs.glob(url, detail=True))
         return [(RemoteFile(f"s3://{key}"), PurePosixPath(key).stem) for key, info in sorted(matches.items())
                 if info["type"] == "file" and PurePosixPath(key).suffix.lower() in suffixes]

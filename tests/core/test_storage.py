@@ -66,6 +66,16 @@ def test_a_prefix_lists_images_as_a_folder_does(s3):
     assert [(str(f), n) for f, n in list_files(s3.url("photos/notes.txt"), SUFFIXES)] == [(s3.url("photos/notes.txt"), "notes")]
 
 
+def test_keys_and_prefixes_holding_glob_characters_are_taken_as_they_are(s3):
+    for key in ("q/a?.jpg", "q/ab.jpg", "b/[x]6.jpg", "survey [2024]/p.jpg", "survey [2024]/sub/r.jpg"):
+        s3.put(key, key.encode())
+    assert [str(f) for f, _ in list_files(s3.url("q/a?.jpg"), SUFFIXES)] == [s3.url("q/a?.jpg")]
+    assert [str(f) for f, _ in list_files(s3.url("b/[x]6.jpg"), SUFFIXES)] == [s3.url("b/[x]6.jpg")]
+    assert [name for _, name in list_files(s3.url("survey [2024]/"), SUFFIXES)] == ["p"]
+    assert [name for _, name in list_files(s3.url("survey [2024]"), SUFFIXES, recursive=True)] == ["p", "sub/r"]
+    assert [name for _, name in list_files(s3.url("q/a*.jpg"), SUFFIXES)] == ["a?", "ab"]  # a pattern still matches
+
+
 def test_a_key_that_would_leave_the_output_folder_is_refused(s3):
     s3.put("photos/../../etc/x.jpg", b"x")
     with pytest.raises(StorageError, match=r"'\.\.' part cannot name an output file"):
