@@ -146,7 +146,8 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) ->
     """A UTF-8 CSV with a header; columns are ``columns`` then every other key in order of appearance.
 
     Text that a spreadsheet would run as a formula (a cell starting with = + - @, a tab or a
-    carriage return, e.g. from a file name) is written behind a ``'``, so it shows as text;
+    carriage return, e.g. from a file name) is written behind a ``'``, so it shows as text (and so is text
+    starting with ``'``, which a spreadsheet shows as it is);
     numbers stay numbers. Bytes of a file name that are not UTF-8 are written as ``\\xNN``.
     """
     columns = list(columns or [])
@@ -162,8 +163,8 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) ->
 def read_csv(path: Path) -> list[dict]:
     """The rows of a CSV that :func:`write_csv` wrote, as dicts of text (numbers included).
 
-    Read as UTF-8 whatever the locale; the ``'`` that write_csv put before a formula start is taken
-    off again (so a value that itself began with ``'`` and a formula start comes back without it).
+    Read as UTF-8 whatever the locale; the ``'`` that write_csv put before a formula start or a ``'`` is taken off
+    again, so every value comes back as it was given.
     """
     with open(path, newline="", encoding="utf-8") as file:
         return [{key: _unguarded(value) for key, value in row.items()} for row in csv.DictReader(file)]
@@ -180,12 +181,15 @@ def readable(text: str) -> str:
 
 
 def _as_text(value):
-    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
+    """A cell as written: behind a ``'`` when it starts a formula, or starts with ``'`` itself (so reading it back
+    takes off only the guard)."""
+    return "'" + value if isinstance(value, str) and value.startswith((*FORMULA_STARTS, "'")) else value
 
 
 def _unguarded(value):
-    """A cell read back as :func:`_as_text` was given it: one leading ``'`` removed where a formula start follows it."""
-    return value[1:] if isinstance(value, str) and value.startswith("'") and value[1:].startswith(FORMULA_STARTS) else value
+    """A cell read back as :func:`_as_text` was given it: one leading ``'`` removed where a formula start or a ``'``
+    follows it."""
+    return value[1:] if isinstance(value, str) and value.startswith("'") and value[1:].startswith((*FORMULA_STARTS, "'")) else value
 
 
 def remove_orphan_temps(folder: Path) -> int:

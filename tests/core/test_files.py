@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from crackseg.core.files import NAME_MAX, PendingFile, remove_orphan_temps, temp_path, write_atomic, write_csv
+from crackseg.core.files import NAME_MAX, PendingFile, read_csv, remove_orphan_temps, temp_path, write_atomic, write_csv
 
 
 def test_a_name_near_the_file_system_limit_still_gets_a_temp_name_that_fits(tmp_path):
@@ -64,3 +64,11 @@ def test_csv_text_cells_never_start_a_formula_and_numbers_stay_numbers(tmp_path)
     assert all(row["path"].startswith("'") for row in read[:6]), read
     assert read[6]["path"] == "plain/name.jpg" and read[7]["path"] == "caf\\xe9.jpg"
     assert [row["value"] for row in read] == ["-1.5"] * 6 + ["0.25", "1e-07"] and read[6]["count"] == "-2"
+
+
+def test_csv_cells_that_begin_with_a_quote_come_back_as_they_were(tmp_path):
+    names = ["'=x.jpg", "'-y.jpg", "'plain.jpg", "''.jpg", "=z.jpg", "ok.jpg"]
+    write_csv(tmp_path / "t.csv", [{"path": name} for name in names])
+    assert [row["path"] for row in read_csv(tmp_path / "t.csv")] == names
+    written = [row["path"] for row in csv.DictReader(open(tmp_path / "t.csv"))]
+    assert all(cell.startswith("'") for cell in written[:5]) and written[5] == "ok.jpg"  # no cell starts a formula
