@@ -329,14 +329,12 @@ def table_rows(path: Path, mask_path: Path, counts: dict, cracks: list[CrackMeas
     """predictions.csv's row for one mask (``counts``: see :func:`mask_counts`) and, when measuring,
     cracks.csv's rows (mm and classes with a pixel size)."""
     row = {"path": str(path), "mask": str(mask_path), **{k: counts[k] for k in ("width", "height", "crack_fraction")}}
+    found = {}  # the image's measures as found: its mm come from these, as its cracks' mm do, not from rounded px
     if spec.measure:
         total_length = sum(c.length_px for c in cracks)
-        row |= {
-            "cracks": len(cracks),
-            "length_px": round(total_length, 2),
-            "mean_width_px": round(sum(c.mean_width_px * c.length_px for c in cracks) / total_length, 3) if total_length else 0.0,
-            "max_width_px": round(max((c.max_width_px for c in cracks), default=0.0), 3),
-        }
+        found = {"length_px": total_length, "max_width_px": max((c.max_width_px for c in cracks), default=0.0),
+                 "mean_width_px": sum(c.mean_width_px * c.length_px for c in cracks) / total_length if total_length else 0.0}
+        row |= {"cracks": len(cracks)} | {key: round(found[key], 2 if key == "length_px" else 3) for key in ("length_px", "mean_width_px", "max_width_px")}
     row |= {k: v for k, v in counts.items() if k not in row}
     crack_rows = [
         {"path": str(path), "crack": c.id, "length_px": round(c.length_px, 2), "mean_width_px": round(c.mean_width_px, 3),
@@ -345,7 +343,7 @@ def table_rows(path: Path, mask_path: Path, counts: dict, cracks: list[CrackMeas
         for c in cracks
     ]
     if spec.px_size is not None:
-        row |= in_mm(row, spec.px_size)
+        row |= in_mm(row | found, spec.px_size)
         for item, crack in zip(crack_rows, cracks):  # from the sizes as found, as compare and the register convert them
             item |= in_mm({"length_px": crack.length_px, "mean_width_px": crack.mean_width_px, "max_width_px": crack.max_width_px,
                            "area_px": crack.area_px}, spec.px_size)

@@ -49,6 +49,17 @@ def test_cracks_get_ids_classes_and_joined_lengths(tmp_path):
     assert overlay[30, 50, 0] > 200 and overlay[30, 50, 1] < 120  # a reported crack is
 
 
+def test_an_images_mm_are_its_cracks_mm_not_its_rounded_px_scaled(tmp_path):
+    spec = OutputSpec(px_size=7.77, join_gap_px=8, min_length_px=10)  # coarse: a px rounded to 0.01 is 0.04 mm off
+    image = torch.zeros((3, 120, 200), dtype=torch.uint8)
+    prob = _crack_probability()
+    for step in range(70):  # a slanting crack: lengths and widths of no round number of px
+        prob[40 + step // 2, 20 + step : 23 + step] = 0.9
+    row, cracks = write_image_outputs(PredictionsFolder(tmp_path), tmp_path / "a.jpg", "a", image, prob, 0.5, spec)
+    assert row["max_width_mm"] == max(c["max_width_mm"] for c in cracks)
+    assert row["length_mm"] == pytest.approx(sum(c["length_mm"] for c in cracks), abs=1e-4 * len(cracks))
+
+
 def test_overlay_writes_each_id_beside_its_crack():
     image = np.full((120, 200, 3), 90, dtype=np.uint8)
     from crackseg.cracks.measure import find_cracks
