@@ -46,8 +46,9 @@ def bin_of(probs: torch.Tensor) -> torch.Tensor:
 
 
 def threshold_index(threshold: float) -> int:
-    """The index of the grid threshold nearest ``threshold``."""
-    return int(torch.argmin((THRESHOLDS.double() - float(threshold)).abs()))
+    """The index of the grid threshold nearest ``threshold``, of those a pixel can reach: not the closing 1, which no bin
+    starts at, so that p >= 1 still marks sure pixels."""
+    return int(torch.argmin((THRESHOLDS[:BINS].double() - float(threshold)).abs()))
 
 
 def operating_mask(probs: torch.Tensor, threshold: float, protocol: str = "crackseg") -> torch.Tensor:
@@ -150,8 +151,10 @@ def best_f1(histograms: torch.Tensor) -> Scores:
 
 def scores_at(histograms: torch.Tensor, threshold: float) -> Scores:
     """Scores at the grid threshold nearest ``threshold`` (the one reported)."""
-    k = threshold_index(threshold)
-    c = counts_by_threshold(histograms)
+    return _scores_at_index(counts_by_threshold(histograms), threshold_index(threshold))
+
+
+def _scores_at_index(c: Counts, k: int) -> Scores:
     return scores_from_counts(int(c.correct[k]), int(c.false_positive[k]), int(c.found[k]), int(c.truth[k]), THRESHOLDS[k].item())
 
 
@@ -165,7 +168,8 @@ def background_iou(histograms: torch.Tensor, threshold: float) -> float:
 
 def average_precision(histograms: torch.Tensor) -> float:
     """Area under the precision-recall curve, summed over the recall steps as thresholds fall."""
-    curve = [scores_at(histograms, threshold) for threshold in THRESHOLDS.tolist()]
+    counts = counts_by_threshold(histograms)
+    curve = [_scores_at_index(counts, k) for k in range(BINS + 1)]  # down to the closing 1, where nothing is marked
     return float(sum((curve[k].recall - curve[k + 1].recall) * curve[k].precision for k in range(BINS)))
 
 

@@ -139,6 +139,17 @@ def test_checkpoint_mode_predicts_the_split_and_scores_it(synth_root, tmp_path):
         evaluate_checkpoint(tmp_path / "m.pt", tmp_path / "data", "val", inference=InferenceOptions(device="cpu"))
 
 
+@pytest.mark.parametrize("threshold", ["0.99999", "1"])
+def test_masks_at_the_highest_thresholds_still_mark_their_cracks(tmp_path, threshold):
+    truth = _truth()
+    _masks(tmp_path / "gt", truth)
+    _masks(tmp_path / "pred", truth)
+    assert main(["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt"), "--threshold", threshold,
+                 "--out", str(tmp_path / "eval")]) == 0
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert report["dataset"]["f1"] == 1.0 and report["threshold"] > 0.9999
+
+
 def test_zero_one_ground_truth_scores_like_zero_255(tmp_path):
     truth = _truth()
     _masks(tmp_path / "pred", truth)
