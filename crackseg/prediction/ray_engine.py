@@ -101,7 +101,7 @@ def _await_ray_data() -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def _check_listening(address: str | None, flag: str) -> None:
+def _check_listening(address: str | None, named_by: str) -> None:
     """One line within seconds when nothing listens at a cluster's host:port (Ray would retry for many minutes)."""
     if not address or address in ("auto", "local"):
         return
@@ -111,8 +111,20 @@ def _check_listening(address: str | None, flag: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as error:
-        raise InputError(f"{flag} {address}: nothing answers at {host}:{port} ({error.strerror or error}); is the Ray "
-                         "cluster running, and is this its address (ray status prints it)?") from None
+        where = f"{named_by} {address}" if named_by else f"Ray cluster {address}, the one ray start last started on this machine"
+        raise InputError(f"{where}: nothing answers at {host}:{port} ({error.strerror or error}); is the Ray cluster running, "
+                         "and is this its address (ray status prints it; ray stop forgets a cluster that is gone)?") from None
+
+
+def _resolved_address(ray, address: str | None) -> tuple[str | None, str]:
+    """The cluster address ray.init will go to, as Ray resolves it (--ray-address, RAY_ADDRESS, else the cluster
+    ``ray start`` last started on this machine, whose address file outlives it), and the flag that named it ("" for
+    that file)."""
+    named_by = "--ray-address" if address else "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else ""
+    try:
+        return ray._private.services.get_ray_address_from_environment(address, None), named_by
+    except (AttributeError, ConnectionError):  # another Ray's internals; "auto" with no cluster: ray.init says so
+        return address or os.environ.get("RAY_ADDRESS"), named_by
 
 
 def _require_ray():
@@ -208,7 +220,7 @@ def _contents(folder: PredictionsFolder, paths: list[Path]) -> dict[str, bytes]:
 
 def _connect(ray, address: str | None) -> None:
     logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # an actor's death is retried, and reported in errors.csv
-    _check_listening(address or os.environ.get("RAY_ADDRESS"), "--ray-address" if address else "RAY_ADDRESS")
+    _check_listening(*_resolved_address(ray, address))
     sigterm = signal.getsignal(signal.SIGTERM)
     try:  # None: RAY_ADDRESS, else a cluster started on this machine (ray start), else a local Ray, as Ray resolves it
         ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)

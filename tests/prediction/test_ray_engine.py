@@ -236,6 +236,23 @@ def test_an_address_where_nothing_listens_fails_in_seconds(photos, tmp_path, che
     assert not (tmp_path / "out").exists()
 
 
+def test_a_cluster_this_machine_started_that_is_gone_fails_in_seconds(photos, tmp_path, checkpoint, monkeypatch):
+    """ray start leaves the cluster's address in a file that outlives it; Ray would try it for minutes."""
+    import socket
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    (tmp_path / "ray" / "ray").mkdir(parents=True)
+    (tmp_path / "ray" / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "ray"))
+    start = time.monotonic()
+    code, err = cli_result(["predict", "--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray"])
+    assert code == 2 and time.monotonic() - start < 30
+    assert err.count("\n") == 1 and f"Ray cluster 127.0.0.1:{port}, the one ray start last started on this machine" in err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_a_store_that_dies_mid_run_stops_the_driver_naming_what_is_missing(cluster, s3, tmp_path, checkpoint):
     """The driver uploads what the actors send: a store gone after the first photos stops it at once, as the local
