@@ -64,6 +64,13 @@ class PendingFile:
         other.path, other.temp = self.path.with_suffix(suffix), self.temp.with_suffix(suffix)
         return other
 
+    def write(self, content: bytes) -> None:
+        """``content`` into the temp file; a failure (a full disk, which names no file) names ``path``."""
+        try:
+            self.temp.write_bytes(content)
+        except OSError as error:
+            raise OSError(error.errno, error.strerror, str(self.path)) from None
+
     def commit(self, durable: bool = False) -> Path:
         os.replace(self.temp, self.path)
         if durable:
@@ -100,8 +107,10 @@ def write_atomic(path: Path, content: bytes | str | Callable[[BinaryIO], None], 
                 file.flush()
                 os.fsync(file.fileno())
         pending.commit(durable)
-    except BaseException:
+    except BaseException as error:
         pending.abort()
+        if isinstance(error, OSError) and error.filename is None:  # a full disk says so at write(), naming no file
+            error.filename = str(path)
         raise
 
 

@@ -20,6 +20,7 @@ Every ``.pt`` file is read by :func:`load_torch_file`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 
 from crackseg.core.errors import InputError
-from crackseg.core.files import ensure_writable_folder, write_atomic
+from crackseg.core.files import PendingFile, ensure_writable_folder, write_atomic
 from crackseg.core.version import __version__
 from crackseg.model.architectures import ARCHITECTURES, OFFLINE_IMAGENET_ENCODERS
 from crackseg.model.networks import CrackSegModel, model_from_config
@@ -82,11 +83,20 @@ def save_pretrained(model: nn.Module, folder: Path) -> None:
     import safetensors.torch
 
     entry = _model_entry(model, folder)
-    ensure_writable_folder(Path(folder), "--out")
+    folder = Path(folder)
+    created = not folder.exists()
+    ensure_writable_folder(folder, "--out")
     tensors = {key: value.contiguous().clone() for key, value in entry["state_dict"].items()}  # shared tensors stored apart
-    write_atomic(Path(folder) / PRETRAINED_WEIGHTS, safetensors.torch.save(tensors, metadata={"format": FORMAT}))
     config = {"format": FORMAT, "version": VERSION, "crackseg": __version__, "model": entry["config"], "sha256": entry["sha256"]}
-    write_atomic(Path(folder) / PRETRAINED_CONFIG, json.dumps(config, indent=1) + "\n")
+    try:  # both files written whole before either takes its name: never new weights beside an old config
+        with PendingFile(folder / PRETRAINED_CONFIG) as config_file, PendingFile(folder / PRETRAINED_WEIGHTS) as weights:
+            weights.write(safetensors.torch.save(tensors, metadata={"format": FORMAT}))
+            config_file.write((json.dumps(config, indent=1) + "\n").encode())
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # the folder this export made, left empty
+        raise
 
 
 def read_checkpoint(path: Path, *, resaving: bool = False) -> dict:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from crackseg.core.errors import InputError, require
+from crackseg.core.errors import InputError, RunError, require
 from crackseg.core.files import PendingFile, ensure_writable_folder, write_atomic
 from crackseg.core.version import __version__
 from crackseg.model.checkpoint import load_model, save_pretrained
@@ -68,11 +68,21 @@ def export_model(checkpoint: Path, fmt: str, out: Path, overwrite: bool = False,
     if half:
         if fmt != "safetensors":
             raise InputError(f"--half is for --format safetensors; {fmt} models are stored in float32")
+        _check_half_range(model.net)
         model.net.half()  # the network only: the scaling in its settings stays float32
     written = write_exported(model, fmt, out, deepness)
     if kept_resolution is not None:  # said once the file is written, so that a refusal stays one line
         _warn_if_rounded(deepness.px_size, kept_resolution)
     return written
+
+
+def _check_half_range(net: nn.Module) -> None:
+    """Refuse --half when a weight or buffer lies beyond float16's range, where it would be stored as infinity."""
+    limit = torch.finfo(torch.float16).max
+    for name, tensor in [*net.named_parameters(), *net.named_buffers()]:
+        if tensor.is_floating_point() and tensor.numel() and tensor.detach().abs().max() > limit:
+            raise InputError(f"--half: {name} holds {tensor.detach().abs().max().item():.3g}, beyond float16's {limit:g}; "
+                             "export without --half")
 
 
 def write_exported(model: CrackSegModel, fmt: str, out: Path, deepness: DeepnessOptions = DeepnessOptions()) -> Path:
@@ -208,18 +218,26 @@ def _write_openvino(model: CrackSegModel, out: Path) -> None:
     with PendingFile(out, suffix=".xml") as xml:
         weights = xml.companion(".bin")  # OpenVINO names the weights after the .xml
         try:
-            ov.save_model(converted, str(xml.temp), compress_to_fp16=False)
+            _saved(ov, converted, xml.temp, out)
             # The checksum is over the .bin this save wrote, and goes into the .xml: a second save
             # writes the same .bin beside an .xml that carries it.
             digest = exported_digest(info, [weights.temp.read_bytes()])
             converted.set_rt_info(digest, ["crackseg", CHECKSUM])
-            ov.save_model(converted, str(xml.temp), compress_to_fp16=False)
+            _saved(ov, converted, xml.temp, out)
             if exported_digest(info, [weights.temp.read_bytes()]) != digest:
                 raise RuntimeError(f"OpenVINO wrote other weights for {out} when saving it again")
             weights.commit()  # the weights first: the .xml names them
         except BaseException:
             weights.abort()
             raise
+
+
+def _saved(ov, converted, temp: Path, out: Path) -> None:
+    """OpenVINO's save, whose failure to write (a full disk) is a C++ stream error: one line naming the file."""
+    try:
+        ov.save_model(converted, str(temp), compress_to_fp16=False)
+    except RuntimeError as error:
+        raise RunError(f"{out}: OpenVINO could not write it ({str(error).splitlines()[0]}); is the disk full?") from None
 
 
 # EXPORT_FORMATS' writers: (model, out) -> the files at ``out``

@@ -118,10 +118,15 @@ def load_runtime(choice: RuntimeChoice, device: torch.device | None = None) -> R
     if choice.backend == "torch":
         if kind in (".onnx", ".xml"):
             raise InputError(f"{path}: an exported {kind[1:]} model; --backend torch needs a crackseg checkpoint or safetensors folder")
+        if kind == ".bin" and path.with_suffix(".xml").is_file():
+            raise InputError(f"{path}: the weights of an OpenVINO model; give its .xml: {path.with_suffix('.xml')}")
         model = load_model(path, device)
         if choice.options.channels_last:
             model.to(memory_format=torch.channels_last)
         return Runtime(model, device, distributed.resolve_amp(choice.options.amp, device), "torch")
+    if path.is_dir():
+        raise InputError(f"{path}: a folder; --backend {choice.backend} runs an exported file (crackseg export {path} --format "
+                         f"{'onnx --out model.onnx' if choice.backend == 'onnxruntime' else 'openvino --out model.xml'})")
     if not path.is_file():
         raise InputError(f"{path}: no such model file")
     if choice.backend == "onnxruntime":

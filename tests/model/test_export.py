@@ -346,3 +346,77 @@ def test_export_keeps_an_existing_bin_and_refuses_exported_models_as_input(tmp_p
 def test_compile_with_an_exported_model_is_a_one_line_error(name, backend):
     with pytest.raises(InputError, match=f"--compile applies to --backend torch; {'openvino' if backend == 'openvino' else 'onnxruntime'}"):
         choose_runtime(Path(name), InferenceOptions(backend=backend, compile=True))
+
+
+def _full_disk_at(monkeypatch, calls: int) -> None:
+    """Writing a whole file fails as a full disk does (naming no file) from the ``calls``-th file on."""
+    import errno
+
+    write, seen = Path.write_bytes, []
+
+    def filling(self, content):
+        seen.append(self)
+        if len(seen) >= calls:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(self, content)
+
+    monkeypatch.setattr(Path, "write_bytes", filling)
+
+
+def _exit_one(args) -> str:
+    import contextlib
+    import io
+
+    with pytest.raises(SystemExit) as exit, contextlib.redirect_stderr(io.StringIO()) as stderr:
+        main(list(map(str, args)))
+    err = stderr.getvalue()
+    assert exit.value.code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_a_safetensors_export_that_fails_halfway_changes_nothing(tmp_path, small, monkeypatch):
+    """Both files are written whole before either takes its name: a full disk at the config leaves the old folder as it
+    was, and a new folder is not left behind empty."""
+    before = {path.name: path.read_bytes() for path in (small / "st").iterdir()}
+    (tmp_path / "st").mkdir()
+    for name, content in before.items():
+        (tmp_path / "st" / name).write_bytes(content)
+    (tmp_path / "st" / "README.md").write_text("the user's")
+    _full_disk_at(monkeypatch, calls=2)
+    err = _exit_one(["export", small / "model.pt", "--format", "safetensors", "--out", tmp_path / "st", "--overwrite", "--half"])
+    assert "No space left on device" in err and str(tmp_path / "st") in err
+    assert {path.name: path.read_bytes() for path in (tmp_path / "st").iterdir() if path.name != "README.md"} == before
+    assert (tmp_path / "st" / "README.md").read_text() == "the user's"
+    _exit_one(["export", small / "model.pt", "--format", "safetensors", "--out", tmp_path / "new"])
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_openvino_save_that_fails_is_one_line_naming_the_file(tmp_path, small, monkeypatch):
+    import openvino
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("basic_ios::clear: iostream error")
+
+    monkeypatch.setattr(openvino, "save_model", failing)
+    err = _exit_one(["export", small / "model.pt", "--format", "openvino", "--out", tmp_path / "m.xml"])
+    assert f"{tmp_path / 'm.xml'}: OpenVINO could not write it" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_half_refuses_weights_beyond_float16(tmp_path):
+    torch.manual_seed(0)
+    model = crackseg.build_model("mobilenet_v2")
+    batch_norm = next(module for module in model.net.modules() if isinstance(module, torch.nn.BatchNorm2d))
+    batch_norm.running_var[0] = 1e6  # float16 stops at 65504
+    save_model(model, tmp_path / "model.pt")
+    err = _one_line_error(["export", tmp_path / "model.pt", "--format", "safetensors", "--out", tmp_path / "st", "--half"])
+    assert "running_var holds 1e+06, beyond float16's 65504" in err and not (tmp_path / "st").exists()
+
+
+def test_an_openvino_bin_or_a_folder_for_an_exported_runtime_says_what_to_give(tmp_path, small):
+    (tmp_path / "photo.png").write_bytes(b"")
+    err = _one_line_error(["predict", "--model", small / "m.bin", tmp_path / "photo.png", "--out", tmp_path / "out"])
+    assert f"the weights of an OpenVINO model; give its .xml: {small / 'm.xml'}" in err
+    for backend in ("openvino", "onnxruntime"):
+        err = _one_line_error(["predict", "--model", small / "st", "--backend", backend, tmp_path / "photo.png", "--out", tmp_path / "out"])
+        assert f"{small / 'st'}: a folder; --backend {backend} runs an exported file" in err
