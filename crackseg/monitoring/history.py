@@ -54,6 +54,7 @@ from crackseg.monitoring.register_file import APPENDING, BUSY_TIMEOUT_S, check_w
 
 _MEASURES = ("length_px", "mean_width_px", "max_width_px", "length_mm", "mean_width_mm", "max_width_mm")
 _CLASSES = ("max_width_class", "mean_width_class")  # a crack has the one of the width its standard grades
+_COMPARED = ("length_px", "max_width_px", "length_mm", "max_width_mm")  # a reused survey's cracks, checked against the register's
 _TABLES = ("surveys", "cracks", "links")
 _SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
 
@@ -131,6 +132,17 @@ def check_append(register: Path, before: Survey, after: Survey, crs: frozenset |
                 _check_crs(register, _registered_crs(db), one)
 
 
+def check_cracks(register: Path, before: Survey, after: Survey, before_cracks: list[dict]) -> None:
+    """Refuse now, before a comparison's outputs are written, BEFORE's cracks that differ from those the register holds
+    for that survey (another model, other settings, another pixel size or standard, an edited register). Writes nothing."""
+    register = Path(register)
+    if register.exists():
+        with transaction(register, register, write=False) as db:
+            reused = _check_surveys(register, _registered_surveys(db), before, after)
+            if reused is not None:
+                _registered_keys(db, register, reused, before_cracks)
+
+
 def width_history(register: Path, date: str, image: str, crack: int) -> list[dict]:
     """The rows of :data:`WIDTH_HISTORY` for crack ``crack`` of ``image`` in the survey of ``date``, oldest first."""
     if not Path(register).is_file():
@@ -192,7 +204,8 @@ def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Surve
     if check_crs:
         _check_crs(register, _registered_crs(db), crs)
     next_survey = max((survey.survey for survey in registered), default=0) + 1
-    next_key = db.execute("SELECT coalesce(max(crack_key), 0) FROM cracks").fetchone()[0] + 1
+    next_key = 1 + db.execute("SELECT max(coalesce((SELECT max(crack_key) FROM cracks), 0), coalesce((SELECT max(before_key) "
+                              "FROM links), 0), coalesce((SELECT max(after_key) FROM links), 0))").fetchone()[0]  # never a deleted crack's
 
     new_surveys, new_cracks = [], []
     if reused is None:
@@ -279,21 +292,39 @@ def _registered_keys(db: sqlite3.Connection, register: Path, survey: int,
                      cracks: list[dict]) -> tuple[dict[tuple[str, int], int], list[dict]]:
     """{(image, crack): crack_key} of a registered survey's images, once their cracks are found to be those of ``cracks``,
     and the crack dicts of images the survey does not hold yet (an image no earlier comparison registered)."""
-    rows = db.execute("SELECT image, crack, crack_key, length_px, max_width_px FROM cracks WHERE survey = ?", (survey,)).fetchall()
-    found = {(image, crack): (_measure(length), _measure(width)) for image, crack, _, length, width in rows}
+    have = {row[1] for row in db.execute('PRAGMA table_info("cracks")')}
+    classes = ", ".join(name if name in have else "NULL" for name in _CLASSES)  # a register older than mean_width_class
+    rows = db.execute(f"SELECT image, crack, crack_key, {', '.join(_COMPARED)}, {classes} FROM cracks WHERE survey = ?", (survey,)).fetchall()
+    found = {(image, crack): values for image, crack, _, *values in rows}
     images = {image for image, _ in found}
-    given = {(readable(row["image"]), int(row["crack"])): (_measure(row["length_px"]), _measure(row["max_width_px"]))
+    given = {(readable(row["image"]), int(row["crack"])): [row.get(name) for name in (*_COMPARED, *_CLASSES)]
              for row in cracks if readable(row["image"]) in images}
     compared = {image for image, _ in given}  # registered images this comparison holds too
     here = {key: value for key, value in found.items() if key[0] in compared}
-    differing = sorted(set(here) ^ set(given)) or sorted(key for key in given if not all(
-        math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(here[key], given[key])))
+    differing = sorted(set(here) ^ set(given)) or sorted(key for key in given if not _same_px(here[key], given[key]))
     if differing:
         image, crack = differing[0]
-        raise InputError(f"{register}: crack {crack} of {image} differs from the one registered for that survey "
-                         "(it was probably measured with other settings or another model); compare with the settings used then")
+        raise InputError(f"{register}: crack {crack} of {image} differs from the one registered for that survey (it was "
+                         "probably measured with other settings or another model, or removed from the register); compare with "
+                         "the settings used then")
+    scaled = sorted(key for key in given if not _same_scale(here[key], given[key]))
+    if scaled:
+        image, crack = scaled[0]
+        raise InputError(f"{register}: crack {crack} of {image} has other sizes in mm or another width class than the one "
+                         "registered for that survey: give the --px-size and --width-classes the register was made with")
     unseen = [row for row in cracks if readable(row["image"]) not in images]
-    return {(image, crack): key for image, crack, key, _, _ in rows}, unseen
+    return {(image, crack): key for image, crack, key, *_ in rows}, unseen
+
+
+def _same_px(registered: list, given: list) -> bool:
+    return all(math.isclose(_measure(a), _measure(b), rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(registered[:2], given[:2]))
+
+
+def _same_scale(registered: list, given: list) -> bool:
+    """The same mm (both unknown counts as the same) and the same width class."""
+    mm = all((cell_number(a) is None and cell_number(b) is None) or
+             math.isclose(_measure(a), _measure(b), rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(registered[2:4], given[2:4]))
+    return mm and all((a or None) == (b or None) for a, b in zip(registered[4:], given[4:]))
 
 
 def _numbered(cracks: list[dict], first_key: int) -> dict[tuple[str, int], int]:

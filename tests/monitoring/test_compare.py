@@ -581,12 +581,59 @@ def test_a_register_older_than_the_mean_width_class_gets_the_column(tmp_path):
     with sqlite3.connect(register) as db:
         db.execute('ALTER TABLE cracks DROP COLUMN "mean_width_class"')
     assert main(["compare", str(visits[1]), str(visits[2]), "--out", str(tmp_path / "o2"), "--register", str(register),
-                 "--px-size", "1", "--width-classes", "d6433-ac", "--before-date", dates[1], "--after-date", dates[2]]) == 0
+                 "--px-size", "1", "--width-classes", "bre251", "--before-date", dates[1], "--after-date", dates[2]]) == 0
     with sqlite3.connect(register) as db:
         rows = db.execute("SELECT survey, max_width_class, mean_width_class FROM cracks ORDER BY survey, crack").fetchall()
     assert [(survey, bool(max_class), mean_class) for survey, max_class, mean_class in rows] == \
-        [(1, True, None), (1, True, None), (2, True, None), (2, True, None), (3, False, "L"), (3, False, "L")]
+        [(1, True, None), (1, True, None), (2, True, None), (2, True, None), (3, True, None), (3, True, None)]
     assert len(history.width_history(register, dates[0], "wall", 1)) == 3
+
+
+@pytest.mark.parametrize("flags", [["--px-size", "0.5", "--width-classes", "bre251"], ["--px-size", "1", "--width-classes", "d6433-ac"],
+                                   ["--px-size", "1"], []])
+def test_a_register_refuses_another_pixel_size_or_standard_before_anything_is_written(tmp_path, capsys, flags):
+    """The survey both comparisons share would hold its cracks in one scale and standard, the next survey in another."""
+    texture = _texture()
+    visits = [_write_visit(tmp_path / f"v{number}", _photo(texture, _draw([A, B])), _draw([A, B])) for number in range(3)]
+    register = tmp_path / "site.gpkg"
+    assert main(["compare", str(visits[0]), str(visits[1]), "--out", str(tmp_path / "o1"), "--register", str(register),
+                 "--px-size", "1", "--width-classes", "bre251", "--before-date", "2023-01-01", "--after-date", "2024-01-01"]) == 0
+    kept = register.read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        main(["compare", str(visits[1]), str(visits[2]), "--out", str(tmp_path / "o2"), "--register", str(register), *flags,
+              "--before-date", "2024-01-01", "--after-date", "2025-01-01"])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1 and "give the --px-size and --width-classes the register was made with" in err
+    assert register.read_bytes() == kept and not any((tmp_path / "o2").glob("*.csv"))
+
+
+def test_a_crack_removed_from_the_register_is_refused_before_anything_is_written_and_its_key_never_reused(tmp_path, capsys):
+    texture = _texture()
+    visits = [_write_visit(tmp_path / f"v{number}", _photo(texture, _draw([A, B])), _draw([A, B])) for number in range(3)]
+    register = tmp_path / "site.gpkg"
+    assert main(["compare", str(visits[0]), str(visits[1]), "--out", str(tmp_path / "o1"), "--register", str(register),
+                 "--before-date", "2023-01-01", "--after-date", "2024-01-01"]) == 0
+    with sqlite3.connect(register) as db:  # as QGIS deletes a feature: its links stay
+        (last,) = db.execute("SELECT max(crack_key) FROM cracks").fetchone()
+        db.execute("DELETE FROM cracks WHERE crack_key = ?", (last,))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        main(["compare", str(visits[1]), str(visits[2]), "--out", str(tmp_path / "o2"), "--register", str(register),
+              "--before-date", "2024-01-01", "--after-date", "2025-01-01"])
+    assert exit.value.code == 2 and "removed from the register" in capsys.readouterr().err
+    assert not any((tmp_path / "o2").glob("*.csv"))
+    from crackseg.monitoring import history
+
+    with sqlite3.connect(register) as db:  # the whole survey removed: the next comparison registers it afresh
+        db.execute("DELETE FROM surveys WHERE survey = 2")
+        db.execute("DELETE FROM cracks WHERE survey = 2")
+    assert main(["compare", str(visits[1]), str(visits[2]), "--out", str(tmp_path / "o4"), "--register", str(register),
+                 "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    with sqlite3.connect(register) as db:
+        keys = [key for (key,) in db.execute("SELECT crack_key FROM cracks WHERE survey > 1")]
+    assert last not in keys  # the deleted crack's links lead to no new crack
+    assert len(history.width_history(register, "2023-01-01", "wall", 1)) == 1
 
 
 def _register_lock(register: Path, pid: int) -> Path:
