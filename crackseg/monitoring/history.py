@@ -1,7 +1,7 @@
 """The crack register: one GeoPackage per site that accumulates its inspections, so that a crack can be
 followed from visit to visit in QGIS or with plain SQL (:data:`WIDTH_HISTORY`).
 
-Tables (GIS tools list all three; ``surveys`` and ``links`` are attribute tables, as is QGIS's ``layer_styles``):
+Tables (GIS tools list them all; all but ``cracks`` are attribute tables, as is QGIS's ``layer_styles``):
 
 - ``surveys``: ``survey`` (1, 2, ... in date order), ``date`` (YYYY-MM-DD), ``source`` (the inspection folder).
 - ``cracks``: MultiLineString features, one per crack per survey: ``crack_key`` (unique in the register, the
@@ -12,8 +12,12 @@ Tables (GIS tools list all three; ``surveys`` and ``links`` are attribute tables
   QGIS opens them coloured by the width class of the comparison that made the register (its default style, kept in
   ``layer_styles``: :func:`crackseg.cracks.styles.width_class_style`), or as red lines when it had none.
 - ``links``: ``before_key`` -> ``after_key``, a crack and its successor in the next survey, with ``status``
-  (the change between them as changes.csv gives it: unchanged, longer, wider, merged, ...). A crack without a
-  successor is gone (or outside the view both dates share); one without a predecessor is new.
+  (the change between them as changes.csv gives it: unchanged, longer, wider, merged, ...).
+- ``pairs``: each comparison's image pairs as pairs.csv gives them: ``before_survey``, ``after_survey``,
+  ``before_image``, ``after_image`` (NULL for an image only one visit has), ``status`` (registered, unregistered, failed,
+  only before, only after). Where a pair was registered, a crack of its BEFORE image without a successor is gone (or
+  outside the view both dates share) and one of its AFTER image without a predecessor is new; where it was not, its
+  cracks were not compared, and have no links for that step.
 
 A comparison appends its AFTER survey, and its BEFORE survey unless the previous comparison registered it as
 its AFTER (then BEFORE's registered cracks are linked). Visits are appended in date order, and each inspection
@@ -55,7 +59,8 @@ from crackseg.monitoring.register_file import APPENDING, BUSY_TIMEOUT_S, check_w
 _MEASURES = ("length_px", "mean_width_px", "max_width_px", "length_mm", "mean_width_mm", "max_width_mm")
 _CLASSES = ("max_width_class", "mean_width_class")  # a crack has the one of the width its standard grades
 _COMPARED = ("length_px", "max_width_px", "length_mm", "max_width_mm")  # a reused survey's cracks, checked against the register's
-_TABLES = ("surveys", "cracks", "links")
+_TABLES = ("surveys", "cracks", "links", "pairs")
+_PAIRS = {"before_survey": "INTEGER", "after_survey": "INTEGER", "before_image": "TEXT", "after_image": "TEXT", "status": "TEXT"}
 _SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
 
 # Parameters :date (YYYY-MM-DD), :image and :crack name the crack in the survey of that date; the rows are that
@@ -93,23 +98,24 @@ class _Registered:
 
 
 def append_comparison(register: Path, before: Survey, after: Survey, cracks: tuple[list[dict], list[dict]],
-                      links: list[dict], crs: str | None, classes: WidthClasses | None = None) -> dict:
+                      links: list[dict], crs: str | None, classes: WidthClasses | None = None, pairs: list[dict] = ()) -> dict:
     """Append one comparison to ``register`` (created when missing); returns the surveys, cracks and links added.
 
     ``cracks`` holds BEFORE's and AFTER's crack dicts: image, crack, length_px, mean_width_px, max_width_px,
     optionally length_mm, mean_width_mm, max_width_mm, max_width_class or mean_width_class (None or "" when unknown), and geometry
     (a shapely line in ``crs``, or in pixels of the survey's image when ``crs`` is None). A link dict names
     before_image, before_crack, after_image, after_crack and status. ``classes``: the comparison's width classes, which a
-    new register's QGIS style colours its cracks by.
+    new register's QGIS style colours its cracks by. ``pairs``: the comparison's image pairs (before_image, after_image,
+    either None for an image only one side has, and status).
     """
     register = Path(register)
     _check_dates(before, after)
     check_writable(register)
     with locked(register):
         if not register.exists():
-            return _create(register, (before, after), cracks, links, crs, classes)
+            return _create(register, (before, after), cracks, links, crs, classes, pairs)
         with transaction(register, register) as db:
-            return _append(db, register, (before, after), cracks, links, crs)
+            return _append(db, register, (before, after), cracks, links, crs, pairs)
 
 
 def check_append(register: Path, before: Survey, after: Survey, crs: frozenset | set = frozenset()) -> None:
@@ -173,7 +179,7 @@ def _check_date(text: str, flag: str) -> None:
 
 
 def _create(register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[dict], list[dict]], links: list[dict],
-            crs: str | None, classes: WidthClasses | None) -> dict:
+            crs: str | None, classes: WidthClasses | None, pairs: list[dict]) -> dict:
     """A new register: its empty layers and the cracks' QGIS style made by GDAL under a temporary name, the rows appended
     as to any register, the file on disk (fsynced) before the rename makes it the register."""
     pending = PendingFile(register, suffix=".gpkg")
@@ -184,7 +190,7 @@ def _create(register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[d
         write_layer(pending.temp, "links", _link_columns([], {}, {}), append=True, named=register)
         write_styles(pending.temp, {"cracks": width_class_style(classes)}, named=register)
         with transaction(pending.temp, register) as db:
-            added = _append(db, register, surveys, cracks, links, crs, check_crs=False)  # made in crs
+            added = _append(db, register, surveys, cracks, links, crs, pairs, check_crs=False)  # made in crs
         with open(pending.temp, "rb") as file:
             os.fsync(file.fileno())
         pending.commit(durable=True)
@@ -196,7 +202,7 @@ def _create(register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[d
 
 
 def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[dict], list[dict]],
-            links: list[dict], crs: str | None, check_crs: bool = True) -> dict:
+            links: list[dict], crs: str | None, pairs: list[dict], check_crs: bool = True) -> dict:
     """Append to the register open in ``db``'s write transaction."""
     before, after = surveys
     registered = _registered_surveys(db)
@@ -208,6 +214,7 @@ def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Surve
                               "FROM links), 0), coalesce((SELECT max(after_key) FROM links), 0))").fetchone()[0]  # never a deleted crack's
 
     new_surveys, new_cracks = [], []
+    before_survey = next_survey if reused is None else reused
     if reused is None:
         before_keys = _numbered(cracks[0], next_key)
         new_surveys.append((next_survey, before))
@@ -230,8 +237,24 @@ def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Surve
         db.execute(f'ALTER TABLE "cracks" ADD COLUMN "{name}" TEXT')
     _insert(db, "cracks", {"geom": geometries, **_crack_columns(new_cracks)})
     _insert(db, "links", _link_columns(links, before_keys, after_keys))
+    _add_pairs_table(db)
+    _insert(db, "pairs", {"before_survey": [before_survey] * len(pairs), "after_survey": [next_survey] * len(pairs),
+                          **{f"{side}_image": [readable(pair[f"{side}_image"]) if pair[f"{side}_image"] else None for pair in pairs]
+                             for side in ("before", "after")}, "status": [pair["status"] for pair in pairs]})
     _update_contents(db, [box for box in map(gpkg_envelope, geometries) if box is not None])
     return {"surveys": len(new_surveys), "cracks": sum(len(rows) for _, rows, _ in new_cracks), "links": len(links)}
+
+
+def _add_pairs_table(db: sqlite3.Connection) -> None:
+    """The ``pairs`` attribute table, as GDAL makes one, in a register written before it."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'pairs'").fetchone():
+        return
+    columns = ", ".join(f'"{name}" {kind}' for name, kind in _PAIRS.items())
+    db.execute(f'CREATE TABLE "pairs" ("fid" INTEGER PRIMARY KEY AUTOINCREMENT NOT NULL, {columns})')
+    db.execute("INSERT INTO gpkg_contents (table_name, data_type, identifier, last_change) "
+               "VALUES ('pairs', 'attributes', 'pairs', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))")
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'gpkg_ogr_contents'").fetchone():
+        db.execute("INSERT INTO gpkg_ogr_contents (table_name, feature_count) VALUES ('pairs', 0)")
 
 
 def _registered_surveys(db: sqlite3.Connection) -> list[_Registered]:

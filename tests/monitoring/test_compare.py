@@ -311,6 +311,8 @@ def test_the_register_accumulates_three_visits(tmp_path):
     with sqlite3.connect(register) as db:
         assert [row[0] for row in db.execute("SELECT date FROM surveys ORDER BY date")] == dates
         assert db.execute("SELECT count(*) FROM cracks").fetchone()[0] == 6  # two cracks per visit, the middle one registered once
+        assert db.execute("SELECT before_survey, after_survey, before_image, after_image, status FROM pairs").fetchall() == [
+            (1, 2, "wall", "wall", "registered"), (2, 3, "wall", "wall", "registered")]
     crack_b = next(int(row["crack_before"]) for row in _rows(tmp_path / "c0" / "changes.csv") if row["status"] == "wider")
     history = width_history(register, dates[0], "wall", crack_b)
     assert [row["date"] for row in history] == dates and [row["status"] for row in history] == [None, "wider", "wider"]

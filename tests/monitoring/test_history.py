@@ -63,6 +63,28 @@ def _table(register, sql: str) -> list[tuple]:
         return db.execute(sql).fetchall()
 
 
+def test_the_pairs_table_says_which_images_each_comparison_compared_in_old_registers_too(tmp_path):
+    """Without it a pair left unregistered reads as all its cracks gone, then all new at the next visit."""
+    register = tmp_path / "site.gpkg"
+    pairs = [{"before_image": "a.png", "after_image": "a.png", "status": "registered"},
+             {"before_image": "b.png", "after_image": "b.png", "status": "unregistered"},
+             {"before_image": None, "after_image": "c.png", "status": "only after"}]
+    append_comparison(register, VISITS[0], VISITS[1], (CRACKS[0], CRACKS[1]), LINKS[0], None, pairs=pairs)
+    with sqlite3.connect(register) as db:  # as a register written before the table
+        db.execute('DROP TABLE "pairs"')
+        db.execute("DELETE FROM gpkg_contents WHERE table_name = 'pairs'")
+        db.execute("DELETE FROM gpkg_ogr_contents WHERE table_name = 'pairs'")
+    append_comparison(register, VISITS[1], VISITS[2], (CRACKS[1], CRACKS[2]), LINKS[1], None, pairs=pairs[:1])
+    assert _table(register, "SELECT before_survey, after_survey, before_image, after_image, status FROM pairs") == [
+        (2, 3, "a.png", "a.png", "registered")]
+    info, *_, fields = pyogrio.raw.read(register, layer="pairs")
+    assert list(fields[-1]) == ["registered"]  # GDAL reads the table made by SQL
+    append_comparison(tmp_path / "new.gpkg", VISITS[0], VISITS[1], (CRACKS[0], CRACKS[1]), LINKS[0], None, pairs=pairs)
+    assert _table(tmp_path / "new.gpkg", "SELECT before_survey, after_survey, before_image, after_image, status FROM pairs") == [
+        (1, 2, "a.png", "a.png", "registered"), (1, 2, "b.png", "b.png", "unregistered"), (1, 2, None, "c.png", "only after")]
+    assert _table(tmp_path / "new.gpkg", "SELECT feature_count FROM gpkg_ogr_contents WHERE table_name = 'pairs'") == [(3,)]
+
+
 def test_three_visits_make_one_register_that_follows_a_crack_through_them(tmp_path):
     register = tmp_path / "site.gpkg"
     assert _compare(register, 0) == {"surveys": 2, "cracks": 5, "links": 2}
@@ -79,11 +101,12 @@ def test_three_visits_make_one_register_that_follows_a_crack_through_them(tmp_pa
                                ORDER BY b.survey, b.crack""") == [
         (1, 1, 2, 1, "longer"), (1, 2, 2, 2, "wider"), (2, 1, 3, 1, "wider"), (2, 3, 3, 2, "unchanged")]
 
-    # GIS tools list the three tables: one layer of lines, two attribute tables; and QGIS's layer_styles
+    # GIS tools list the four tables: one layer of lines, three attribute tables; and QGIS's layer_styles
     assert sorted(map(tuple, pyogrio.list_layers(register))) == [
-        ("cracks", "MultiLineString"), ("layer_styles", None), ("links", None), ("surveys", None)]
+        ("cracks", "MultiLineString"), ("layer_styles", None), ("links", None), ("pairs", None), ("surveys", None)]
     assert sorted(_table(register, "SELECT table_name, data_type FROM gpkg_contents")) == [
-        ("cracks", "features"), ("layer_styles", "attributes"), ("links", "attributes"), ("surveys", "attributes")]
+        ("cracks", "features"), ("layer_styles", "attributes"), ("links", "attributes"), ("pairs", "attributes"),
+        ("surveys", "attributes")]
     # the cracks' default style, as QGIS selects it; made without width classes: red lines
     assert [(name, 'type="singleSymbol"' in qml) for name, qml in _table(
         register, "SELECT f_table_name, styleQML FROM layer_styles WHERE f_table_schema = '' AND f_geometry_column = 'geom' "
@@ -276,7 +299,7 @@ def _assert_valid_geopackage(register: Path, features: int) -> None:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert db.execute("SELECT rtreecheck('rtree_cracks_geom')").fetchone()[0] == "ok"
         counts = dict(db.execute("SELECT table_name, feature_count FROM gpkg_ogr_contents"))
-        tables = ("surveys", "cracks", "links", "layer_styles")
+        tables = ("surveys", "cracks", "links", "pairs", "layer_styles")
         assert counts == {table: db.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in tables}
         indexed = db.execute("SELECT id, minx, maxx, miny, maxy FROM rtree_cracks_geom ORDER BY id").fetchall()
         extent = db.execute("SELECT min_x, min_y, max_x, max_y FROM gpkg_contents WHERE table_name = 'cracks'").fetchone()
