@@ -205,6 +205,11 @@ def survey_dates(visits: tuple[list[Shot], list[Shot]], given: tuple[str | None,
                 raise InputError(f"{needed} carry no EXIF DateTimeOriginal; give --{side}-date YYYY-MM-DD")
             date = min(taken)
         dates.append(date)
+    if dates[1] <= dates[0] and None in given:  # the register would name flags the user did not give
+        source = " and ".join(f"{side.upper()}'s {'--' + side + '-date' if day else 'photos (EXIF)'} {date}"
+                              for side, day, date in zip(("before", "after"), given, dates))
+        raise InputError(f"--register: the AFTER inspection is not later than BEFORE ({source}); compare the earlier visit "
+                         "with the later one, or give --before-date and --after-date")
     return dates[0], dates[1]
 
 

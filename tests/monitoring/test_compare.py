@@ -480,7 +480,7 @@ def test_what_the_register_would_refuse_is_refused_before_any_work(tmp_path, two
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1
     assert {"after registered": "is already registered", "not a register": "not a crack register",
-            "exif dates out of order": "--after-date 2024-06-01: not later than --before-date 2025-06-01"}[case] in err
+            "exif dates out of order": "BEFORE's photos (EXIF) 2025-06-01 and AFTER's photos (EXIF) 2024-06-01"}[case] in err
     assert not out.exists() and (register.read_bytes() if register.exists() else None) == original
 
 
