@@ -3,7 +3,8 @@ followed from visit to visit in QGIS or with plain SQL (:data:`WIDTH_HISTORY`).
 
 Tables (GIS tools list them all; all but ``cracks`` are attribute tables, as is QGIS's ``layer_styles``):
 
-- ``surveys``: ``survey`` (1, 2, ... in date order), ``date`` (YYYY-MM-DD), ``source`` (the inspection folder).
+- ``surveys``: ``survey`` (1, 2, ... in date order), ``date`` (YYYY-MM-DD), ``source`` (the inspection folder, relative
+  to the register's folder, or its URL).
 - ``cracks``: MultiLineString features, one per crack per survey: ``crack_key`` (unique in the register, the
   key links use), ``survey``, ``image`` (its name within the inspection), ``crack`` (its id in that survey's
   cracks.csv), ``length_px``, ``mean_width_px``, ``max_width_px``, the same in mm (NULL when the pixel size is unknown),
@@ -37,6 +38,7 @@ Needs the geo extra: ``pip install 'crackseg[geo]'``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -51,6 +53,7 @@ import numpy as np
 from crackseg.core.errors import InputError, require
 from crackseg.core.files import PendingFile, cell_number, readable
 from crackseg.core.locks import FileLock
+from crackseg.core.storage import is_url
 from crackseg.cracks.styles import width_class_style
 from crackseg.cracks.vectors import gpkg_envelope, gpkg_geometry_blob, write_layer, write_styles
 from crackseg.cracks.widths import WidthClasses
@@ -108,7 +111,7 @@ def append_comparison(register: Path, before: Survey, after: Survey, cracks: tup
     new register's QGIS style colours its cracks by. ``pairs``: the comparison's image pairs (before_image, after_image,
     either None for an image only one side has, and status).
     """
-    register = Path(register)
+    register, (before, after) = Path(register), _placed(before, after)
     _check_dates(before, after)
     check_writable(register)
     with locked(register):
@@ -124,7 +127,7 @@ def check_append(register: Path, before: Survey, after: Survey, crs: frozenset |
     one another compare or program is writing to, AFTER registered already, an inspection registered under another
     date, BEFORE older than the register's latest survey, and pairs in ``crs`` (the CRSs their AFTER files lie in,
     None for pixel coordinates) that the register cannot hold. Writes nothing."""
-    register = Path(register)
+    register, (before, after) = Path(register), _placed(before, after)
     _check_dates(before, after)
     if len(crs) > 1:
         raise InputError(f"--register {register}: the pairs lie in several CRSs or mix photos and rasters "
@@ -133,7 +136,7 @@ def check_append(register: Path, before: Survey, after: Survey, crs: frozenset |
     FileLock(register, APPENDING).check()
     if register.exists():
         with transaction(register, register, write=False) as db:  # takes the write lock: a busy register is told now
-            _check_surveys(register, _registered_surveys(db), before, after)
+            _check_surveys(register, _registered_surveys(db, register), before, after)
             for one in crs:
                 _check_crs(register, _registered_crs(db), one)
 
@@ -141,10 +144,10 @@ def check_append(register: Path, before: Survey, after: Survey, crs: frozenset |
 def check_cracks(register: Path, before: Survey, after: Survey, before_cracks: list[dict]) -> None:
     """Refuse now, before a comparison's outputs are written, BEFORE's cracks that differ from those the register holds
     for that survey (another model, other settings, another pixel size or standard, an edited register). Writes nothing."""
-    register = Path(register)
+    register, (before, after) = Path(register), _placed(before, after)
     if register.exists():
         with transaction(register, register, write=False) as db:
-            reused = _check_surveys(register, _registered_surveys(db), before, after)
+            reused = _check_surveys(register, _registered_surveys(db, register), before, after)
             if reused is not None:
                 _registered_keys(db, register, reused, before_cracks)
 
@@ -159,6 +162,11 @@ def width_history(register: Path, date: str, image: str, crack: int) -> list[dic
             return [dict(row) for row in db.execute(WIDTH_HISTORY, {"date": date, "image": image, "crack": crack})]
     except sqlite3.DatabaseError as error:
         raise register_error(register, error) from None
+
+
+def _placed(*surveys: Survey) -> list[Survey]:
+    """The surveys with a local source as an absolute path, as registered sources are read back."""
+    return [survey if is_url(survey.source) else dataclasses.replace(survey, source=os.path.abspath(survey.source)) for survey in surveys]
 
 
 def _check_dates(before: Survey, after: Survey) -> None:
@@ -185,7 +193,7 @@ def _create(register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[d
     pending = PendingFile(register, suffix=".gpkg")
     try:
         pending.temp.unlink()  # GDAL creates the file itself
-        write_layer(pending.temp, "surveys", _survey_columns([]), named=register)
+        write_layer(pending.temp, "surveys", _survey_columns([], register), named=register)
         write_layer(pending.temp, "cracks", _crack_columns([]), np.array([], dtype=object), crs, append=True, named=register)
         write_layer(pending.temp, "links", _link_columns([], {}, {}), append=True, named=register)
         write_styles(pending.temp, {"cracks": width_class_style(classes)}, named=register)
@@ -205,7 +213,7 @@ def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Surve
             links: list[dict], crs: str | None, pairs: list[dict], check_crs: bool = True) -> dict:
     """Append to the register open in ``db``'s write transaction."""
     before, after = surveys
-    registered = _registered_surveys(db)
+    registered = _registered_surveys(db, register)
     reused = _check_surveys(register, registered, before, after)
     if check_crs:
         _check_crs(register, _registered_crs(db), crs)
@@ -230,7 +238,7 @@ def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Surve
     new_cracks.append((next_survey, cracks[1], next_key))
 
     srs_id = db.execute("SELECT srs_id FROM gpkg_geometry_columns WHERE lower(table_name) = 'cracks'").fetchone()[0]
-    _insert(db, "surveys", _survey_columns(new_surveys))
+    _insert(db, "surveys", _survey_columns(new_surveys, register))
     geometries = [gpkg_geometry_blob(row.get("geometry"), srs_id) for _, rows, _ in new_cracks for row in rows]
     have = {row[1] for row in db.execute('PRAGMA table_info("cracks")')}  # a register older than mean_width_class gets it
     for name in sorted(set(_CLASSES) - have):
@@ -257,8 +265,10 @@ def _add_pairs_table(db: sqlite3.Connection) -> None:
         db.execute("INSERT INTO gpkg_ogr_contents (table_name, feature_count) VALUES ('pairs', 0)")
 
 
-def _registered_surveys(db: sqlite3.Connection) -> list[_Registered]:
-    return [_Registered(*row) for row in db.execute("SELECT survey, date, source FROM surveys")]
+def _registered_surveys(db: sqlite3.Connection, register: Path) -> list[_Registered]:
+    """The surveys, each source an absolute path (or a URL) as compare names the inspections it is given."""
+    return [_Registered(survey, date, source if is_url(source) else os.path.normpath(os.path.join(Path(register).resolve().parent, source)))
+            for survey, date, source in db.execute("SELECT survey, date, source FROM surveys")]
 
 
 def _check_surveys(register: Path, registered: list[_Registered], before: Survey, after: Survey) -> int | None:
@@ -354,10 +364,14 @@ def _numbered(cracks: list[dict], first_key: int) -> dict[tuple[str, int], int]:
     return {(readable(row["image"]), int(row["crack"])): first_key + index for index, row in enumerate(cracks)}
 
 
-def _survey_columns(surveys: list[tuple[int, Survey]]) -> dict[str, np.ndarray]:
+def _survey_columns(surveys: list[tuple[int, Survey]], register: Path) -> dict[str, np.ndarray]:
+    """The surveys' rows, a local source relative to the register's folder: a project moved whole keeps its register."""
+    def stored(source: str) -> str:
+        return source if is_url(source) else os.path.relpath(source, Path(register).resolve().parent)
+
     return {"survey": np.array([number for number, _ in surveys], np.int64),
             "date": np.array([survey.date for _, survey in surveys], object),
-            "source": np.array([readable(str(survey.source)) for _, survey in surveys], object)}
+            "source": np.array([readable(stored(str(survey.source))) for _, survey in surveys], object)}
 
 
 def _crack_columns(batches: list[tuple[int, list[dict], int]]) -> dict[str, np.ndarray]:

@@ -328,6 +328,21 @@ def test_the_register_needs_dates(tmp_path, two_visits, capsys):
     assert stop.value.code == 2 and "--before-date" in err and not (tmp_path / "site.gpkg").exists()
 
 
+def test_a_project_moved_whole_keeps_its_register(tmp_path):
+    """Sources are kept relative to the register's folder: the visits and the register moved together still chain."""
+    texture = _texture()
+    project = tmp_path / "project"
+    visits = [_write_visit(project / f"v{number}", _photo(texture, _draw([A, B])), _draw([A, B])) for number in range(3)]
+    assert main(["compare", str(visits[0]), str(visits[1]), "--out", str(project / "c1"), "--register", str(project / "site.gpkg"),
+                 "--before-date", "2023-01-01", "--after-date", "2024-01-01"]) == 0
+    project.rename(tmp_path / "moved")
+    moved = tmp_path / "moved"
+    assert main(["compare", str(moved / "v1"), str(moved / "v2"), "--out", str(moved / "c2"), "--register", str(moved / "site.gpkg"),
+                 "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    with sqlite3.connect(moved / "site.gpkg") as db:
+        assert db.execute("SELECT survey, source FROM surveys ORDER BY survey").fetchall() == [(1, "v0"), (2, "v1"), (3, "v2")]
+
+
 def test_the_register_dates_surveys_by_their_photos_exif(tmp_path):
     texture = _texture()
     visits = []
@@ -887,7 +902,7 @@ def test_a_register_open_in_qgis_in_wal_mode_keeps_its_saved_edit_and_gets_the_n
         qgis.close()
     with sqlite3.connect(register) as db:
         assert [row[0] for row in db.execute("SELECT source FROM surveys ORDER BY survey")] == [
-            "visit 1, checked on site", str(visits[1].resolve()), str(visits[2].resolve())]
+            "visit 1, checked on site", visits[1].name, visits[2].name]  # beside the register: relative to its folder
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     info = pyogrio.read_info(register, layer="cracks", force_feature_count=True)
     assert info["features"] == 6 and info["geometry_type"] == "MultiLineString"

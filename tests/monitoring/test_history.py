@@ -28,6 +28,12 @@ from conftest import read_only_mount  # noqa: E402
 VISITS = [Survey("2023-04-01", "visits/2023"), Survey("2024-04-01", "visits/2024"), Survey("2025-04-01", "visits/2025")]
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """The visits' relative sources lie beside the tests' registers, as a project's visits beside its register."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _crack(crack: int, length: float, width: float, y: float, mm_per_px: float | None = None) -> dict:
     """A horizontal crack of a.png from x = 10, in pixel coordinates."""
     row = {"image": "a.png", "crack": crack, "length_px": length, "mean_width_px": width * 0.75, "max_width_px": width,
@@ -178,8 +184,8 @@ def test_an_error_in_the_middle_of_an_append_leaves_the_register_as_it_was(tmp_p
 
 
 @pytest.mark.parametrize("case, message", [
-    ("after registered", "the survey of 2024-04-01 from visits/2024 is already registered; nothing appended"),
-    ("older visit", "its latest survey is 2024-04-01 from visits/2024; visits are appended in date order"),
+    ("after registered", "visits/2024 is already registered; nothing appended"),
+    ("older visit", "visits/2024; visits are appended in date order"),
     ("other crs", "its cracks are in pixel coordinates (no CRS), this comparison's in EPSG:32633"),
     ("other settings", "crack 2 of a.png differs from the one registered for that survey (it was probably measured with other settings"),
 ])
@@ -357,7 +363,7 @@ def test_a_compare_killed_in_the_middle_of_an_append_leaves_the_register_and_the
     _compare(register, 0)
     original = register.read_bytes()
     code = _KILLED_AT_LINKS.format(tests=str(Path(__file__).parent), conftest=str(Path(__file__).parents[1]), register=str(register))
-    killed = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2])
+    killed = subprocess.run([sys.executable, "-c", code], cwd=tmp_path)  # where the visits lie, as for the other appends
     assert killed.returncode == -9
     assert (tmp_path / ".site.gpkg.lock").exists()  # its lock, naming a dead process
     assert _table(register, "SELECT count(*) FROM surveys") == [(2,)]  # reading rolls back what SQLite's journal holds
@@ -407,7 +413,7 @@ def test_a_register_that_cannot_be_written_is_refused_before_anything_is_written
 
 
 @pytest.mark.parametrize("before, after, message", [
-    (VISITS[1], Survey("2025-04-01", "visits/2024"), "BEFORE and AFTER are the same inspection visits/2024"),
+    (VISITS[1], Survey("2025-04-01", "visits/2024"), "visits/2024; a register holds each inspection once"),
     (Survey("2024-06-01", "visits/2024"), VISITS[2], "visits/2024 is registered already as the survey of 2024-04-01, not 2024-06-01 (--before-date)"),
     (VISITS[1], Survey("2025-04-01", "visits/2023"), "visits/2023 is registered already as the survey of 2023-04-01, not 2025-04-01 (--after-date)"),
 ])
