@@ -220,6 +220,6 @@ def _append_to_register(register: Path, surveys: tuple[history.Survey, history.S
         raise InputError(f"--register {register}: the pairs lie in several CRSs or mix photos and rasters "
                          f"({', '.join(sorted(map(str, records.crs)))})")
     pairs = [{"before_image": row.get("name_before"), "after_image": row.get("name_after"), "status": row["status"]} for row in found.pairs]
-    added = history.append_comparison(register, *surveys, (records.before, records.after), records.links, next(iter(records.crs)),
-                                      classes, pairs)
+    compared = history.Compared((records.before, records.after), records.links, pairs)
+    added = history.append_comparison(register, *surveys, compared, next(iter(records.crs)), classes)
     return {"appended": True, **added}

@@ -44,7 +44,7 @@ import os
 import re
 import sqlite3
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date as calendar_date
 from pathlib import Path
 
@@ -57,7 +57,8 @@ from crackseg.core.storage import is_url
 from crackseg.cracks.styles import width_class_style
 from crackseg.cracks.vectors import gpkg_envelope, gpkg_geometry_blob, write_layer, write_styles
 from crackseg.cracks.widths import WidthClasses
-from crackseg.monitoring.register_file import APPENDING, BUSY_TIMEOUT_S, check_writable, locked, register_error, transaction
+from crackseg.monitoring.register_file import (APPENDING, BUSY_TIMEOUT_S, add_attribute_table, check_writable, locked,
+                                               register_error, transaction, update_contents)
 
 _MEASURES = ("length_px", "mean_width_px", "max_width_px", "length_mm", "mean_width_mm", "max_width_mm")
 _CLASSES = ("max_width_class", "mean_width_class")  # a crack has the one of the width its standard grades
@@ -100,25 +101,32 @@ class _Registered:
     source: str
 
 
-def append_comparison(register: Path, before: Survey, after: Survey, cracks: tuple[list[dict], list[dict]],
-                      links: list[dict], crs: str | None, classes: WidthClasses | None = None, pairs: list[dict] = ()) -> dict:
-    """Append one comparison to ``register`` (created when missing); returns the surveys, cracks and links added.
+@dataclass(frozen=True)
+class Compared:
+    """What one comparison adds to the register. ``cracks``: BEFORE's and AFTER's crack dicts (image, crack, length_px,
+    mean_width_px, max_width_px, optionally the mm and the width class, None or "" when unknown, and geometry: a shapely
+    line in the register's CRS, or in pixels of the survey's image without one). A link dict names before_image,
+    before_crack, after_image, after_crack and status; a pair, before_image and after_image (None for an image only one
+    side has) and status."""
 
-    ``cracks`` holds BEFORE's and AFTER's crack dicts: image, crack, length_px, mean_width_px, max_width_px,
-    optionally length_mm, mean_width_mm, max_width_mm, max_width_class or mean_width_class (None or "" when unknown), and geometry
-    (a shapely line in ``crs``, or in pixels of the survey's image when ``crs`` is None). A link dict names
-    before_image, before_crack, after_image, after_crack and status. ``classes``: the comparison's width classes, which a
-    new register's QGIS style colours its cracks by. ``pairs``: the comparison's image pairs (before_image, after_image,
-    either None for an image only one side has, and status).
-    """
+    cracks: tuple[list[dict], list[dict]]
+    links: list[dict]
+    pairs: list[dict] = field(default_factory=list)
+
+
+def append_comparison(register: Path, before: Survey, after: Survey, compared: Compared, crs: str | None,
+                      classes: WidthClasses | None = None) -> dict:
+    """Append one comparison to ``register`` (created when missing), its cracks in ``crs`` (None: pixels); returns the
+    surveys, cracks and links added. ``classes``: the comparison's width classes, which a new register's QGIS style
+    colours its cracks by."""
     register, (before, after) = Path(register), _placed(before, after)
     _check_dates(before, after)
     check_writable(register)
     with locked(register):
         if not register.exists():
-            return _create(register, (before, after), cracks, links, crs, classes, pairs)
+            return _create(register, (before, after), compared, crs, classes)
         with transaction(register, register) as db:
-            return _append(db, register, (before, after), cracks, links, crs, pairs)
+            return _append(db, register, (before, after), compared, crs)
 
 
 def check_append(register: Path, before: Survey, after: Survey, crs: frozenset | set = frozenset()) -> None:
@@ -186,8 +194,7 @@ def _check_date(text: str, flag: str) -> None:
     raise InputError(f"{flag} {text}: not a date; give it as YYYY-MM-DD (e.g. 2024-05-31)")
 
 
-def _create(register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[dict], list[dict]], links: list[dict],
-            crs: str | None, classes: WidthClasses | None, pairs: list[dict]) -> dict:
+def _create(register: Path, surveys: tuple[Survey, Survey], compared: Compared, crs: str | None, classes: WidthClasses | None) -> dict:
     """A new register: its empty layers and the cracks' QGIS style made by GDAL under a temporary name, the rows appended
     as to any register, the file on disk (fsynced) before the rename makes it the register."""
     pending = PendingFile(register, suffix=".gpkg")
@@ -198,7 +205,7 @@ def _create(register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[d
         write_layer(pending.temp, "links", _link_columns([], {}, {}), append=True, named=register)
         write_styles(pending.temp, {"cracks": width_class_style(classes)}, named=register)
         with transaction(pending.temp, register) as db:
-            added = _append(db, register, surveys, cracks, links, crs, pairs, check_crs=False)  # made in crs
+            added = _append(db, register, surveys, compared, crs, check_crs=False)  # made in crs
         with open(pending.temp, "rb") as file:
             os.fsync(file.fileno())
         pending.commit(durable=True)
@@ -209,10 +216,11 @@ def _create(register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[d
     return added
 
 
-def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Survey], cracks: tuple[list[dict], list[dict]],
-            links: list[dict], crs: str | None, pairs: list[dict], check_crs: bool = True) -> dict:
+def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Survey], compared: Compared, crs: str | None,
+            check_crs: bool = True) -> dict:
     """Append to the register open in ``db``'s write transaction."""
     before, after = surveys
+    cracks, links, pairs = compared.cracks, compared.links, compared.pairs
     registered = _registered_surveys(db, register)
     reused = _check_surveys(register, registered, before, after)
     if check_crs:
@@ -245,24 +253,12 @@ def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Surve
         db.execute(f'ALTER TABLE "cracks" ADD COLUMN "{name}" TEXT')
     _insert(db, "cracks", {"geom": geometries, **_crack_columns(new_cracks)})
     _insert(db, "links", _link_columns(links, before_keys, after_keys))
-    _add_pairs_table(db)
+    add_attribute_table(db, "pairs", _PAIRS)
     _insert(db, "pairs", {"before_survey": [before_survey] * len(pairs), "after_survey": [next_survey] * len(pairs),
                           **{f"{side}_image": [readable(pair[f"{side}_image"]) if pair[f"{side}_image"] else None for pair in pairs]
                              for side in ("before", "after")}, "status": [pair["status"] for pair in pairs]})
-    _update_contents(db, [box for box in map(gpkg_envelope, geometries) if box is not None])
+    update_contents(db, _TABLES, [box for box in map(gpkg_envelope, geometries) if box is not None])
     return {"surveys": len(new_surveys), "cracks": sum(len(rows) for _, rows, _ in new_cracks), "links": len(links)}
-
-
-def _add_pairs_table(db: sqlite3.Connection) -> None:
-    """The ``pairs`` attribute table, as GDAL makes one, in a register written before it."""
-    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'pairs'").fetchone():
-        return
-    columns = ", ".join(f'"{name}" {kind}' for name, kind in _PAIRS.items())
-    db.execute(f'CREATE TABLE "pairs" ("fid" INTEGER PRIMARY KEY AUTOINCREMENT NOT NULL, {columns})')
-    db.execute("INSERT INTO gpkg_contents (table_name, data_type, identifier, last_change) "
-               "VALUES ('pairs', 'attributes', 'pairs', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))")
-    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'gpkg_ogr_contents'").fetchone():
-        db.execute("INSERT INTO gpkg_ogr_contents (table_name, feature_count) VALUES ('pairs', 0)")
 
 
 def _registered_surveys(db: sqlite3.Connection, register: Path) -> list[_Registered]:
@@ -395,21 +391,6 @@ def _insert(db: sqlite3.Connection, table: str, columns: dict) -> None:
     values = [column.tolist() if isinstance(column, np.ndarray) else column for column in columns.values()]  # Python scalars
     names = ", ".join(f'"{name}"' for name in columns)
     db.executemany(f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(columns))})', zip(*values))
-
-
-def _update_contents(db: sqlite3.Connection, boxes: list[tuple[float, float, float, float]]) -> None:
-    """gpkg_contents' change time and the cracks' extent, gpkg_ogr_contents' feature counts, as GDAL keeps them."""
-    db.execute("UPDATE gpkg_contents SET last_change = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
-               f"WHERE lower(table_name) IN {_TABLES}")
-    if boxes:
-        box = np.array(boxes)
-        db.execute("UPDATE gpkg_contents SET min_x = min(coalesce(min_x, :x0), :x0), max_x = max(coalesce(max_x, :x1), :x1), "
-                   "min_y = min(coalesce(min_y, :y0), :y0), max_y = max(coalesce(max_y, :y1), :y1) WHERE lower(table_name) = 'cracks'",
-                   dict(zip(("x0", "x1", "y0", "y1"), (box[:, 0].min(), box[:, 1].max(), box[:, 2].min(), box[:, 3].max()))))
-    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'gpkg_ogr_contents'").fetchone():
-        for table in _TABLES:  # the file's triggers count too, unless a GDAL session has them off: counted, not incremented
-            db.execute(f'UPDATE gpkg_ogr_contents SET feature_count = (SELECT count(*) FROM "{table}") '
-                       "WHERE lower(table_name) = ?", (table,))
 
 
 def _measure(value) -> float:

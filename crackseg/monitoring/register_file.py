@@ -3,8 +3,9 @@
 :mod:`crackseg.monitoring.history` says what the register holds and appends to it; here is how its file is opened and
 kept whole while that happens: the lock file beside it (``.<name>.lock``, :class:`crackseg.core.locks.FileLock`,
 taken over from a compare killed on this host), the checks that it and its folder can be written (SQLite writes its
-journal beside it), the BEGIN IMMEDIATE ... COMMIT transaction that other SQLite clients (QGIS) respect, and SQLite's
-errors told as the user's (busy, unwritable, not a register).
+journal beside it), the BEGIN IMMEDIATE ... COMMIT transaction that other SQLite clients (QGIS) respect, SQLite's
+errors told as the user's (busy, unwritable, not a register), and the GeoPackage's own tables kept as GDAL keeps them
+(gpkg_contents, gpkg_ogr_contents) when rows or tables are added by SQL.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from glob import escape
 from pathlib import Path
+
+import numpy as np
 
 from crackseg.core.errors import InputError
 from crackseg.core.files import TEMP_MARK, temp_path
@@ -94,3 +97,30 @@ def register_error(register: Path, error: sqlite3.Error) -> Exception:
     if code in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR):
         return OSError(f"{register}: {error}")
     return InputError(f"{register}: not a crack register ({error}); give a register written by crackseg compare, or a new file name")
+
+
+def add_attribute_table(db: sqlite3.Connection, table: str, columns: dict[str, str]) -> None:
+    """The attribute table ``table`` ({name: SQL type}), as GDAL makes one, in a register written before it."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone():
+        return
+    declared = ", ".join(f'"{name}" {kind}' for name, kind in columns.items())
+    db.execute(f'CREATE TABLE "{table}" ("fid" INTEGER PRIMARY KEY AUTOINCREMENT NOT NULL, {declared})')
+    db.execute("INSERT INTO gpkg_contents (table_name, data_type, identifier, last_change) "
+               "VALUES (?, 'attributes', ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))", (table, table))
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'gpkg_ogr_contents'").fetchone():
+        db.execute("INSERT INTO gpkg_ogr_contents (table_name, feature_count) VALUES (?, 0)", (table,))
+
+
+def update_contents(db: sqlite3.Connection, tables: tuple[str, ...], boxes: list[tuple[float, float, float, float]]) -> None:
+    """gpkg_contents' change time and the cracks' extent, gpkg_ogr_contents' feature counts, as GDAL keeps them."""
+    db.execute("UPDATE gpkg_contents SET last_change = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
+               f"WHERE lower(table_name) IN {tables}")
+    if boxes:
+        box = np.array(boxes)
+        db.execute("UPDATE gpkg_contents SET min_x = min(coalesce(min_x, :x0), :x0), max_x = max(coalesce(max_x, :x1), :x1), "
+                   "min_y = min(coalesce(min_y, :y0), :y0), max_y = max(coalesce(max_y, :y1), :y1) WHERE lower(table_name) = 'cracks'",
+                   dict(zip(("x0", "x1", "y0", "y1"), (box[:, 0].min(), box[:, 1].max(), box[:, 2].min(), box[:, 3].max()))))
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'gpkg_ogr_contents'").fetchone():
+        for table in tables:  # the file's triggers count too, unless a GDAL session has them off: counted, not incremented
+            db.execute(f'UPDATE gpkg_ogr_contents SET feature_count = (SELECT count(*) FROM "{table}") '
+                       "WHERE lower(table_name) = ?", (table,))

@@ -21,7 +21,7 @@ shapely = pytest.importorskip("shapely")
 from crackseg.core.errors import InputError  # noqa: E402
 from crackseg.cracks.widths import WIDTH_CLASS_PRESETS  # noqa: E402
 from crackseg.monitoring import history  # noqa: E402
-from crackseg.monitoring.history import WIDTH_HISTORY, Survey, append_comparison, check_append, width_history  # noqa: E402
+from crackseg.monitoring.history import WIDTH_HISTORY, Compared, Survey, append_comparison, check_append, width_history  # noqa: E402
 from crackseg.monitoring import register_file  # noqa: E402
 from conftest import read_only_mount  # noqa: E402
 
@@ -60,8 +60,8 @@ LINKS = [[_link(1, 1, "longer"), _link(2, 2, "wider")],  # visit 1 -> 2; crack 3
 
 def _compare(register, first: int, crs: str | None = None, cracks=None) -> dict:
     """Append the comparison of visit ``first`` with the next one."""
-    return append_comparison(register, VISITS[first], VISITS[first + 1], cracks or (CRACKS[first], CRACKS[first + 1]),
-                             LINKS[first], crs)
+    return append_comparison(register, VISITS[first], VISITS[first + 1],
+                             Compared(cracks or (CRACKS[first], CRACKS[first + 1]), LINKS[first]), crs)
 
 
 def _table(register, sql: str) -> list[tuple]:
@@ -75,17 +75,17 @@ def test_the_pairs_table_says_which_images_each_comparison_compared_in_old_regis
     pairs = [{"before_image": "a.png", "after_image": "a.png", "status": "registered"},
              {"before_image": "b.png", "after_image": "b.png", "status": "unregistered"},
              {"before_image": None, "after_image": "c.png", "status": "only after"}]
-    append_comparison(register, VISITS[0], VISITS[1], (CRACKS[0], CRACKS[1]), LINKS[0], None, pairs=pairs)
+    append_comparison(register, VISITS[0], VISITS[1], Compared((CRACKS[0], CRACKS[1]), LINKS[0], pairs), None)
     with sqlite3.connect(register) as db:  # as a register written before the table
         db.execute('DROP TABLE "pairs"')
         db.execute("DELETE FROM gpkg_contents WHERE table_name = 'pairs'")
         db.execute("DELETE FROM gpkg_ogr_contents WHERE table_name = 'pairs'")
-    append_comparison(register, VISITS[1], VISITS[2], (CRACKS[1], CRACKS[2]), LINKS[1], None, pairs=pairs[:1])
+    append_comparison(register, VISITS[1], VISITS[2], Compared((CRACKS[1], CRACKS[2]), LINKS[1], pairs[:1]), None)
     assert _table(register, "SELECT before_survey, after_survey, before_image, after_image, status FROM pairs") == [
         (2, 3, "a.png", "a.png", "registered")]
     info, *_, fields = pyogrio.raw.read(register, layer="pairs")
     assert list(fields[-1]) == ["registered"]  # GDAL reads the table made by SQL
-    append_comparison(tmp_path / "new.gpkg", VISITS[0], VISITS[1], (CRACKS[0], CRACKS[1]), LINKS[0], None, pairs=pairs)
+    append_comparison(tmp_path / "new.gpkg", VISITS[0], VISITS[1], Compared((CRACKS[0], CRACKS[1]), LINKS[0], pairs), None)
     assert _table(tmp_path / "new.gpkg", "SELECT before_survey, after_survey, before_image, after_image, status FROM pairs") == [
         (1, 2, "a.png", "a.png", "registered"), (1, 2, "b.png", "b.png", "unregistered"), (1, 2, None, "c.png", "only after")]
     assert _table(tmp_path / "new.gpkg", "SELECT feature_count FROM gpkg_ogr_contents WHERE table_name = 'pairs'") == [(3,)]
@@ -144,7 +144,7 @@ def test_a_georeferenced_register_keeps_its_crs_and_map_coordinates(tmp_path):
     east, north = 500000.0, 5000000.0  # UTM 33N metres, 2 mm pixels
     cracks = ([{**_crack(1, 1000, 2, 0, 2.0), "geometry": shapely.LineString([(east, north), (east + 2, north - 1)])}],
               [{**_crack(1, 1250, 3, 0, 2.0), "geometry": shapely.LineString([(east, north), (east + 2.5, north - 1)])}])
-    append_comparison(register, VISITS[0], VISITS[1], cracks, [_link(1, 1, "longer+wider")], "EPSG:32633")
+    append_comparison(register, VISITS[0], VISITS[1], Compared(cracks, [_link(1, 1, "longer+wider")]), "EPSG:32633")
     info, _, geometries, _ = pyogrio.raw.read(register, layer="cracks")
     assert info["crs"] == "EPSG:32633"
     assert [line.bounds for line in shapely.from_wkb(geometries)] == [(east, north - 1, east + 2, north), (east, north - 1, east + 2.5, north)]
@@ -153,7 +153,7 @@ def test_a_georeferenced_register_keeps_its_crs_and_map_coordinates(tmp_path):
 def test_a_register_made_with_width_classes_opens_in_qgis_coloured_by_the_graded_class(tmp_path):
     """The style is the first comparison's: a later append leaves it (and any style saved in QGIS) alone."""
     register, classes = tmp_path / "site.gpkg", WIDTH_CLASS_PRESETS["d6433-pcc"]
-    append_comparison(register, VISITS[0], VISITS[1], (CRACKS[0], CRACKS[1]), LINKS[0], None, classes)
+    append_comparison(register, VISITS[0], VISITS[1], Compared((CRACKS[0], CRACKS[1]), LINKS[0]), None, classes)
     _compare(register, 1)
     ((name, qml),) = _table(register, "SELECT f_table_name, styleQML FROM layer_styles WHERE useAsDefault")
     renderer = ET.fromstring(qml).find("renderer-v2")
@@ -195,9 +195,9 @@ def test_a_refused_append_names_the_register_and_leaves_it_as_it_was(tmp_path, c
     original = register.read_bytes()
     with pytest.raises(InputError, match=f"^{register}: ") as error:
         if case == "after registered":
-            append_comparison(register, Survey("2022-01-01", "visits/2022"), VISITS[1], ([], CRACKS[1]), [], None)
+            append_comparison(register, Survey("2022-01-01", "visits/2022"), VISITS[1], Compared(([], CRACKS[1]), []), None)
         elif case == "older visit":
-            append_comparison(register, Survey("2024-01-01", "visits/2024-01"), VISITS[2], ([], CRACKS[2]), [], None)
+            append_comparison(register, Survey("2024-01-01", "visits/2024-01"), VISITS[2], Compared(([], CRACKS[2]), []), None)
         elif case == "other crs":
             _compare(register, 1, crs="EPSG:32633")
         else:
@@ -214,7 +214,7 @@ def test_a_refused_append_names_the_register_and_leaves_it_as_it_was(tmp_path, c
 ])
 def test_dates_are_iso_dates_in_order(tmp_path, before, after, message):
     with pytest.raises(InputError, match=message):
-        append_comparison(tmp_path / "site.gpkg", Survey(before, "b"), Survey(after, "a"), ([], []), [], None)
+        append_comparison(tmp_path / "site.gpkg", Survey(before, "b"), Survey(after, "a"), Compared(([], []), []), None)
     assert not list(tmp_path.iterdir())
 
 
@@ -421,7 +421,7 @@ def test_an_inspection_is_registered_once_under_one_date(tmp_path, before, after
     register = tmp_path / "site.gpkg"
     _compare(register, 0)
     original = register.read_bytes()
-    for append in (lambda: check_append(register, before, after), lambda: append_comparison(register, before, after, CRACKS[1:3], [], None)):
+    for append in (lambda: check_append(register, before, after), lambda: append_comparison(register, before, after, Compared(tuple(CRACKS[1:3]), []), None)):
         with pytest.raises(InputError, match=f"^{register}: ") as error:
             append()
         assert message in str(error.value)
