@@ -5,7 +5,7 @@ A crackseg file is a dict saved with ``torch.save`` and loaded with ``weights_on
     {"format": "crackseg", "version": 2,
      "model": {"config": CrackSegModel.config(), "state_dict": weights without prefixes,
                "sha256": model_digest(config, state_dict)},  # checked on every load
-     ...training state (see :func:`training_state`), when written by training...}
+     ...training state (see :func:`crackseg.training.run_folder.training_state`), when written by training...}
 
 The checksum covers everything that changes a prediction: the weights and the stored
 settings (architecture, encoder, size divisor, normalization, threshold), whose values are
@@ -25,7 +25,7 @@ import hashlib
 import json
 import math
 import pickle
-from dataclasses import dataclass
+import zipfile
 from pathlib import Path
 
 import torch
@@ -70,6 +70,9 @@ def check_model_out(out: Path, overwrite: bool) -> None:
     ``overwrite``, a folder that cannot take it."""
     if out.is_dir():
         raise InputError(f"--out {out}: is a folder; give the model file's name, e.g. {out / 'model.pt'}")
+    if out.suffix.lower() in (*_EXPORTED, ".safetensors", ".keras", ".h5"):  # read by their suffix, they would not load
+        raise InputError(f"--out {out}: a crackseg model file is a .pt file (e.g. {out.with_suffix('.pt')}); crackseg export "
+                         "makes ONNX, OpenVINO and safetensors models from it")
     if out.exists() and not overwrite:
         raise InputError(f"{out} already exists; choose another --out or pass --overwrite")
     ensure_writable_folder(out.parent, "--out")
@@ -203,10 +206,21 @@ def load_torch_file(path: Path, what: str):
     except Exception as error:  # torn or foreign files raise many types (pickle, zip, struct errors)
         lines = str(error).splitlines() or [""]
         reason = next((line.strip() for line in lines if "Unsupported global" in line), None)
+        if reason is None and _keras_file(path):
+            raise InputError(f"{path}: a Keras model, not a PyTorch file; crackseg convert --from crackpot {path} --out "
+                             "model.pt converts crackpot's") from None
         if reason is None and isinstance(error, pickle.UnpicklingError):
             # torch's message for any file that is not a pickle of tensors advises weights_only=False: unsafe, and no help here
             reason = "not a PyTorch file"
         raise InputError(f"{path}: not a readable {what} file ({type(error).__name__}: {reason or lines[0]})") from None
+
+
+def _keras_file(path: Path) -> bool:
+    """A Keras 3 model file: a zip archive holding config.json and metadata.json at its top."""
+    with contextlib.suppress(OSError, zipfile.BadZipFile):
+        with zipfile.ZipFile(path) as archive:
+            return {"config.json", "metadata.json"} <= set(archive.namelist())
+    return False
 
 
 def _read_pretrained(folder: Path) -> dict:
@@ -350,47 +364,3 @@ def load_encoder_weights(model: CrackSegModel, path: str | Path) -> None:
         )
         raise InputError(f"{path}: not a state dict of the {model.encoder} encoder: {detail}")
     encoder.load_state_dict({key: state[key] for key in expected}, strict=True)
-
-
-@dataclass
-class RunRecord:
-    """What a training checkpoint records of its run besides the model: where the run stands and how it was set up."""
-
-    global_step: int
-    best: dict  # {"metric", "score", "epoch"}
-    metrics: dict | None  # the epoch's validation figures, None without validation
-    options: dict  # TrainConfig, as given
-    resolved: dict  # the values derived from it
-    split: dict[str, list[str]]
-    seed: int
-
-
-def training_state(optimizer: torch.optim.Optimizer, scheduler, scaler: torch.amp.GradScaler, record: RunRecord,
-                   averaged: tuple[nn.Module, nn.Module] | None = None) -> dict:
-    """What a resume needs besides the model entry: optimizer, learning-rate schedule, AMP scaler, the ``record``; with
-    ``averaged`` = (EMA, the model being trained), the trained weights too, since the model entry holds the average."""
-    state = {
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict() if scaler.is_enabled() else None,
-        "global_step": record.global_step,
-        "best": record.best,
-        "metrics": record.metrics,
-        "config": {"options": record.options, "resolved": record.resolved},
-        "split": record.split,
-        "rng": {"scheme": "torch, numpy and random seeded per epoch from (seed, epoch, rank)", "seed": record.seed},
-    }
-    if averaged is not None:
-        ema, live = averaged
-        state |= {"live_weights": {k: v.detach().cpu() for k, v in live.state_dict().items()}, "ema_updates": int(ema.n_averaged)}
-    return state
-
-
-def restore_training_state(payload: dict, optimizer: torch.optim.Optimizer, scheduler,
-                           scaler: torch.amp.GradScaler) -> tuple[int, int, dict]:
-    """Put back what :func:`training_state` saved; returns the epoch to start at, the global step and the best score."""
-    optimizer.load_state_dict(payload["optimizer"])
-    scheduler.load_state_dict(payload["scheduler"])
-    if payload.get("scaler"):
-        scaler.load_state_dict(payload["scaler"])
-    return payload["epoch"] + 1, payload["global_step"], payload["best"]

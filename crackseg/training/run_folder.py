@@ -6,7 +6,7 @@ Layout (``--run``)::
     config.json        options and the values resolved from them
     split.json         train / val / test stems
     skipped.txt        problems skipped under --on-bad-sample skip
-    epoch_NNNN.pt      the last --keep-last epochs (full training state)
+    epoch_NNNN.pt      the last --keep-last epochs (full training state: :func:`training_state`)
     last.pt, best.pt   hard links to an epoch file
     events.out.tfevents.*, train.log
 
@@ -280,3 +280,47 @@ def _resumable(path: Path) -> dict:
         raise InputError(f"{path}: a model without its training state (epoch, optimizer, options), not a run's checkpoint: "
                          f"--resume continues a run from its last.pt or an epoch_NNNN.pt; to start from these weights, pass --init {path}")
     return payload
+
+
+@dataclass
+class RunRecord:
+    """What a training checkpoint records of its run besides the model: where the run stands and how it was set up."""
+
+    global_step: int
+    best: dict  # {"metric", "score", "epoch"}
+    metrics: dict | None  # the epoch's validation figures, None without validation
+    options: dict  # TrainConfig, as given
+    resolved: dict  # the values derived from it
+    split: dict[str, list[str]]
+    seed: int
+
+
+def training_state(optimizer: torch.optim.Optimizer, scheduler, scaler: torch.amp.GradScaler, record: RunRecord,
+                   averaged: tuple[nn.Module, nn.Module] | None = None) -> dict:
+    """What a resume needs besides the model entry: optimizer, learning-rate schedule, AMP scaler, the ``record``; with
+    ``averaged`` = (EMA, the model being trained), the trained weights too, since the model entry holds the average."""
+    state = {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+        "global_step": record.global_step,
+        "best": record.best,
+        "metrics": record.metrics,
+        "config": {"options": record.options, "resolved": record.resolved},
+        "split": record.split,
+        "rng": {"scheme": "torch, numpy and random seeded per epoch from (seed, epoch, rank)", "seed": record.seed},
+    }
+    if averaged is not None:
+        ema, live = averaged
+        state |= {"live_weights": {k: v.detach().cpu() for k, v in live.state_dict().items()}, "ema_updates": int(ema.n_averaged)}
+    return state
+
+
+def restore_training_state(payload: dict, optimizer: torch.optim.Optimizer, scheduler,
+                           scaler: torch.amp.GradScaler) -> tuple[int, int, dict]:
+    """Put back what :func:`training_state` saved; returns the epoch to start at, the global step and the best score."""
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["scheduler"])
+    if payload.get("scaler"):
+        scaler.load_state_dict(payload["scaler"])
+    return payload["epoch"] + 1, payload["global_step"], payload["best"]

@@ -37,12 +37,11 @@ from crackseg.core.errors import InputError
 from crackseg.data.collection import dataset_of
 from crackseg.evaluation.metrics import improves
 from crackseg.model import distributed
-from crackseg.model.checkpoint import RunRecord, restore_training_state, training_state
 from crackseg.training.engine import StepContext, Validation, build_optimizer, build_scheduler, train_one_epoch, validate
 from crackseg.training.loader import EpochSampler, MixSampler, augments_on_device, negatives_per_epoch, run_loaders
 from crackseg.training.losses import CrackLoss
 from crackseg.training.options import TrainConfig, check_options, check_same_run, expand_datasets, resolved_encoder
-from crackseg.training.run_folder import RunFolder, TrainingPass
+from crackseg.training.run_folder import RunFolder, RunRecord, TrainingPass, restore_training_state, training_state
 from crackseg.training.seeding import mix_seed, seed_everything
 from crackseg.training.setup import Prepared, build_training_model, check_same_processes, prepare_run
 from crackseg.training.transforms import DeviceGeometry, PhotometricJitter

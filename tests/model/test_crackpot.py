@@ -150,3 +150,20 @@ def test_classic_and_crackpot_flags_are_checked_together(tmp_path):
     assert "needs its path and --arch" in cli_result(["convert", "--out", tmp_path / "m.pt"])[1]
     code, err = cli_result(["convert", "--from", "crackpot", "--arch", "unet16", "--out", tmp_path / "m.pt"])
     assert code == 2 and "--arch is for classic checkpoints" in err
+
+
+@pytest.mark.parametrize("name", ["m.onnx", "m.safetensors", "m.xml", "m.keras"])
+def test_a_converted_model_named_as_another_format_is_refused_before_any_work(tmp_path, name):
+    code, err = cli_result(["convert", "--from", "crackpot", "--out", tmp_path / name])
+    assert code == 2 and err.count("\n") == 1 and "a crackseg model file is a .pt file" in err and not (tmp_path / name).exists()
+
+
+def test_a_keras_file_given_as_a_checkpoint_says_what_it_is(tmp_path):
+    _keras_file(tmp_path / "model.keras", [])
+    with zipfile.ZipFile(tmp_path / "model.keras", "a") as archive:
+        archive.writestr("metadata.json", "{}")
+    Image.new("RGB", (64, 64)).save(tmp_path / "photo.png")
+    for args in (["convert", tmp_path / "model.keras", "--arch", "unet16", "--out", tmp_path / "m.pt"],
+                 ["predict", "--checkpoint", tmp_path / "model.keras", tmp_path / "photo.png", "--out", tmp_path / "out"]):
+        code, err = cli_result(args)
+        assert code == 2 and err.count("\n") == 1 and "a Keras model, not a PyTorch file; crackseg convert --from crackpot" in err, err

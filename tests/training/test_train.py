@@ -19,7 +19,8 @@ from crackseg.training.options import TrainConfig
 from crackseg.core.errors import InputError, RunError
 from crackseg.data.splits import load_split
 from crackseg.model import distributed
-from crackseg.model.checkpoint import load_model, read_checkpoint, restore_training_state
+from crackseg.model.checkpoint import load_model, read_checkpoint
+from crackseg.training.run_folder import restore_training_state
 from crackseg.model.networks import build_model
 from crackseg.training.losses import CrackLoss
 from crackseg.training.setup import build_training_model
