@@ -51,6 +51,11 @@ def implied_encoder(arch: str, encoder: str | None) -> str:
     return implied or encoder or DEFAULT_ENCODER
 
 
+def scaling_name(name: str, encoder: str) -> str:
+    """The :data:`INPUT_SCALINGS` name ``name`` stands for; ``auto``: the one ``encoder``'s ImageNet weights were trained with."""
+    return _NATIVE_SCALING.get(encoder, "imagenet") if name == "auto" else name
+
+
 def input_scaling(name: str, encoder: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(mean, std) of :data:`INPUT_SCALINGS` ``name``; ``auto``: the one ``encoder``'s ImageNet weights were trained with."""
-    return INPUT_SCALINGS[_NATIVE_SCALING.get(encoder, "imagenet") if name == "auto" else name]
+    """(mean, std) of :data:`INPUT_SCALINGS` ``name`` (see :func:`scaling_name`)."""
+    return INPUT_SCALINGS[scaling_name(name, encoder)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -52,11 +53,14 @@ class CrackSegModel(nn.Module):
 
     @torch.no_grad()
     def scale_logits(self, factor: float) -> None:
-        """Multiply every logit by ``factor``: the output layer, the last convolution of every architecture, scaled."""
+        """Multiply every logit by ``factor``: the output layer, the last convolution of every architecture, scaled. The
+        threshold follows (its logit scaled alike), so that every pixel stays on its side of it."""
         head = [module for module in self.net.modules() if isinstance(module, nn.Conv2d)][-1]
         head.weight.mul_(factor)
         if head.bias is not None:
             head.bias.mul_(factor)
+        if 0.0 < self.threshold < 1.0:
+            self.threshold = 1.0 / (1.0 + math.exp(-factor * math.log(self.threshold / (1.0 - self.threshold))))
 
     def config(self) -> dict:
         """What a model file records besides the weights; :func:`model_from_config` rebuilds from it."""

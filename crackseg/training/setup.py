@@ -20,7 +20,7 @@ from crackseg.data.datasets import Sample, Scan, crack_pixel_weight, open_datase
 from crackseg.data.negatives import negative_pool
 from crackseg.data.splits import SPLITS, make_split
 from crackseg.model import distributed
-from crackseg.model.architectures import OFFLINE_IMAGENET_ENCODERS
+from crackseg.model.architectures import OFFLINE_IMAGENET_ENCODERS, implied_encoder, scaling_name
 from crackseg.model.checkpoint import load_encoder_weights, load_model, model_from_payload
 from crackseg.model.networks import build_model, enable_activation_checkpointing
 from crackseg.model.pretrained import weights_source
@@ -49,6 +49,7 @@ class Resolved:
     encoder_weights: str | None = None  # where the encoder's starting weights came from (None: random, --init, or an older run)
     negative_share: float = 0.0  # share of each epoch's training samples that are crack-free (0: none, or an older run)
     init_logit_scale: float = 1.0  # what the --init model's logits were multiplied by (see init_logit_scale)
+    input_scaling: str | None = None  # how images are scaled: an INPUT_SCALINGS name, or the --init model's own (None: an older run)
 
 
 @dataclass
@@ -193,8 +194,9 @@ def _resolve(config: TrainConfig, env: distributed.Environment, train_masks: lis
     lr = config.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[config.lr_scaling]
     amp = distributed.amp_name(distributed.resolve_amp(config.amp, env.device, training=True))
     share = (DEFAULT_NEGATIVE_SHARE if config.negative_share is None else config.negative_share) if crack_free else 0.0
+    scaling = f"the --init model's own ({config.init})" if config.init else scaling_name(config.input_scaling, implied_encoder(config.arch, config.encoder))
     return Resolved(pos_weight, global_batch, lr, amp, env.world_size, _workers(config), __version__, str(torch.__version__),
-                    _encoder_weights_source(config), share)
+                    _encoder_weights_source(config), share, input_scaling=scaling)
 
 
 def _encoder_weights_source(config: TrainConfig) -> str | None:

@@ -50,6 +50,21 @@ def test_scaling_the_logits_scales_every_architectures_output(arch, encoder):
         assert torch.allclose(model(images), before * 0.25, atol=1e-5 * before.abs().max().item())
 
 
+@pytest.mark.parametrize("threshold", [0.3, 0.5, 0.9])
+def test_the_threshold_follows_scaled_logits_so_every_pixel_keeps_its_side(threshold):
+    model = copy.deepcopy(_model("resunet", None)).eval()
+    model.scale_logits(200.0)  # logits spread over the threshold's logit, as a saturated model's are
+    model.threshold = threshold
+    images = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        before = torch.sigmoid(model(images)) >= threshold
+        assert 0.05 < before.float().mean() < 0.95
+        model.scale_logits(0.05)
+        after = torch.sigmoid(model(images)) >= model.threshold
+    assert (model.threshold == 0.5) == (threshold == 0.5)
+    assert (before != after).float().mean() < 1e-3  # at most pixels within float error of the threshold
+
+
 def test_uint8_and_float_inputs_agree():
     model = _model("unet", "resnet34").eval()
     images = torch.randint(0, 256, (1, 3, 64, 64), dtype=torch.uint8)

@@ -64,6 +64,7 @@ def test_run_folder_holds_everything(finished_run):
     assert payload["epoch"] == 2 and payload["global_step"] == 2 * 4  # 9 train images, batch 2, drop_last
     assert payload["split"] == load_split(finished_run / "split.json")
     assert payload["config"]["resolved"]["pos_weight"] > 1
+    assert payload["config"]["resolved"]["input_scaling"] in ("imagenet", "tf")
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in payload["model"]["state_dict"])
     best = read_checkpoint(finished_run / "best.pt")
     assert best["best"]["epoch"] == best["epoch"] and best["best"]["score"] == best["metrics"]["f1"]
@@ -301,6 +302,7 @@ def test_fine_tuning_starts_from_a_converted_classic_checkpoint(synth_root, tmp_
     saved = read_checkpoint(tmp_path / "tuned" / "last.pt")
     assert saved["model"]["config"]["arch"] == "unet16" and saved["config"]["options"]["encoder"] == "vgg16"
     assert saved["config"]["resolved"]["init_logit_scale"] == 1.0  # its logits are far from saturated: left as they are
+    assert saved["config"]["resolved"]["input_scaling"].startswith("the --init model's own")  # not --input-scaling's default
 
 
 def test_skip_policy_trains_on_the_rest_and_lists_the_skipped(synth_root, tmp_path):
