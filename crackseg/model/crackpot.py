@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import zipfile
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -26,6 +28,9 @@ from crackseg.model.networks import CrackSegModel, build_model
 from crackseg.model.shipped import crackpot_model_file
 
 THRESHOLD = 0.5  # crackpot's own (its Dice and IoU metrics binarize at 0.5)
+# The layers of crackpot's ResUNet graph, by kind
+_LAYER_KINDS = Counter({"Conv2D": 30, "BatchNormalization": 28, "Activation": 19, "Add": 9, "UpSampling2D": 4, "Concatenate": 4,
+                        "InputLayer": 1})
 
 
 def convert_crackpot(source: Path | None, out: Path, threshold: float | None = None, overwrite: bool = False) -> CrackSegModel:
@@ -85,6 +90,26 @@ def _keras_layers(config: dict, kind: str, source: Path) -> list[tuple[str, dict
     return sorted(keyed, key=lambda pair: number(pair[1]))
 
 
+def _check_graph(config: dict, epsilon: float, source: Path) -> None:
+    """Refuse a graph whose layers compute otherwise than crackpot's, whatever its weights: another kind or number of
+    layers, a batch norm's epsilon, an upsampling's interpolation, an activation, a convolution's padding or dilation."""
+    layers = config["config"]["layers"]
+    kinds = Counter(layer.get("class_name") for layer in layers)
+    if kinds != _LAYER_KINDS:
+        extra = sorted((kinds - _LAYER_KINDS) + (_LAYER_KINDS - kinds))
+        raise InputError(f"{source}: its layers ({', '.join(f'{kinds[kind]} {kind}' for kind in extra)}) are not those of crackpot's "
+                         "ResUNet; crackseg converts crackpot's own model")
+    for layer in layers:
+        settings, kind = layer.get("config", {}), layer["class_name"]
+        expected = {"BatchNormalization": {"epsilon": epsilon, "center": True, "scale": True, "axis": -1},
+                    "UpSampling2D": {"interpolation": "nearest", "size": [2, 2]}, "Activation": {"activation": "relu"},
+                    "Conv2D": {"padding": "same", "dilation_rate": [1, 1], "groups": 1, "use_bias": True}}.get(kind, {})
+        for name, value in expected.items():
+            found = settings.get(name, value)
+            if found != value and not (isinstance(value, float) and isinstance(found, float) and math.isclose(found, value)):
+                raise InputError(f"{source}: layer {layer.get('name')} has {name} {found!r}, where crackpot's ResUNet has {value!r}")
+
+
 def _load_layers(net: nn.Module, config: dict, weights: dict[str, list], source: Path) -> None:
     convs = [module for module in net.modules() if isinstance(module, nn.Conv2d)]
     norms = [module for module in net.modules() if isinstance(module, nn.BatchNorm2d)]
@@ -92,6 +117,10 @@ def _load_layers(net: nn.Module, config: dict, weights: dict[str, list], source:
     if (len(keras_convs), len(keras_norms)) != (len(convs), len(norms)):
         raise InputError(f"{source}: {len(keras_convs)} convolutions and {len(keras_norms)} batch norms, not the "
                          f"{len(convs)} and {len(norms)} of crackpot's ResUNet")
+    _check_graph(config, norms[0].eps, source)
+    activations = [layer["config"].get("activation") for _, layer in keras_convs]
+    if activations != ["linear"] * (len(convs) - 1) + ["sigmoid"]:
+        raise InputError(f"{source}: its convolutions' activations are not crackpot's (linear, then a sigmoid at the output)")
     state = {}
     names = {module: name for name, module in net.named_modules()}
     for module, (key, layer) in zip(convs, keras_convs):

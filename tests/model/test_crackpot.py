@@ -167,3 +167,22 @@ def test_a_keras_file_given_as_a_checkpoint_says_what_it_is(tmp_path):
                  ["predict", "--checkpoint", tmp_path / "model.keras", tmp_path / "photo.png", "--out", tmp_path / "out"]):
         code, err = cli_result(args)
         assert code == 2 and err.count("\n") == 1 and "a Keras model, not a PyTorch file; crackseg convert --from crackpot" in err, err
+
+
+@needs_crackpot
+@pytest.mark.parametrize("edit, message", [
+    (lambda layers: next(l for l in layers if l["class_name"] == "BatchNormalization")["config"].update(epsilon=0.5), "epsilon 0.5"),
+    (lambda layers: next(l for l in layers if l["class_name"] == "UpSampling2D")["config"].update(interpolation="bilinear"),
+     "interpolation 'bilinear'"),
+    (lambda layers: layers.insert(1, {"class_name": "Rescaling", "name": "rescaling", "config": {"scale": 2.0}}), "1 Rescaling"),
+    (lambda layers: next(l for l in layers if l["class_name"] == "Activation")["config"].update(activation="elu"), "activation 'elu'"),
+])
+def test_crackpots_weights_in_a_graph_that_computes_otherwise_are_refused(tmp_path, edit, message):
+    """The same weights under another epsilon, interpolation, extra layer or activation predict otherwise than Keras."""
+    with zipfile.ZipFile(crackpot_model_file()) as original, zipfile.ZipFile(tmp_path / "edited.keras", "w") as edited:
+        config = json.loads(original.read("config.json"))
+        edit(config["config"]["layers"])
+        for item in original.infolist():
+            edited.writestr(item, json.dumps(config) if item.filename == "config.json" else original.read(item))
+    code, err = cli_result(["convert", "--from", "crackpot", tmp_path / "edited.keras", "--out", tmp_path / "m.pt"])
+    assert code == 2 and err.count("\n") == 1 and message in err and not (tmp_path / "m.pt").exists(), err
