@@ -14,6 +14,7 @@ import signal
 import sys
 
 from crackseg.cli import compare, data, evaluate, labels, predict, serve, train
+from crackseg.cli.launch import said_already
 from crackseg.cli.options import HelpFormatter, Parser
 from crackseg.cli.stops import stops_raised
 from crackseg.core.errors import InputError, RunError, Terminated
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         with stops_raised():
             return args.handler(args)
     except Terminated:
-        print("crackseg: terminated (SIGTERM)", file=sys.stderr)
+        if not said_already():  # torchrun stopping this launch's other processes after one said a user mistake
+            print("crackseg: terminated (SIGTERM)", file=sys.stderr)
         return 128 + signal.SIGTERM
     except InputError as error:
         parser.exit(2, f"crackseg: error: {error}\n")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,7 +206,8 @@ def survey_dates(visits: tuple[list[Shot], list[Shot]], given: tuple[str | None,
                 raise InputError(f"{needed} carry no EXIF DateTimeOriginal; give --{side}-date YYYY-MM-DD")
             date = min(taken)
         dates.append(date)
-    if dates[1] <= dates[0] and None in given:  # the register would name flags the user did not give
+    well_formed = all(re.fullmatch(r"\d{4}-\d{2}-\d{2}", date) for date in dates)  # else the register says which is not a date
+    if well_formed and dates[1] <= dates[0] and None in given:  # the register would name flags the user did not give
         source = " and ".join(f"{side.upper()}'s {'--' + side + '-date' if day else 'photos (EXIF)'} {date}"
                               for side, day, date in zip(("before", "after"), given, dates))
         raise InputError(f"--register: the AFTER inspection is not later than BEFORE ({source}); compare the earlier visit "

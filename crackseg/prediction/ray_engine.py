@@ -120,7 +120,9 @@ def _resolved_address(ray, address: str | None) -> tuple[str | None, str]:
     """The cluster address ray.init will go to, as Ray resolves it (--ray-address, RAY_ADDRESS, else the cluster
     ``ray start`` last started on this machine, whose address file outlives it), and the flag that named it ("" for
     that file)."""
-    named_by = "--ray-address" if address else "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else ""
+    if address and address != "auto":  # ray.init takes it over RAY_ADDRESS
+        return address, "--ray-address"
+    named_by = "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else ""
     try:
         return ray._private.services.get_ray_address_from_environment(address, None), named_by
     except (AttributeError, ConnectionError):  # another Ray's internals; "auto" with no cluster: ray.init says so

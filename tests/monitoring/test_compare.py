@@ -343,7 +343,7 @@ def test_a_project_moved_whole_keeps_its_register(tmp_path):
         assert db.execute("SELECT survey, source FROM surveys ORDER BY survey").fetchall() == [(1, "v0"), (2, "v1"), (3, "v2")]
 
 
-def test_the_register_dates_surveys_by_their_photos_exif(tmp_path):
+def test_the_register_dates_surveys_by_their_photos_exif(tmp_path, capsys):
     texture = _texture()
     visits = []
     for number, (width, taken) in enumerate([(3, "2023:06:01 10:00:00"), (5, "2024:06:03 11:30:00")]):
@@ -358,6 +358,10 @@ def test_the_register_dates_surveys_by_their_photos_exif(tmp_path):
     assert main(["compare", str(visits[0]), str(visits[1]), "--out", str(tmp_path / "out"), "--register", str(register)]) == 0
     with sqlite3.connect(register) as db:
         assert [row[0] for row in db.execute("SELECT date FROM surveys ORDER BY survey")] == ["2023-06-01", "2024-06-03"]
+    with pytest.raises(SystemExit) as stop:  # a date that is no date is said so, whatever the photos' dates
+        main(["compare", str(visits[0]), str(visits[1]), "--out", str(tmp_path / "again"), "--register", str(tmp_path / "r.gpkg"),
+              "--before-date", "2025-6-1"])
+    assert stop.value.code == 2 and "--before-date 2025-6-1: not a date" in capsys.readouterr().err
 
 
 @needs_browser

@@ -225,7 +225,7 @@ def test_sigterm_and_ctrl_c_stop_the_driver_cleanly_and_leave_no_scratch(cluster
 def test_an_address_where_nothing_listens_fails_in_seconds(photos, tmp_path, checkpoint, monkeypatch):
     import socket
 
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # --ray-address goes first, as ray.init takes it
     with socket.create_server(("127.0.0.1", 0)) as closed:
         port = closed.getsockname()[1]
     start = time.monotonic()
