@@ -53,6 +53,11 @@ class WidthClasses:
         return cls("custom", edges, _band_labels(edges))
 
     @property
+    def flag_value(self) -> str:
+        """What ``--width-classes`` takes to give these classes: the preset's name, or the edges."""
+        return ",".join(f"{edge:g}" for edge in self.edges_mm) if self.name == "custom" else self.name
+
+    @property
     def graded_column(self) -> str:
         """The cracks.csv column whose class this standard grades: ``max_width_class`` or ``mean_width_class``."""
         return f"{self.graded}_width_class"

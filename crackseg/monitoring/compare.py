@@ -37,6 +37,7 @@ from crackseg.monitoring.comparison_folder import ComparisonFolder, writes_at
 from crackseg.monitoring.options import CompareOptions
 from crackseg.monitoring.pair import FAILED, PAIR_FAILURES, PairOutcome, RegisterRecords, compare_pair, map_facts_of
 from crackseg.monitoring.registration import UNREGISTERED
+from crackseg.monitoring.surveys import Survey
 from crackseg.monitoring.visits import Shot, pair_shots, read_visit, survey_dates
 
 ONLY_BEFORE, ONLY_AFTER = "only before", "only after"
@@ -156,11 +157,13 @@ def _require_pixel_sizes(paired: list[tuple[Shot, Shot]]) -> dict[Path, bool]:
 
 
 def _surveys(before: Path, after: Path, visits: tuple[list[Shot], list[Shot]], options: CompareOptions,
-             crs: set, shown: Callable[[str], str]) -> tuple[history.Survey, history.Survey]:
+             crs: set, shown: Callable[[str], str]) -> tuple[Survey, Survey]:
     """Both surveys for --register, checked now as the register will check them (dates, their order, what it holds, its
     CRS against ``crs``, whether it can be written now), before anything is written."""
     dates = survey_dates(visits, options.dates)
-    surveys = tuple(history.Survey(date, shown(str(Path(side).resolve()))) for date, side in zip(dates, (before, after)))
+    classes = options.scale.classes()
+    scale = {"px_size_mm": options.scale.px_size, "width_classes": classes.flag_value if classes is not None else ""}
+    surveys = tuple(Survey(date, shown(str(Path(side).resolve())), **scale) for date, side in zip(dates, (before, after)))
     history.check_append(options.register, *surveys, crs)
     return surveys
 
@@ -208,7 +211,7 @@ def _same_inspection(options: CompareOptions) -> str | None:
             "so none can be new, longer, wider or gone; give the earlier and the later visit")
 
 
-def _append_to_register(register: Path, surveys: tuple[history.Survey, history.Survey], found: Comparison, registered: int,
+def _append_to_register(register: Path, surveys: tuple[Survey, Survey], found: Comparison, registered: int,
                         classes: WidthClasses | None) -> dict:
     """Append the comparison to the site's register; nothing when no pair was registered (surveys without cracks
     would say the site had none)."""

@@ -4,7 +4,8 @@ followed from visit to visit in QGIS or with plain SQL (:data:`WIDTH_HISTORY`).
 Tables (GIS tools list them all; all but ``cracks`` are attribute tables, as is QGIS's ``layer_styles``):
 
 - ``surveys``: ``survey`` (1, 2, ... in date order), ``date`` (YYYY-MM-DD), ``source`` (the inspection folder, relative
-  to the register's folder, or its URL).
+  to the register's folder, or its URL), ``px_size_mm`` and ``width_classes`` (compare's --px-size, NULL without one, and
+  --width-classes, "" without; a register holds one of each).
 - ``cracks``: MultiLineString features, one per crack per survey: ``crack_key`` (unique in the register, the
   key links use), ``survey``, ``image`` (its name within the inspection), ``crack`` (its id in that survey's
   cracks.csv), ``length_px``, ``mean_width_px``, ``max_width_px``, the same in mm (NULL when the pixel size is unknown),
@@ -38,14 +39,11 @@ Needs the geo extra: ``pip install 'crackseg[geo]'``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-import re
 import sqlite3
 from contextlib import closing
 from dataclasses import dataclass, field
-from datetime import date as calendar_date
 from pathlib import Path
 
 import numpy as np
@@ -53,16 +51,15 @@ import numpy as np
 from crackseg.core.errors import InputError, require
 from crackseg.core.files import PendingFile, cell_number, readable
 from crackseg.core.locks import FileLock
-from crackseg.core.storage import is_url
 from crackseg.cracks.styles import width_class_style
 from crackseg.cracks.vectors import gpkg_envelope, gpkg_geometry_blob, write_layer, write_styles
 from crackseg.cracks.widths import WidthClasses
 from crackseg.monitoring.register_file import (APPENDING, BUSY_TIMEOUT_S, add_attribute_table, check_writable, locked,
                                                register_error, transaction, update_contents)
+from crackseg.monitoring.surveys import SCALE_COLUMNS, Survey, check_dates, check_surveys, placed, registered_surveys, survey_columns
 
 _MEASURES = ("length_px", "mean_width_px", "max_width_px", "length_mm", "mean_width_mm", "max_width_mm")
 _CLASSES = ("max_width_class", "mean_width_class")  # a crack has the one of the width its standard grades
-_COMPARED = ("length_px", "max_width_px", "length_mm", "max_width_mm")  # a reused survey's cracks, checked against the register's
 _TABLES = ("surveys", "cracks", "links", "pairs")
 _PAIRS = {"before_survey": "INTEGER", "after_survey": "INTEGER", "before_image": "TEXT", "after_image": "TEXT", "status": "TEXT"}
 _SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
@@ -87,21 +84,6 @@ SELECT s.date, c.image, c.crack, c.max_width_px, c.max_width_mm, chain.status
 
 
 @dataclass(frozen=True)
-class Survey:
-    """One visit of the site: its date (YYYY-MM-DD) and the inspection folder its cracks were measured from."""
-
-    date: str
-    source: str
-
-
-@dataclass(frozen=True)
-class _Registered:
-    survey: int
-    date: str
-    source: str
-
-
-@dataclass(frozen=True)
 class Compared:
     """What one comparison adds to the register. ``cracks``: BEFORE's and AFTER's crack dicts (image, crack, length_px,
     mean_width_px, max_width_px, optionally the mm and the width class, None or "" when unknown, and geometry: a shapely
@@ -119,8 +101,8 @@ def append_comparison(register: Path, before: Survey, after: Survey, compared: C
     """Append one comparison to ``register`` (created when missing), its cracks in ``crs`` (None: pixels); returns the
     surveys, cracks and links added. ``classes``: the comparison's width classes, which a new register's QGIS style
     colours its cracks by."""
-    register, (before, after) = Path(register), _placed(before, after)
-    _check_dates(before, after)
+    register, (before, after) = Path(register), placed(before, after)
+    check_dates(before, after)
     check_writable(register)
     with locked(register):
         if not register.exists():
@@ -135,8 +117,8 @@ def check_append(register: Path, before: Survey, after: Survey, crs: frozenset |
     one another compare or program is writing to, AFTER registered already, an inspection registered under another
     date, BEFORE older than the register's latest survey, and pairs in ``crs`` (the CRSs their AFTER files lie in,
     None for pixel coordinates) that the register cannot hold. Writes nothing."""
-    register, (before, after) = Path(register), _placed(before, after)
-    _check_dates(before, after)
+    register, (before, after) = Path(register), placed(before, after)
+    check_dates(before, after)
     if len(crs) > 1:
         raise InputError(f"--register {register}: the pairs lie in several CRSs or mix photos and rasters "
                          f"({', '.join(sorted(map(str, crs)))}); a register holds one site in one CRS")
@@ -144,7 +126,7 @@ def check_append(register: Path, before: Survey, after: Survey, crs: frozenset |
     FileLock(register, APPENDING).check()
     if register.exists():
         with transaction(register, register, write=False) as db:  # takes the write lock: a busy register is told now
-            _check_surveys(register, _registered_surveys(db, register), before, after)
+            check_surveys(register, registered_surveys(db, register), before, after)
             for one in crs:
                 _check_crs(register, _registered_crs(db), one)
 
@@ -152,10 +134,10 @@ def check_append(register: Path, before: Survey, after: Survey, crs: frozenset |
 def check_cracks(register: Path, before: Survey, after: Survey, before_cracks: list[dict]) -> None:
     """Refuse now, before a comparison's outputs are written, BEFORE's cracks that differ from those the register holds
     for that survey (another model, other settings, another pixel size or standard, an edited register). Writes nothing."""
-    register, (before, after) = Path(register), _placed(before, after)
+    register, (before, after) = Path(register), placed(before, after)
     if register.exists():
         with transaction(register, register, write=False) as db:
-            reused = _check_surveys(register, _registered_surveys(db, register), before, after)
+            reused = check_surveys(register, registered_surveys(db, register), before, after)
             if reused is not None:
                 _registered_keys(db, register, reused, before_cracks)
 
@@ -172,35 +154,13 @@ def width_history(register: Path, date: str, image: str, crack: int) -> list[dic
         raise register_error(register, error) from None
 
 
-def _placed(*surveys: Survey) -> list[Survey]:
-    """The surveys with a local source as an absolute path, as registered sources are read back."""
-    return [survey if is_url(survey.source) else dataclasses.replace(survey, source=os.path.abspath(survey.source)) for survey in surveys]
-
-
-def _check_dates(before: Survey, after: Survey) -> None:
-    _check_date(before.date, "--before-date")
-    _check_date(after.date, "--after-date")
-    if after.date <= before.date:
-        raise InputError(f"--after-date {after.date}: not later than --before-date {before.date}")
-
-
-def _check_date(text: str, flag: str) -> None:
-    try:
-        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
-            calendar_date.fromisoformat(text)
-            return
-    except ValueError:
-        pass
-    raise InputError(f"{flag} {text}: not a date; give it as YYYY-MM-DD (e.g. 2024-05-31)")
-
-
 def _create(register: Path, surveys: tuple[Survey, Survey], compared: Compared, crs: str | None, classes: WidthClasses | None) -> dict:
     """A new register: its empty layers and the cracks' QGIS style made by GDAL under a temporary name, the rows appended
     as to any register, the file on disk (fsynced) before the rename makes it the register."""
     pending = PendingFile(register, suffix=".gpkg")
     try:
         pending.temp.unlink()  # GDAL creates the file itself
-        write_layer(pending.temp, "surveys", _survey_columns([], register), named=register)
+        write_layer(pending.temp, "surveys", survey_columns([], register), named=register)
         write_layer(pending.temp, "cracks", _crack_columns([]), np.array([], dtype=object), crs, append=True, named=register)
         write_layer(pending.temp, "links", _link_columns([], {}, {}), append=True, named=register)
         write_styles(pending.temp, {"cracks": width_class_style(classes)}, named=register)
@@ -221,8 +181,8 @@ def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Surve
     """Append to the register open in ``db``'s write transaction."""
     before, after = surveys
     cracks, links, pairs = compared.cracks, compared.links, compared.pairs
-    registered = _registered_surveys(db, register)
-    reused = _check_surveys(register, registered, before, after)
+    registered = registered_surveys(db, register)
+    reused = check_surveys(register, registered, before, after)
     if check_crs:
         _check_crs(register, _registered_crs(db), crs)
     next_survey = max((survey.survey for survey in registered), default=0) + 1
@@ -245,12 +205,13 @@ def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Surve
     new_surveys.append((next_survey, after))
     new_cracks.append((next_survey, cracks[1], next_key))
 
+    for table, names in (("cracks", {name: "TEXT" for name in _CLASSES}), ("surveys", SCALE_COLUMNS)):  # an older register gets them
+        have = {row[1] for row in db.execute(f'PRAGMA table_info("{table}")')}
+        for name in sorted(set(names) - have):
+            db.execute(f'ALTER TABLE "{table}" ADD COLUMN "{name}" {names[name]}')
     srs_id = db.execute("SELECT srs_id FROM gpkg_geometry_columns WHERE lower(table_name) = 'cracks'").fetchone()[0]
-    _insert(db, "surveys", _survey_columns(new_surveys, register))
+    _insert(db, "surveys", survey_columns(new_surveys, register))
     geometries = [gpkg_geometry_blob(row.get("geometry"), srs_id) for _, rows, _ in new_cracks for row in rows]
-    have = {row[1] for row in db.execute('PRAGMA table_info("cracks")')}  # a register older than mean_width_class gets it
-    for name in sorted(set(_CLASSES) - have):
-        db.execute(f'ALTER TABLE "cracks" ADD COLUMN "{name}" TEXT')
     _insert(db, "cracks", {"geom": geometries, **_crack_columns(new_cracks)})
     _insert(db, "links", _link_columns(links, before_keys, after_keys))
     add_attribute_table(db, "pairs", _PAIRS)
@@ -259,37 +220,6 @@ def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Surve
                              for side in ("before", "after")}, "status": [pair["status"] for pair in pairs]})
     update_contents(db, _TABLES, [box for box in map(gpkg_envelope, geometries) if box is not None])
     return {"surveys": len(new_surveys), "cracks": sum(len(rows) for _, rows, _ in new_cracks), "links": len(links)}
-
-
-def _registered_surveys(db: sqlite3.Connection, register: Path) -> list[_Registered]:
-    """The surveys, each source an absolute path (or a URL) as compare names the inspections it is given."""
-    return [_Registered(survey, date, source if is_url(source) else os.path.normpath(os.path.join(Path(register).resolve().parent, source)))
-            for survey, date, source in db.execute("SELECT survey, date, source FROM surveys")]
-
-
-def _check_surveys(register: Path, registered: list[_Registered], before: Survey, after: Survey) -> int | None:
-    """The survey id of BEFORE when the register has it as its latest survey, None when BEFORE is a new, later one.
-    Each inspection (its folder) is registered once, under one date."""
-    if before.source == after.source:
-        raise InputError(f"{register}: BEFORE and AFTER are the same inspection {after.source}; a register holds each inspection "
-                         "once, under one date: compare two visits")
-    if any((survey.date, survey.source) == (after.date, after.source) for survey in registered):
-        raise InputError(f"{register}: the survey of {after.date} from {after.source} is already registered; nothing appended")
-    for side, flag in ((after, "--after-date"), (before, "--before-date")):
-        other = next((survey for survey in registered if survey.source == side.source and survey.date != side.date), None)
-        if other is not None:
-            raise InputError(f"{register}: {side.source} is registered already as the survey of {other.date}, not {side.date} "
-                             f"({flag}); a register holds each inspection once: date it {other.date}, or keep each visit in a "
-                             "folder of its own")
-    if not registered:
-        return None
-    latest = max(registered, key=lambda survey: survey.date)
-    if (before.date, before.source) == (latest.date, latest.source):
-        return latest.survey
-    if before.date > latest.date:
-        return None
-    raise InputError(f"{register}: its latest survey is {latest.date} from {latest.source}; visits are appended in date order, "
-                     f"so compare from that survey or a later one, not from {before.date} ({before.source})")
 
 
 def _registered_crs(db: sqlite3.Connection) -> str | None:
@@ -321,12 +251,10 @@ def _registered_keys(db: sqlite3.Connection, register: Path, survey: int,
                      cracks: list[dict]) -> tuple[dict[tuple[str, int], int], list[dict]]:
     """{(image, crack): crack_key} of a registered survey's images, once their cracks are found to be those of ``cracks``,
     and the crack dicts of images the survey does not hold yet (an image no earlier comparison registered)."""
-    have = {row[1] for row in db.execute('PRAGMA table_info("cracks")')}
-    classes = ", ".join(name if name in have else "NULL" for name in _CLASSES)  # a register older than mean_width_class
-    rows = db.execute(f"SELECT image, crack, crack_key, {', '.join(_COMPARED)}, {classes} FROM cracks WHERE survey = ?", (survey,)).fetchall()
+    rows = db.execute("SELECT image, crack, crack_key, length_px, max_width_px FROM cracks WHERE survey = ?", (survey,)).fetchall()
     found = {(image, crack): values for image, crack, _, *values in rows}
     images = {image for image, _ in found}
-    given = {(readable(row["image"]), int(row["crack"])): [row.get(name) for name in (*_COMPARED, *_CLASSES)]
+    given = {(readable(row["image"]), int(row["crack"])): [row["length_px"], row["max_width_px"]]
              for row in cracks if readable(row["image"]) in images}
     compared = {image for image, _ in given}  # registered images this comparison holds too
     here = {key: value for key, value in found.items() if key[0] in compared}
@@ -336,38 +264,16 @@ def _registered_keys(db: sqlite3.Connection, register: Path, survey: int,
         raise InputError(f"{register}: crack {crack} of {image} differs from the one registered for that survey (it was "
                          "probably measured with other settings or another model, or removed from the register); compare with "
                          "the settings used then")
-    scaled = sorted(key for key in given if not _same_scale(here[key], given[key]))
-    if scaled:
-        image, crack = scaled[0]
-        raise InputError(f"{register}: crack {crack} of {image} has other sizes in mm or another width class than the one "
-                         "registered for that survey: give the --px-size and --width-classes the register was made with")
     unseen = [row for row in cracks if readable(row["image"]) not in images]
     return {(image, crack): key for image, crack, key, *_ in rows}, unseen
 
 
 def _same_px(registered: list, given: list) -> bool:
-    return all(math.isclose(_measure(a), _measure(b), rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(registered[:2], given[:2]))
-
-
-def _same_scale(registered: list, given: list) -> bool:
-    """The same mm (both unknown counts as the same) and the same width class."""
-    mm = all((cell_number(a) is None and cell_number(b) is None) or
-             math.isclose(_measure(a), _measure(b), rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(registered[2:4], given[2:4]))
-    return mm and all((a or None) == (b or None) for a, b in zip(registered[4:], given[4:]))
+    return all(math.isclose(_measure(a), _measure(b), rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(registered, given))
 
 
 def _numbered(cracks: list[dict], first_key: int) -> dict[tuple[str, int], int]:
     return {(readable(row["image"]), int(row["crack"])): first_key + index for index, row in enumerate(cracks)}
-
-
-def _survey_columns(surveys: list[tuple[int, Survey]], register: Path) -> dict[str, np.ndarray]:
-    """The surveys' rows, a local source relative to the register's folder: a project moved whole keeps its register."""
-    def stored(source: str) -> str:
-        return source if is_url(source) else os.path.relpath(source, Path(register).resolve().parent)
-
-    return {"survey": np.array([number for number, _ in surveys], np.int64),
-            "date": np.array([survey.date for _, survey in surveys], object),
-            "source": np.array([readable(stored(str(survey.source))) for _, survey in surveys], object)}
 
 
 def _crack_columns(batches: list[tuple[int, list[dict], int]]) -> dict[str, np.ndarray]:

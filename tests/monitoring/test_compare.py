@@ -629,6 +629,27 @@ def test_a_register_refuses_another_pixel_size_or_standard_before_anything_is_wr
     assert register.read_bytes() == kept and not any((tmp_path / "o2").glob("*.csv"))
 
 
+def test_a_register_of_photos_from_moving_viewpoints_chains_with_its_pixel_size_and_standard(tmp_path):
+    """The shared survey's mm differ between its two comparisons (each measures it in the other photo's scale): the
+    register checks the scale given, not those mm."""
+    texture, mask = _texture(), _draw([A, B, C])
+
+    def seen(move: SimilarityTransform) -> tuple[np.ndarray, np.ndarray]:
+        photo = warp(_photo(texture, mask), move.inverse, preserve_range=True, order=1, mode="edge").round().astype(np.uint8)
+        return photo, warp(mask.astype(float), move.inverse, order=1) > 0.5
+
+    visits = [_write_visit(tmp_path / "v0", _photo(texture, mask), mask),
+              _write_visit(tmp_path / "v1", *seen(SimilarityTransform(scale=1.03, translation=(-5, 4)))),
+              _write_visit(tmp_path / "v2", *seen(SimilarityTransform(scale=1.06, rotation=0.03, translation=(-9, 6))))]
+    register, dates = tmp_path / "site.gpkg", ["2023-01-01", "2024-01-01", "2025-01-01"]
+    for number in (0, 1):
+        assert main(["compare", str(visits[number]), str(visits[number + 1]), "--out", str(tmp_path / f"c{number}"), "--register",
+                     str(register), "--px-size", "1", "--width-classes", "bre251", "--before-date", dates[number],
+                     "--after-date", dates[number + 1]]) == 0
+    with sqlite3.connect(register) as db:
+        assert db.execute("SELECT px_size_mm, width_classes FROM surveys").fetchall() == [(1.0, "bre251")] * 3
+
+
 def test_a_crack_removed_from_the_register_is_refused_before_anything_is_written_and_its_key_never_reused(tmp_path, capsys):
     texture = _texture()
     visits = [_write_visit(tmp_path / f"v{number}", _photo(texture, _draw([A, B])), _draw([A, B])) for number in range(3)]

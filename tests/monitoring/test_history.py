@@ -3,6 +3,7 @@ in the sqlite3 shell, map coordinates, and appends that are refused or interrupt
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sqlite3
@@ -21,7 +22,8 @@ shapely = pytest.importorskip("shapely")
 from crackseg.core.errors import InputError  # noqa: E402
 from crackseg.cracks.widths import WIDTH_CLASS_PRESETS  # noqa: E402
 from crackseg.monitoring import history  # noqa: E402
-from crackseg.monitoring.history import WIDTH_HISTORY, Compared, Survey, append_comparison, check_append, width_history  # noqa: E402
+from crackseg.monitoring.history import WIDTH_HISTORY, Compared, append_comparison, check_append, width_history  # noqa: E402
+from crackseg.monitoring.surveys import Survey  # noqa: E402
 from crackseg.monitoring import register_file  # noqa: E402
 from conftest import read_only_mount  # noqa: E402
 
@@ -456,3 +458,17 @@ def test_check_append_names_the_compare_that_holds_the_register_lock(tmp_path):
     _lock(lock, os.getpid())  # a live process: this one
     with pytest.raises(InputError, match=f"^{register}: another crackseg compare is appending to it: pid {os.getpid()} .*delete {lock} "):
         check_append(register, VISITS[1], VISITS[2])
+
+
+def test_a_register_written_before_surveys_kept_their_scale_takes_any_and_records_it_from_then_on(tmp_path):
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    with sqlite3.connect(register) as db:
+        for column in ("px_size_mm", "width_classes"):
+            db.execute(f'ALTER TABLE surveys DROP COLUMN "{column}"')
+    scaled = [dataclasses.replace(visit, px_size_mm=0.5, width_classes="bre251") for visit in VISITS]
+    append_comparison(register, scaled[1], scaled[2], Compared((CRACKS[1], CRACKS[2]), LINKS[1]), None)
+    assert _table(register, "SELECT survey, px_size_mm, width_classes FROM surveys ORDER BY survey") == [
+        (1, None, None), (2, None, None), (3, 0.5, "bre251")]
+    with pytest.raises(InputError, match="was measured with --px-size 0.5 --width-classes bre251, this comparison with no --px-size"):
+        check_append(register, VISITS[2], Survey("2026-04-01", "visits/2026"))
