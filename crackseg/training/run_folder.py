@@ -274,8 +274,10 @@ def _overlay(images: torch.Tensor, predicted: torch.Tensor, truth: torch.Tensor)
 
 
 def _resumable(path: Path) -> dict:
-    """The payload of a run's checkpoint; a model file without the training state a resume needs is refused."""
-    payload = read_checkpoint(path)
+    """The payload of a run's checkpoint; a model file without the training state a resume needs is refused. A run saved
+    by an older crackseg resumes: its weights' own checksum is checked, and the epochs it goes on to save carry the
+    current one (as a re-save does)."""
+    payload = read_checkpoint(path, resaving=True)
     if "epoch" not in payload:  # save_epoch writes it with the rest of the training state
         raise InputError(f"{path}: a model without its training state (epoch, optimizer, options), not a run's checkpoint: "
                          f"--resume continues a run from its last.pt or an epoch_NNNN.pt; to start from these weights, pass --init {path}")
