@@ -169,14 +169,24 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) ->
     write_atomic(path, readable(buffer.getvalue()))
 
 
-def read_csv(path: Path) -> list[dict]:
-    """The rows of a CSV that :func:`write_csv` wrote, as dicts of text (numbers included).
+def read_csv(path: Path, columns: tuple[str, ...] = ()) -> list[dict]:
+    """The rows of a CSV that :func:`write_csv` wrote, as dicts of text (numbers included); a file that is not such a
+    table (not UTF-8, empty, without ``columns``) is a one-line error naming it.
 
     Read as UTF-8 whatever the locale; the ``'`` that write_csv put before a formula start or a ``'`` is taken off
     again, so every value comes back as it was given.
     """
-    with open(path, newline="", encoding="utf-8") as file:
-        return [{key: _unguarded(value) for key, value in row.items()} for row in csv.DictReader(file)]
+    try:
+        with open(path, newline="", encoding="utf-8") as file:
+            reader = csv.DictReader(file)
+            rows = [{key: _unguarded(value) for key, value in row.items()} for row in reader]
+            header = reader.fieldnames or []
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise InputError(f"{path}: not a table crackseg wrote ({error})") from None
+    missing = [name for name in columns if name not in header]
+    if not header or missing:
+        raise InputError(f"{path}: not a table crackseg wrote ({'empty' if not header else 'no ' + ', '.join(missing) + ' column'})")
+    return rows
 
 
 def cell_number(value) -> float | None:

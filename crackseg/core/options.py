@@ -168,6 +168,8 @@ def derived(name: str, schema: type, names: tuple[str, ...], **first: tuple[type
 def local_path_problem(text: str) -> str | None:
     """Why ``text`` cannot be a local path: a URL would become a local folder named after its scheme (pathlib folds the
     slashes), or None."""
+    if not str(text):
+        return "empty: give a path ('' would be the current folder)"
     if is_url(str(text)):
         return (f"{display_url(str(text))}: a local path is needed here (object storage is read and written by predict, "
                 "evaluate and compare; docs/predict.md)")
@@ -207,6 +209,9 @@ def _checked_value(item: dataclasses.Field, kind: type, value):
     name = meta["flag"].get("flags", (flag(item.name),))[0]
     if value is None:
         return value
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    if any(isinstance(one, str) and not one for one in values) and item.default != "" and not meta["flag"].get("env"):
+        raise InputError(f"{name}: empty; give a value (a path '' would be the current folder)")
     try:
         if meta["parse"] is not None:
             value = meta["parse"](value)  # text, or e.g. a number for a Length: every parser takes its own result too

@@ -131,6 +131,10 @@ def find_samples(
             raise InputError(f"{folder} is not a folder ({flag})")
     if "{stem}" not in mask_pattern:
         raise InputError(f"--mask-pattern must contain {{stem}}, got {mask_pattern!r}")
+    same = str(images) == str(masks) if is_url(str(images)) else Path(images).resolve() == Path(masks).resolve()
+    if same and mask_pattern == "{stem}":
+        raise InputError(f"--images and --masks are one folder ({images}): every photo would be its own mask; give the masks' "
+                         "folder, or a --mask-pattern such as {stem}_mask")
     prefix, suffix = mask_pattern.split("{stem}", 1)
     mask_name = re.compile(re.escape(prefix) + "(?P<stem>.+)" + re.escape(suffix) + "$")
 

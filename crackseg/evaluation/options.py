@@ -92,6 +92,11 @@ class EvaluateOptions(Options):
             raise InputError("--checkpoint needs --data ROOT (and --split, default test)")
         if self.checkpoint is None and (self.pred is None or self.gt is None):
             raise InputError("give --pred DIR and --gt DIR, or --checkpoint FILE and --data ROOT")
+        unused = [flag for flag, value in ((("--pred", self.pred), ("--gt", self.gt)) if self.checkpoint is not None
+                                           else (("--data", self.data),)) if value is not None]
+        if unused:  # scoring one pair of inputs, it would silently leave the other out
+            why = "scores files already predicted, without --checkpoint" if self.checkpoint is not None else "goes with --checkpoint"
+            raise InputError(f"{unused[0]} {why}; give --pred and --gt, or --checkpoint and --data")
         default = InferenceOptions()
         if self.checkpoint is None and self.inference != default:
             changed = [f"--{name.replace('_', '-')}" for name, value in vars(self.inference).items() if value != getattr(default, name)]

@@ -314,9 +314,11 @@ def export_labels(predictions: Path, fmt: str, out: Path, rle: bool = False, ove
             raise InputError(f"--out {out}: a file; labelme's files go beside each photo, in a folder: give a folder")
         targets = [_inside(out, f"{name}.json") for name, _, _ in entries]
     else:
+        suffix = ".xml" if fmt == "cvat" else ".json"
         if out.is_dir():
-            example = out / f"{fmt}.{'xml' if fmt == 'cvat' else 'json'}"
-            raise InputError(f"--out {out}: a folder; {fmt} writes one file: give its name, e.g. {example}")
+            raise InputError(f"--out {out}: a folder; {fmt} writes one file: give its name, e.g. {out / (fmt + suffix)}")
+        if out.suffix.lower() != suffix:  # the labelling tool picks the file's reader by it
+            raise InputError(f"--out {out}: a {fmt} file is a {suffix} file; e.g. --out {out.with_suffix(suffix)}")
         targets = [out]
     existing = [target for target in targets if target.exists()]
     if existing and not overwrite:

@@ -56,6 +56,10 @@ def export_model(checkpoint: Path, fmt: str, out: Path, overwrite: bool = False,
         raise InputError(f"--tile, --tile-overlap and --px-size are for --format onnx (QGIS's Deepness plugin), not {fmt}")
     kept_resolution = _deepness_resolution(deepness.px_size) if deepness.px_size is not None else None
     out = Path(out)
+    if not out.name:
+        raise InputError(f"--out {str(out)!r}: give the exported model's name, e.g. --out model.{'xml' if fmt == 'openvino' else fmt}")
+    if fmt == "safetensors" and out.suffix.lower() in (".onnx", ".xml", ".bin", ".pt", ".safetensors"):
+        raise InputError(f"--out {out}: a safetensors model is a folder (config.json and model.safetensors); e.g. --out {out.with_suffix('')}")
     if fmt == "openvino" and out.suffix.lower() != ".xml":
         raise InputError(f"--out {out}: an OpenVINO model is an .xml file (its weights go to the .bin beside it); e.g. --out {out.with_suffix('.xml')}")
     if fmt == "onnx" and out.suffix.lower() != ".onnx":  # predict picks the runtime by the suffix

@@ -85,8 +85,12 @@ class PredictOptions(Options):
         given = [flag for flag, value in ray_flags.items() if value is not None]
         if given and self.engine != "ray":
             raise InputError(f"{given[0]} applies to --engine ray")
-        if self.vectors and not self.measure:
-            raise InputError("--vectors draws the measured cracks; leave out --no-measure")
+        if not self.measure:  # what measures cracks means nothing without measuring
+            given = [flag for flag, used in (("--vectors", self.vectors), ("--width-classes", self.scale.width_classes is not None),
+                                            ("--join-gap", self.join_gap != measurement.JOIN_GAP),
+                                            ("--min-length", self.min_length != measurement.MIN_LENGTH)) if used]
+            if given:
+                raise InputError(f"{given[0]} applies to the measured cracks; leave out --no-measure")
         if self.vectors:
             require_geo()
 

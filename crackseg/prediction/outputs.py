@@ -1,10 +1,9 @@
 """The predictions folder: what ``predict`` writes for each image and for the whole run.
 
-Per image: ``masks/<name>.png`` (the model's pixels, 0/255), optionally ``probs/<name>.png``
-and ``overlays/<name>.jpg`` (the photo with each reported crack tinted and labelled with its
-id), ``vectors/<name>.geojson|gpkg``, a row of ``predictions.csv`` and, when measuring, one
-row of ``cracks.csv`` per crack; a raster predicted by windows gets ``.tif`` masks and
-probabilities. For the run: ``summary.json`` (totals, the widest crack, length per width
+Per image: ``masks/<name>.png`` (the model's pixels, 0/255), optionally ``probs/<name>.png`` and ``overlays/<name>.jpg``
+(the photo with each reported crack tinted and labelled with its id), ``vectors/<name>.geojson|gpkg``, a row of
+``predictions.csv`` and, when measuring, one row of ``cracks.csv`` per crack; a raster predicted by windows gets ``.tif``
+masks and probabilities. For the run: ``summary.json`` (totals, the widest crack, length per width
 class), ``errors.csv`` when an input failed, and ``report.html`` with its pictures under
 ``report/``. :class:`PredictionsFolder` is the one place that names these files, and the one
 writer and reader of its tables.
@@ -36,7 +35,7 @@ from crackseg.cracks.measure import CrackMeasure, find_cracks
 from crackseg.cracks.pixel_sets import thinned
 from crackseg.cracks.vectors import FORMATS, centrelines, layer_files, skeleton_links, write_vectors
 from crackseg.cracks.widths import WidthClasses, in_mm
-from crackseg.data.images import crack_mask
+from crackseg.data.images import DECODE_ERRORS, crack_mask, describe_error
 from crackseg.prediction.pictures import overlay_jpeg, probability_levels, write_png
 
 if TYPE_CHECKING:
@@ -184,7 +183,7 @@ class PredictionsFolder:
         """predictions.csv's rows, one per input, as text cells holding what predict wrote (names as given)."""
         if not self.predictions_csv.is_file():
             raise InputError(f"{self.predictions_csv}: not found; give a folder written by crackseg predict")
-        return read_csv(self.predictions_csv)
+        return read_csv(self.predictions_csv, ("path", "mask"))
 
     def table_path(self, value: str, column: str, row: int) -> Path:
         """The file a path in predictions.csv's ``column`` (mask) names, which must lie inside this folder (under masks/).
@@ -224,12 +223,15 @@ class PredictionsFolder:
 
     def read_cracks(self) -> list[dict]:
         """cracks.csv's rows, one per crack, as text cells; none when predict did not measure (no cracks.csv)."""
-        return read_csv(self.cracks_csv) if self.cracks_csv.is_file() else []
+        return read_csv(self.cracks_csv, ("path", "crack")) if self.cracks_csv.is_file() else []
 
 
 def read_saved_mask(path: Path) -> np.ndarray:
-    """(H, W) bool crack pixels of a mask PNG that predict wrote, read by the one mask reader."""
-    return crack_mask(path)
+    """(H, W) bool crack pixels of a mask PNG that predict wrote, read by the one mask reader (a one-line error if not)."""
+    try:
+        return crack_mask(path)
+    except DECODE_ERRORS as error:
+        raise InputError(f"{path}: predictions.csv names this mask: {describe_error(error)}; run predict again") from None
 
 
 @dataclass

@@ -101,6 +101,10 @@ def _run(engine: Engine, job: Job) -> int:
 def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitStack) -> Plan:
     """List the inputs, open each raster (kept open in ``cleanup`` until it is predicted), and
     resolve every input's outputs: sizes, pixel types and units are checked before any work."""
+    out = Path(options.out)  # an s3:// URL names no local folder here
+    if (out / "images").is_dir() and (out / "masks").is_dir() and not (out / "predictions.csv").is_file():
+        raise InputError(f"--out {options.out}: a dataset (images/ and masks/), whose masks predict's would mix with; "
+                         "choose a folder of its own")
     staged = cleanup.enter_context(StagedFolder(options.out, "predict", "predictions", options.lock, _WITHOUT_LOCK))
     folder = PredictionsFolder(staged.root)
     listed = collect_inputs(inputs, options.recursive, options.out)

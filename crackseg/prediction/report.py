@@ -75,6 +75,8 @@ def _pictures(folder: PredictionsFolder, name: str, photo_path: Path, mask_path:
     """Thumbnail, photo and overlay as JPEGs under report/, written only when missing or older than the mask."""
     pictures = {kind: folder.report_picture(kind, name) for kind in REPORT_PICTURES}
     names = {kind: relative_url(path.relative_to(folder.root)) for kind, path in pictures.items()}
+    if not mask_path.is_file():
+        raise InputError(f"{mask_path}: predictions.csv names this mask, which is missing; run predict again")
     fresh = all(path.exists() and path.stat().st_mtime >= mask_path.stat().st_mtime for path in pictures.values())
     if fresh:
         return names

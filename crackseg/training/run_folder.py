@@ -67,6 +67,9 @@ class RunFolder:
         if not self.is_main:
             return
         self._created = not self.path.exists()
+        other = next((kind for name, kind in _NOT_RUNS if (self.path / name).exists()), None)
+        if other:  # its checkpoints, config.json and split.json would land among another command's files
+            raise InputError(f"--run {self.path}: {other}; give the run a folder of its own")
         ensure_writable_folder(self.path, "--run")
         self._lock.acquire()
         remove_orphan_temps(self.path)
@@ -282,6 +285,9 @@ def _resumable(path: Path) -> dict:
         raise InputError(f"{path}: a model without its training state (epoch, optimizer, options), not a run's checkpoint: "
                          f"--resume continues a run from its last.pt or an epoch_NNNN.pt; to start from these weights, pass --init {path}")
     return payload
+
+
+_NOT_RUNS = (("predictions.csv", "a predictions folder (predictions.csv)"), ("images", "a dataset (images/)"))
 
 
 @dataclass

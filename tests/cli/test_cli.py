@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
+
+from conftest import cli_result
 
 from crackseg.cli.main import build_parser
 
@@ -237,3 +240,47 @@ def test_a_list_value_starting_with_a_minus_is_checked_as_a_value(tmp_path):
     assert code == 2 and "--width-classes: widths must be positive and increasing (mm), got '-1,2'" in err, err
     code, err = _main("train", "--data", str(tmp_path), "--data-weights", "-1,1", "--run", str(tmp_path / "run"))
     assert code == 2 and "--data-weights: must be > 0, got -1" in err, err
+
+
+def _mistakes(tmp_path, synth_root, checkpoint) -> dict[str, tuple[list, str]]:
+    """Mistakes that ran on as if meant (an empty path is the current folder; a flag that changes nothing, a folder
+    of another kind), each with the words of its one line."""
+    dataset = tmp_path / "dataset"
+    shutil.copytree(synth_root, dataset)
+    model, photos = str(checkpoint), str(synth_root / "images")
+    return {
+        "synth into ''": (["synth", ""], "empty"),
+        "predict ''": (["predict", "--checkpoint", model, "", "--out", tmp_path / "p"], "empty"),
+        "evaluate --out ''": (["evaluate", "--pred", synth_root / "masks", "--gt", synth_root / "masks", "--out", ""], "empty"),
+        "serve on every interface": (["serve", "label-studio", "--checkpoint", model, "--host", ""], "--host: empty"),
+        "predict into a dataset": (["predict", "--checkpoint", model, photos, "--out", dataset], "a dataset (images/ and masks/)"),
+        "train into a dataset": (["train", "--run", dataset, "--data", synth_root, "--epochs", "1"], "a dataset (images/)"),
+        "width classes unmeasured": (["predict", "--checkpoint", model, photos, "--out", tmp_path / "p", "--no-measure",
+                                      "--px-size", "1", "--width-classes", "bre251"], "--width-classes applies to the measured"),
+        "min length unmeasured": (["predict", "--checkpoint", model, photos, "--out", tmp_path / "p", "--no-measure",
+                                   "--min-length", "50"], "--min-length applies to the measured"),
+        "--data beside --pred": (["evaluate", "--pred", synth_root / "masks", "--gt", synth_root / "masks", "--data", synth_root],
+                                 "--data goes with --checkpoint"),
+        "--gt beside --checkpoint": (["evaluate", "--checkpoint", model, "--data", synth_root, "--gt", synth_root / "masks"],
+                                     "--gt scores files already predicted"),
+        "photos as masks": (["inspect", synth_root, "--masks", photos, "--images", photos], "one folder"),
+        "coco into a .txt": (["labels", "export", tmp_path / "p", "--format", "coco", "--out", tmp_path / "l.txt"],
+                             "a coco file is a .json file"),
+        "safetensors into a .onnx": (["export", model, "--format", "safetensors", "--out", tmp_path / "m.onnx"],
+                                     "a safetensors model is a folder"),
+    }
+
+
+@pytest.mark.parametrize("case", ["synth into ''", "predict ''", "evaluate --out ''", "serve on every interface",
+                                  "predict into a dataset", "train into a dataset", "width classes unmeasured",
+                                  "min length unmeasured", "--data beside --pred", "--gt beside --checkpoint", "photos as masks",
+                                  "coco into a .txt", "safetensors into a .onnx"])
+def test_mistakes_that_ran_on_as_if_meant_are_one_line(tmp_path, synth_root, checkpoint, case, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv, said = _mistakes(tmp_path, synth_root, checkpoint)[case]
+    if argv[:2] == ["labels", "export"]:
+        assert cli_result(["predict", "--checkpoint", checkpoint, synth_root / "images", "--out", tmp_path / "p"])[0] == 0
+    before = sorted(path.name for path in tmp_path.iterdir())
+    code, err = cli_result(argv)
+    assert code == 2 and err.count("\n") == 1 and said in err, err
+    assert sorted(path.name for path in tmp_path.iterdir()) == before  # nothing written

@@ -302,3 +302,31 @@ def test_the_report_names_and_pictures_photos_whose_names_look_like_formulas(tmp
 
 if __name__ == "__main__":
     screenshot(Path(sys.argv[1]), Path(sys.argv[2]))
+
+
+@pytest.mark.parametrize("table, reason", [(b"\xff\xfe\x00garbage\x81", "not a table crackseg wrote"), (b"", "(empty)"),
+                                           (b"x,y\n1,2\n", "(no path, mask column)")])
+@pytest.mark.parametrize("command", [["report"], ["labels", "rank"], ["labels", "export", "--format", "coco", "--out", "x.json"]])
+def test_a_predictions_table_that_is_not_one_is_a_one_line_error(tmp_path, table, reason, command, capsys):
+    (tmp_path / "pred").mkdir()
+    (tmp_path / "pred" / "summary.json").write_text('{"images": 0, "px_size_mm": null, "warnings": [], "threshold": 0.5}')
+    (tmp_path / "pred" / "predictions.csv").write_bytes(table)
+    with pytest.raises(SystemExit) as exit:
+        main([*command[:2], str(tmp_path / "pred"), *[str(tmp_path / part) if part.endswith(".json") else part for part in command[2:]]]
+             if command[0] == "labels" else [command[0], str(tmp_path / "pred")])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1 and "predictions.csv: " in err and reason in err, err
+
+
+def test_a_mask_predictions_csv_names_that_is_missing_or_damaged_is_a_one_line_error(tmp_path, capsys):
+    _photos(tmp_path / "in")
+    assert main(["predict", str(tmp_path / "in"), "--model", str(dark_pixel_model(tmp_path)), "--out", str(tmp_path / "pred"),
+                 "--device", "cpu"]) == 0
+    (tmp_path / "pred" / "masks" / "img1.png").write_bytes(b"not a png")
+    (tmp_path / "pred" / "masks" / "img2.png").unlink()
+    for command in (["report", str(tmp_path / "pred")],
+                    ["labels", "export", str(tmp_path / "pred"), "--format", "coco", "--out", str(tmp_path / "x.json")]):
+        with pytest.raises(SystemExit) as exit:
+            main(command)
+        err = capsys.readouterr().err
+        assert exit.value.code == 2 and err.count("\n") == 1 and "predictions.csv names this mask" in err, err
