@@ -19,7 +19,7 @@ from contextlib import closing
 from pathlib import Path, PurePosixPath
 
 from crackseg.core.errors import InputError
-from crackseg.core.files import remove_orphan_temps, write_atomic, write_csv
+from crackseg.core.files import read_csv, remove_orphan_temps, write_atomic, write_csv
 from crackseg.core.staging import StagedFolder
 from crackseg.cracks.styles import categorized_style
 from crackseg.cracks.vectors import FORMATS, layer_files, write_features
@@ -67,7 +67,8 @@ class ComparisonFolder:
         interrupted compare left. The caller releases the staged folder at the end."""
         try:
             self._refuse_register_among_outputs(layers)
-            self._earlier = [path for path in self._outputs_here() if self._claims(path)]
+            earlier = self._earlier_pairs()
+            self._earlier = [path for path in self._outputs_here() if self._claims(path, earlier)]
             if self._earlier and not overwrite:
                 raise InputError(f"{self.staged.shown(self._earlier[0])} already exists; choose another --out or pass --overwrite")
             below = [path for sub in ("vectors", "report") for path in (self.root / sub, *(self.root / sub).rglob("*"))]
@@ -123,11 +124,26 @@ class ComparisonFolder:
             raise InputError(f"--register {self.register}: is {path.relative_to(self.root)}, a file this compare writes in --out; "
                              "give the register another name or keep it elsewhere")
 
-    def _claims(self, path: Path) -> bool:
-        """Whether ``path``, found where compare writes, is an earlier compare's output: never the register, and a
+    def _earlier_pairs(self) -> tuple[set[str], set[str]]:
+        """(the names of the change layers, the numbers of the pairs) of the comparison in pairs.csv, whose files those
+        are; none from a table that cannot be read."""
+        try:
+            rows = read_csv(self.pairs_csv, ("pair",)) if self.pairs_csv.is_file() else []
+        except InputError:
+            rows = []
+        return {row["name_after"] for row in rows if row.get("name_after")}, {row["pair"] for row in rows}
+
+    def _claims(self, path: Path, earlier: tuple[set[str], set[str]]) -> bool:
+        """Whether ``path``, found where compare writes, is an earlier compare's output: a table, a layer or picture of a
+        pair the earlier pairs.csv lists (a user's own files in vectors/ and report/ are not), never the register, and a
         GeoPackage only when it holds nothing but a change layer and its style (a register kept in vectors/ is the site's
         history)."""
         if self.register is not None and path.resolve() == Path(self.register).resolve():
+            return False
+        below = PurePosixPath(path.relative_to(self.root).as_posix())
+        if below.parts[0] == "vectors" and str(PurePosixPath(*below.parts[1:]).with_suffix("")) not in earlier[0]:
+            return False
+        if below.parts[0] == "report" and below.name.removeprefix("pair").split("-")[0] not in earlier[1]:
             return False
         if path.suffix.lower() != FORMATS["gpkg"][1]:
             return True

@@ -753,21 +753,20 @@ def test_layers_and_pictures_of_an_earlier_compare_are_refused_and_replaced_with
     out = tmp_path / "out"
     layer, picture = out / "vectors" / "old.geojson", out / "report" / "pair7-before.jpg"
     temp = out / "vectors" / "site" / ".wall.gpkg.0a1b.crackseg-tmp.gpkg"  # left by an interrupted compare
-    for path in (layer, picture, temp):
+    mine = [out / "vectors" / "site_outline.geojson", out / "vectors" / "my_style.qml", out / "report" / "pair_photo_of_the_site.jpg"]
+    for path in (layer, picture, temp, *mine):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"earlier")
-    for path in (layer, picture):
-        with pytest.raises(SystemExit) as stop:
-            main(["compare", str(before), str(before), "--out", str(out)])
-        assert stop.value.code == 2 and f"{path} already exists" in capsys.readouterr().err
-        path.rename(tmp_path / path.name)
-    for path in (layer, picture):
-        (tmp_path / path.name).rename(path)
+    (out / "pairs.csv").write_text("pair,name_before,name_after,status\n7,old,old,registered\n")  # whose layer and pictures those are
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", str(before), str(before), "--out", str(out)])
+    assert stop.value.code == 2 and "pairs.csv already exists" in capsys.readouterr().err
     assert main(["compare", str(before), str(before), "--out", str(out), "--report", "--overwrite"]) == 0
     assert not any(path.exists() for path in (layer, picture, temp))
+    assert all(path.read_bytes() == b"earlier" for path in mine)  # never claimed, never removed
     assert (out / "report" / "pair0-before.jpg").exists() and (out / "report.html").exists()
     assert main(["compare", str(before), str(before), "--out", str(out), "--overwrite"]) == 0  # no --report this time
-    assert not (out / "report.html").exists() and not list((out / "report").glob("*.jpg"))
+    assert not (out / "report.html").exists() and not list((out / "report").glob("pair[0-9]*.jpg"))
 
 
 def test_the_out_lock_is_released_when_preparing_the_folder_fails(tmp_path, two_visits, monkeypatch, capsys):

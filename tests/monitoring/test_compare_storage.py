@@ -57,6 +57,7 @@ def test_earlier_outputs_in_the_store_are_refused_unless_overwrite(s3, two_visit
     before, after = two_visits
     out = s3.url("changes/")
     stale = s3.put("changes/vectors/old.geojson", b"{}")  # an earlier compare's layer, which this one does not write
+    s3.put("changes/pairs.csv", b"pair,name_before,name_after,status\n0,old,old,registered\n")
     s3.put("changes/summary.json", b"{}")
     s3.put("changes/notes.txt", b"mine")
     code, err = cli_result(["compare", before, after, "--out", out])
