@@ -57,6 +57,9 @@ class PendingFile:
                 break
             except FileExistsError:
                 continue
+            except BaseException:  # Ctrl-C while making it: no caller holds its name to remove it
+                self.temp.unlink(missing_ok=True)
+                raise
 
     def companion(self, suffix: str) -> PendingFile:
         """The pending file of ``path`` with ``suffix`` whose temp is this temp with that suffix (OpenVINO's .bin beside its .xml)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 from collections import Counter
 from pathlib import Path, PurePosixPath
 
@@ -28,7 +27,7 @@ import numpy as np
 from PIL import Image
 
 from crackseg.core.errors import InputError, require
-from crackseg.core.files import ensure_writable_folder, link_atomic, temp_path, write_atomic, write_csv
+from crackseg.core.files import PendingFile, ensure_writable_folder, link_atomic, remove_orphan_temps, write_atomic, write_csv
 from crackseg.core.version import __version__
 from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, displayed_size, orientation, read_probability
 from crackseg.labels.formats.coco import coco_document
@@ -65,23 +64,22 @@ def import_labels(annotations: Path, fmt: str, images: Path, out: Path, options:
     sizes = {photo: _size(photo, image, annotations) for photo, image in matched.items()}
     earlier, made = _prepare(Path(out), options.overwrite)
     tally = {key: Counter() for key in ("shapes", "labels", "left_out", "not_drawn")} | {"clipped": 0, "zero_area": 0, "crack_free": 0}
-    staged = {}  # mask -> its temp: no file of the dataset is replaced before every mask is drawn
+    staged = []  # each mask under a temp name: no file of the dataset is replaced before every mask is drawn
     try:
         for photo, image in matched.items():
             mask = _draw(image, sizes[photo], wanted, options.line_width, tally)
             tally["crack_free"] += not mask.any()
-            target = Path(out) / "masks" / f"{photo.stem}.png"
-            staged[target] = temp_path(target, "import")
-            write_png(staged[target], mask.astype(np.uint8) * 255)
+            staged.append(PendingFile(Path(out) / "masks" / f"{photo.stem}.png"))
+            write_png(staged[-1].temp, mask.astype(np.uint8) * 255)
+        for pending in staged:
+            pending.commit()
     except BaseException:
-        for temp in staged.values():
-            temp.unlink(missing_ok=True)
+        for pending in staged:
+            pending.abort()
         for folder in reversed(made):
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise
-    for target, temp in staged.items():
-        os.replace(temp, target)
     for photo, image in matched.items():
         if image.embedded_in is None:
             link_atomic(photo, Path(out) / "images" / photo.name)
@@ -242,6 +240,9 @@ def _prepare(out: Path, overwrite: bool) -> tuple[list[str], list[Path]]:
     """Check ``out`` before any work; returns the files an earlier import wrote there (``images/NAME``,
     ``masks/NAME``) and the folders made now, to remove again if the import fails."""
     provenance = out / "labels.json"
+    for folder in (out / "images", out / "masks"):
+        if folder.is_dir():
+            remove_orphan_temps(folder)  # what an interrupted import left
     existing = [folder for folder in (out / "images", out / "masks") if folder.is_dir() and any(folder.iterdir())]
     existing += [provenance] if provenance.exists() else []
     if existing and not overwrite:

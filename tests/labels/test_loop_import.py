@@ -357,3 +357,33 @@ def test_a_file_with_no_annotated_image_is_refused_and_writes_nothing(tmp_path):
                                    "predictions": [{"result": [], "model_version": "crackseg"}]}]))
     _refused(drafts, "labelstudio", tmp_path / "photos", tmp_path / "out", "(1 tasks have no submitted annotation")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_import_interrupted_while_drawing_or_renaming_leaves_no_temp_file_and_runs_again(tmp_path, monkeypatch):
+    from crackseg.core import files
+    from crackseg.labels import loop
+
+    names = [f"{n}.png" for n in range(4)]
+    for name in names:
+        _photo(tmp_path / "photos", name)
+    coco = _coco(tmp_path, [], images=[(name, W, H) for name in names])
+    for owner, name in ((loop, "write_png"), (files.PendingFile, "commit")):  # Ctrl-C at the third mask drawn, or renamed
+        real, calls = getattr(owner, name), []
+
+        def interrupted(*args, real=real, calls=calls, **kwargs):
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(owner, name, interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                import_labels(coco, "coco", tmp_path / "photos", tmp_path / "ds", ImportOptions(overwrite=True))
+        assert len(calls) == 3 and not [path for path in tmp_path.rglob("*") if files.TEMP_MARK in path.name], name
+    import_labels(coco, "coco", tmp_path / "photos", tmp_path / "ds", ImportOptions(overwrite=True))
+    assert sorted(path.name for path in (tmp_path / "ds" / "masks").iterdir()) == names
+    (tmp_path / "new" / "masks").mkdir(parents=True)  # a killed import's temp, all its first run left: not a dataset yet
+    (tmp_path / "new" / "masks" / files.temp_path(tmp_path / "new" / "masks" / "0.png", "0a1b2c3d").name).write_bytes(b"")
+    import_labels(coco, "coco", tmp_path / "photos", tmp_path / "new", ImportOptions())
+    assert sorted(path.name for path in (tmp_path / "new" / "masks").iterdir()) == names
