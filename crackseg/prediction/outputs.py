@@ -300,7 +300,7 @@ def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image:
 
 def summarize_existing(path: Path, mask_path: Path, spec: OutputSpec) -> tuple[dict, list[dict]]:
     """The rows of an image whose outputs an earlier run wrote (``--skip-existing``)."""
-    mask = read_saved_mask(mask_path)
+    mask = crack_mask(mask_path)  # a damaged one is predicted again, saying why
     cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px)[1] if spec.measure else []
     return table_rows(path, mask_path, mask_counts(mask), cracks, spec, "skipped: exists")
 

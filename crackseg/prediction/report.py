@@ -76,7 +76,7 @@ def _pictures(folder: PredictionsFolder, name: str, photo_path: Path, mask_path:
     pictures = {kind: folder.report_picture(kind, name) for kind in REPORT_PICTURES}
     names = {kind: relative_url(path.relative_to(folder.root)) for kind, path in pictures.items()}
     if not mask_path.is_file():
-        raise InputError(f"{mask_path}: predictions.csv names this mask, which is missing; run predict again")
+        return {}  # removed since prediction: the table still lists the image, as when its photo moved
     fresh = all(path.exists() and path.stat().st_mtime >= mask_path.stat().st_mtime for path in pictures.values())
     if fresh:
         return names
