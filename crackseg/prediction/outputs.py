@@ -16,7 +16,6 @@ every pixel the model marked).
 from __future__ import annotations
 
 import contextlib
-import csv
 import functools
 import json
 import os
@@ -155,7 +154,7 @@ class PredictionsFolder:
         """The output names predictions.csv lists; none from a row (or a table) that cannot be read: it is replaced."""
         try:
             rows = read_csv(self.predictions_csv) if self.predictions_csv.is_file() else []
-        except (OSError, ValueError, csv.Error):
+        except (OSError, InputError):
             return set()
         names = set()
         for number, row in enumerate(rows, 1):

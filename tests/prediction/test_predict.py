@@ -269,6 +269,15 @@ def test_overwrite_removes_what_an_earlier_run_wrote_that_this_one_does_not(tmp_
     assert [row["mask"] for row in csv_rows(out / "predictions.csv")] == [str(out / "masks" / "sub" / "img0.png")]
 
 
+@pytest.mark.parametrize("table", [b"", b"\xff\xfe garbage \x81", b"x,y\n1,2\n"])
+def test_overwrite_replaces_a_predictions_table_that_cannot_be_read(tmp_path, checkpoint, table):
+    photos = _photos(tmp_path / "in", [(32, 32)])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "predictions.csv").write_bytes(table)
+    assert predict_cli("--checkpoint", checkpoint, photos[0], "--out", tmp_path / "out", "--overwrite") == 0
+    assert [row["path"] for row in csv_rows(tmp_path / "out" / "predictions.csv")] == [str(photos[0])]
+
+
 def test_a_report_of_earlier_tables_is_removed_when_they_are_written_again_without_one(tmp_path, checkpoint):
     photos = _photos(tmp_path / "in", [(32, 32), (32, 48)])
     out = tmp_path / "out"
