@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import as_format_1
 from torch import nn
 
 from crackseg.model.checkpoint import load_model, read_checkpoint, save_model, unwrap
@@ -195,28 +196,11 @@ def test_a_missing_setting_is_a_one_line_error(tmp_path, small_model):
         load_model(edited)
 
 
-def _format_1_checksum(state) -> str:
-    """The checksum that format 1 (crackseg before the settings were covered) stored: the weights only."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for key in sorted(state):
-        tensor = state[key].contiguous()
-        digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _as_format_1(payload):
-    payload["version"] = 1
-    payload["model"]["sha256"] = _format_1_checksum(payload["model"]["state_dict"])
-
-
 def test_files_without_a_settings_checksum_are_refused_with_the_command_that_re_saves_them(tmp_path, small_model):
     small_model.threshold = 0.37
     path = _file(small_model, tmp_path / "model.pt", epoch=3)
     unchecked = _edited(path, tmp_path / "unchecked.pt", lambda payload: payload["model"].pop("sha256"))
-    older = _edited(path, tmp_path / "older.pt", _as_format_1)
+    older = _edited(path, tmp_path / "older.pt", as_format_1)
     for file in (unchecked, older):
         with pytest.raises(InputError, match="re-save it: crackseg export .* --format safetensors --out") as caught:
             read_checkpoint(file)
@@ -234,7 +218,7 @@ def test_files_without_a_settings_checksum_are_refused_with_the_command_that_re_
         assert torch.equal(resaved(images), small_model(images))
     # re-saving still checks the older checksum: damaged weights are not given a new one
     def damage(payload):
-        _as_format_1(payload)
+        as_format_1(payload)
         payload["model"]["state_dict"]["net.segmentation_head.0.bias"] += 1
     damaged = _edited(path, tmp_path / "damaged.pt", damage)
     assert "do not match the checksum" in _cli_error(["export", damaged, "--format", "safetensors", "--out", tmp_path / "x"])

@@ -55,19 +55,15 @@ def finished_run(synth_root, tmp_path_factory) -> Path:
 
 
 def test_a_run_saved_by_an_older_crackseg_resumes_and_saves_in_the_current_format(finished_run, synth_root, tmp_path):
-    import hashlib
     import shutil
+
+    from conftest import as_format_1
 
     run = tmp_path / "older"
     shutil.copytree(finished_run, run)
     for path in run.glob("*.pt"):  # every checkpoint of the run as format 1 wrote it
         payload = torch.load(path, map_location="cpu", weights_only=True)
-        state, digest = payload["model"]["state_dict"], hashlib.sha256()
-        for key in sorted(state):  # format 1's checksum: the weights only
-            tensor = state[key].contiguous()
-            digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-        payload["version"], payload["model"]["sha256"] = 1, digest.hexdigest()
+        as_format_1(payload)
         path.unlink()
         torch.save(payload, path)
     fit(_config(run, synth_root, epochs=3))
