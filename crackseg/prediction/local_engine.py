@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from crackseg.core.storage import RemoteFile, StorageError
+from crackseg.core.workers import quiet_when_parent_stops
 from crackseg.data.images import describe_error, load_image
 from crackseg.model import distributed
 from crackseg.prediction.decoding import DECODE_BATCH, decode_batch, read_photo
@@ -81,7 +82,7 @@ def _predict_photos(job: Job) -> None:
     on_device = job.options.decode == "device" or (job.options.decode == "auto" and env.device.type == "cuda")
     loader = torch.utils.data.DataLoader(
         _Images(todo, on_device), batch_size=None, num_workers=workers, pin_memory=env.device.type == "cuda",
-        prefetch_factor=4 if workers else None,
+        prefetch_factor=4 if workers else None, worker_init_fn=quiet_when_parent_stops,
     )
     decoded: dict[int, torch.Tensor] = {}  # each photo until its files are written
     images = _photos(loader, env.device, lambda key, reason: records.fail(names[key][0], reason), decoded)

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DistributedSampler, SequentialSampler, Subset
 from torchvision import tv_tensors
 
+from crackseg.core.workers import quiet_when_parent_stops
 from crackseg.data.collection import dataset_of
 from crackseg.data.datasets import Sample
 from crackseg.training.image_cache import Decoded, decode_sample, decoded_samples
@@ -203,6 +204,7 @@ def make_loader(
         prefetch_factor=4 if workers > 0 else None,
         drop_last=drop_last,
         collate_fn=collate_fn,
+        worker_init_fn=quiet_when_parent_stops,
         generator=torch.Generator().manual_seed(0),
     )
 
