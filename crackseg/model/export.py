@@ -133,6 +133,7 @@ def deepness_metadata(model: CrackSegModel, tiles: DeepnessOptions) -> dict[str,
     It scales pixels to [0, 1], then by ``standardization_mean`` / ``_std`` (here none: the model's own scaling is in
     the graph); one output channel is one class against the background, cut at ``seg_thresh``. Its documentation names
     the tile ``tiles_size``, its code reads ``tile_size``: both are written. ``resolution`` is in cm per pixel.
+    ``seg_small_segment`` 0 unticks its "remove small segment areas", a median filter over the class map.
     """
     tile = tiles.tile or DEEPNESS_TILE
     values = {
@@ -142,6 +143,7 @@ def deepness_metadata(model: CrackSegModel, tiles: DeepnessOptions) -> dict[str,
         "tile_size": tile,
         "tiles_overlap": tiles.tile_overlap,
         "seg_thresh": model.config()["threshold"],
+        "seg_small_segment": 0,  # Deepness's default median filter of 9 px would erase cracks thinner than about 5 px
         "standardization_mean": [0.0, 0.0, 0.0],
         "standardization_std": [1.0, 1.0, 1.0],
     }

@@ -43,6 +43,16 @@ def _deepness_run(path, tiles: np.ndarray, fixed: bool = True) -> tuple[np.ndarr
     return probabilities, meta
 
 
+def _deepness_class_map(probabilities: np.ndarray, meta: dict) -> np.ndarray:
+    """The crack layer Deepness makes: cut at ``seg_thresh``, then its "remove small segment areas" step, a median
+    filter of an odd size from ``seg_small_segment`` (ticked with 9 px when a file does not say)."""
+    from scipy.ndimage import median_filter
+
+    size = meta.get("seg_small_segment", 9) // 2 * 2 + 1
+    class_map = (probabilities[:, 0] > meta["seg_thresh"]).astype(np.uint8)
+    return np.stack([median_filter(tile, size=size, mode="nearest") for tile in class_map])
+
+
 def _crackseg_probabilities(model_file, tiles: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return torch.sigmoid(crackseg.load_model(model_file)(torch.from_numpy(tiles).permute(0, 3, 1, 2))).numpy()
@@ -58,18 +68,27 @@ def test_the_onnx_export_carries_what_deepness_reads(tmp_path, model_file):
     assert meta["model_type"] == "Segmentor" and meta["class_names"] == {"0": "background", "1": "crack"}
     assert meta["tiles_size"] == meta["tile_size"] == 256 and meta["tiles_overlap"] == 15
     assert meta["seg_thresh"] == pytest.approx(0.42) and meta["resolution"] == pytest.approx(0.3)  # cm per px
+    assert meta["seg_small_segment"] == 0  # no median filter over thin cracks
     assert meta["standardization_mean"] == [0, 0, 0] and meta["standardization_std"] == [1, 1, 1]  # scaling in the graph
     onnx.checker.check_model(onnx.load(tmp_path / "m.onnx"))
 
 
 @isolated
 def test_the_model_as_deepness_feeds_it_equals_crackseg(tmp_path, model_file):
-    assert cli_result(["export", model_file, "--format", "onnx", "--out", tmp_path / "m.onnx", "--tile", "128"])[0] == 0
+    """Probabilities and the crack layer: a threshold that marks a tenth of the pixels leaves thin specks, which
+    Deepness's default median filter would erase."""
     tiles = np.random.default_rng(0).integers(0, 256, (3, 128, 128, 3), dtype=np.uint8)
+    model = crackseg.load_model(model_file)
+    model.threshold = float(np.quantile(_crackseg_probabilities(model_file, tiles), 0.9))
+    save_model(model, tmp_path / "specks.pt")
+    assert cli_result(["export", tmp_path / "specks.pt", "--format", "onnx", "--out", tmp_path / "m.onnx", "--tile", "128"])[0] == 0
     probabilities, meta = _deepness_run(tmp_path / "m.onnx", tiles)
     assert "resolution" not in meta  # not known unless given
     assert probabilities.shape == (3, 1, 128, 128)
-    assert np.abs(probabilities - _crackseg_probabilities(model_file, tiles)).max() < 1e-4
+    expected = _crackseg_probabilities(model_file, tiles)
+    assert np.abs(probabilities - expected).max() < 1e-4
+    sure = np.abs(expected[:, 0] - meta["seg_thresh"]) > 1e-4  # pixels the two runtimes may cut either way left out
+    assert (_deepness_class_map(probabilities, meta) == (expected[:, 0] > meta["seg_thresh"]))[sure].all()
 
 
 @isolated
