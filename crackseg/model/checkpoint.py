@@ -117,6 +117,8 @@ def read_checkpoint(path: Path, *, resaving: bool = False) -> dict:
             f"{path}: {_EXPORTED[path.suffix.lower()]}, not a crackseg checkpoint; "
             "give the checkpoint (.pt) or safetensors folder it was exported from"
         )
+    if path.is_file() and path.name in (PRETRAINED_CONFIG, PRETRAINED_WEIGHTS) and (path.parent / PRETRAINED_CONFIG).is_file():
+        raise InputError(f"{path}: one file of a safetensors model folder; give the folder: {path.parent}")
     payload = _read_pretrained(path) if path.is_dir() else load_torch_file(path, "checkpoint")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         if isinstance(payload, dict) and isinstance(payload.get("model"), dict) and "epoch" in payload:
@@ -164,7 +166,7 @@ def _config_problem(config: dict) -> str | None:
     if missing or unknown:
         return "model config " + "; ".join(f"{label} {', '.join(keys)}" for label, keys in (("lacks", missing), ("has unknown settings", unknown)) if keys)
     arch, encoder, divisor, threshold = config["arch"], config["encoder"], config["size_divisor"], config["threshold"]
-    if arch not in ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
         return f"arch {_short(arch)} is not one of {', '.join(ARCHITECTURES)}"
     implied = ARCHITECTURES[arch].encoder
     if implied and encoder != implied:
@@ -199,6 +201,8 @@ def _short(value) -> str:
 def load_torch_file(path: Path, what: str):
     """The one loader of ``.pt`` files: CPU, ``weights_only=True``, one-line errors naming the file."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: a folder, not a {what} file")
     if not path.is_file():
         raise InputError(f"{path}: no such {what} file")
     try:

@@ -36,6 +36,7 @@ from crackseg.model.options import EXPORT_FORMATS, DeepnessOptions
 from crackseg.model.runtimes import CHECKSUM, INPUT, OUTPUT, exported_digest
 
 OPSET = 17
+_EXAMPLE_OUT = {"onnx": "model.onnx", "openvino": "model.xml", "safetensors": "model"}  # safetensors: a folder
 DEEPNESS_TILE = 512  # px: the tile an ONNX file states for Deepness when --tile fixes none
 
 
@@ -56,8 +57,8 @@ def export_model(checkpoint: Path, fmt: str, out: Path, overwrite: bool = False,
         raise InputError(f"--tile, --tile-overlap and --px-size are for --format onnx (QGIS's Deepness plugin), not {fmt}")
     kept_resolution = _deepness_resolution(deepness.px_size) if deepness.px_size is not None else None
     out = Path(out)
-    if not out.name:
-        raise InputError(f"--out {str(out)!r}: give the exported model's name, e.g. --out model.{'xml' if fmt == 'openvino' else fmt}")
+    if out.name in ("", "..") or out.name.lower() in (".onnx", ".xml", ".safetensors"):  # a folder, or a suffix alone
+        raise InputError(f"--out {str(out)!r}: give the exported model's name, e.g. --out {_EXAMPLE_OUT[fmt]}")
     if fmt == "safetensors" and out.suffix.lower() in (".onnx", ".xml", ".bin", ".pt", ".safetensors"):
         raise InputError(f"--out {out}: a safetensors model is a folder (config.json and model.safetensors); e.g. --out {out.with_suffix('')}")
     if fmt == "openvino" and out.suffix.lower() != ".xml":

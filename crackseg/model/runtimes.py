@@ -41,7 +41,7 @@ CHECKSUM = "sha256"  # the metadata key of an exported file's checksum
 class RuntimeModel:
     """An exported model run by ONNX Runtime or OpenVINO on the CPU, called like a CrackSegModel.
 
-    Takes (N, 3, H, W) uint8 tensors and returns (N, 1, H, W) probabilities (not logits:
+    Takes (N, 3, H, W) uint8 tensors, or float ones in [0, 1], and returns (N, 1, H, W) probabilities (not logits:
     ``returns_probabilities`` tells :class:`crackseg.model.inference.Predictor`). ``takes_uint8``: the file's input is
     uint8, as older crackseg exports take; otherwise float32 in [0, 1], divided as torch divides.
     """
@@ -59,9 +59,13 @@ class RuntimeModel:
         self.threshold = float(info["threshold"])
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        pixels = np.ascontiguousarray(images.detach().cpu().numpy(), dtype=np.uint8)
-        if not self._takes_uint8:
-            pixels = pixels.astype(np.float32) / np.float32(255)
+        pixels = images.detach().cpu().numpy()
+        if images.is_floating_point():
+            pixels = np.round(pixels * 255).astype(np.uint8) if self._takes_uint8 else pixels.astype(np.float32)
+        else:
+            pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
+            if not self._takes_uint8:
+                pixels = pixels.astype(np.float32) / np.float32(255)
         return torch.from_numpy(np.asarray(self._run(pixels)))
 
     def eval(self) -> RuntimeModel:

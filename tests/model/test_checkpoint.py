@@ -173,6 +173,7 @@ def test_a_safetensors_folder_missing_a_file_names_it(tmp_path, small_model, rem
     ("size_divisor", 0, "size_divisor 0 is not a positive whole number"),
     ("size_divisor", 32.5, "size_divisor 32.5 is not a positive whole number"),
     ("arch", "unet9", "arch 'unet9' is not one of unet, unet16"),
+    ("arch", ["unet"], r"arch \['unet'\] is not one of unet, unet16"),
     ("encoder", "no-such-encoder", "encoder 'no-such-encoder' is not a segmentation_models_pytorch encoder"),
 ])
 def test_impossible_settings_are_one_line_errors_naming_the_setting(tmp_path, small_model, setting, value, message):

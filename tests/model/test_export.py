@@ -67,7 +67,7 @@ def test_every_architecture_exports_and_equals_torch_at_odd_sizes(tmp_path, arch
 
 
 @isolated
-def test_the_input_is_float_in_0_1_and_an_older_uint8_export_still_runs(tmp_path, small):
+def test_the_input_is_float_in_0_1_and_an_older_uint8_export_still_runs_either_input(tmp_path, small):
     import onnx
 
     from crackseg.model.export import _onnx_graph, _Probabilities, metadata
@@ -82,7 +82,9 @@ def test_the_input_is_float_in_0_1_and_an_older_uint8_export_still_runs(tmp_path
     expected = _torch_probabilities(model, images)
     for path in (small / "m.onnx", tmp_path / "older.onnx"):
         for backend in ("onnxruntime", "openvino"):
-            assert np.abs(_load(path, backend=backend)(images).numpy() - expected).max() < 1e-5, (path.name, backend)
+            runtime = _load(path, backend=backend)
+            assert np.abs(runtime(images).numpy() - expected).max() < 1e-5, (path.name, backend)
+            assert np.abs(runtime(images.float() / 255).numpy() - expected).max() < 1e-5, (path.name, backend)  # as torch takes
 
 
 @isolated
@@ -420,3 +422,20 @@ def test_an_openvino_bin_or_a_folder_for_an_exported_runtime_says_what_to_give(t
     for backend in ("openvino", "onnxruntime"):
         err = _one_line_error(["predict", "--model", small / "st", "--backend", backend, tmp_path / "photo.png", "--out", tmp_path / "out"])
         assert f"{small / 'st'}: a folder; --backend {backend} runs an exported file" in err
+
+
+@pytest.mark.parametrize("fmt, out, example", [("safetensors", ".", "--out model"), ("onnx", "..", "--out model.onnx"),
+                                               ("onnx", ".onnx", "--out model.onnx"), ("openvino", "x/.xml", "--out model.xml")])
+def test_an_out_without_a_name_is_given_an_example_of_its_format(small, fmt, out, example):
+    with pytest.raises(InputError, match="give the exported model's name, e.g. (.*)") as caught:
+        export_model(small / "model.pt", fmt, Path(out))
+    assert str(caught.value).endswith(f"e.g. {example}")
+
+
+def test_a_file_of_a_safetensors_folder_or_a_folder_for_a_file_says_what_to_give(tmp_path, small):
+    (tmp_path / "photo.png").write_bytes(b"")
+    for part in ("model.safetensors", "config.json"):
+        err = _one_line_error(["predict", "--model", small / "st" / part, tmp_path / "photo.png", "--out", tmp_path / "out"])
+        assert f"one file of a safetensors model folder; give the folder: {small / 'st'}" in err
+    err = _one_line_error(["convert", small / "st", "--arch", "unet16", "--out", tmp_path / "m.pt"])
+    assert f"{small / 'st'}: a folder, not a" in err
