@@ -10,7 +10,8 @@ never whole in memory. What predict needs from a raster:
 - **valid pixels**: GDAL's dataset mask (nodata value, alpha band or mask band); invalid
   pixels are neither predicted nor measured, and are masked in the outputs;
 - **georeferencing**: CRS and geotransform, copied to every raster output; in a projected
-  CRS the pixel size in millimetres comes from the geotransform. Whether a TIFF lies on a map
+  CRS the pixel size in millimetres comes from the geotransform, measured on the ground where the projection
+  stretches lengths by more than 1% (:mod:`crackseg.data.ground_scale`). Whether a TIFF lies on a map
   at all is :func:`open_on_map`'s to say (rasterio decides; without the geo extra, the
   GeoTIFF tags of its header), and :func:`map_facts` gives what a reader needs of one.
 
@@ -35,6 +36,7 @@ from PIL import Image
 from crackseg.core.errors import InputError, require
 from crackseg.core.options import PX_SIZE
 from crackseg.core.storage import RemoteFile, StorageError, gdal_options, gdal_path, scrubbed
+from crackseg.data.ground_scale import ground_scale
 from crackseg.data.images import DECODE_ERRORS, eight_bit_factor
 from crackseg.data.options import MAX_PIXELS, STREAM_ABOVE
 
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
 READ_AHEAD = 4096  # px: columns read from a raster at once (a run of 1024 rows holds 16 MB)
 GEOTIFF_TAGS = frozenset({33550, 33922, 34264, 34735})  # ModelPixelScale, ModelTiepoint, ModelTransformation, GeoKeyDirectory
 _UNDECODABLE = ("not recognized as being in a supported file format", "TIFF header", "Not a TIFF")  # GDAL read the bytes
+
+
+_MAP_SCALE_KEPT = 0.01  # a map within 1% of the ground keeps its pixel size (UTM's 0.9996 stays 0.1 m, not 99.96 mm)
 
 
 def rasterio():
@@ -192,8 +197,8 @@ class RasterSource:
         return on_map(self)
 
     def px_size_mm(self) -> tuple[float | None, str | None]:
-        """(millimetres per pixel, None), or (None, why not: the file and the reason) when the georeferencing gives no
-        usable scale."""
+        """(millimetres per pixel on the ground, None or a note when that is not the map's pixel size), or (None, why not:
+        the file and the reason) when the georeferencing gives no usable scale."""
         if self.crs is None and not self.transform.is_identity:
             return None, f"{self.path}: a geotransform without a CRS, so its units are unknown"
         if not self.georeferenced:
@@ -205,10 +210,21 @@ class RasterSource:
             return None, f"{self.path}: a rotated or sheared geotransform"
         if not math.isclose(abs(a), abs(e), rel_tol=0.01):
             return None, f"{self.path}: pixels are not square ({abs(a):g} x {abs(e):g})"
-        mm = abs(a) * self.crs.linear_units_factor[1] * 1000.0
+        on_map_mm = abs(a) * self.crs.linear_units_factor[1] * 1000.0
+        if PX_SIZE.problem(on_map_mm):
+            return None, f"{self.path}: its georeferenced pixel size {on_map_mm:g} mm is not {PX_SIZE.describe()} mm"
+        mm, note = on_map_mm, None
+        scales = ground_scale(self.crs, self.transform, self.width, self.height)
+        if scales is not None and max(abs(scale - 1) for scale in scales) > _MAP_SCALE_KEPT:
+            if not math.isclose(*scales, rel_tol=0.01):
+                return None, (f"{self.path}: CRS {self.crs.to_string()} does not keep its pixels square on the ground here "
+                              f"({scales[0]:.3g} x {scales[1]:.3g} of their size on the map)")
+            mm = on_map_mm * math.sqrt(scales[0] * scales[1])
+            note = (f"{self.path}: CRS {self.crs.to_string()} stretches lengths by {on_map_mm / mm:.3g} here; its pixels are "
+                    f"measured on the ground, {mm:.4g} mm ({on_map_mm:g} mm on the map)")
         if PX_SIZE.problem(mm):
-            return None, f"{self.path}: its georeferenced pixel size {mm:g} mm is not {PX_SIZE.describe()} mm"
-        return mm, None
+            return None, f"{self.path}: its pixel size on the ground {mm:g} mm is not {PX_SIZE.describe()} mm"
+        return mm, note
 
     def read(self, top: int, left: int, rows: int, cols: int) -> tuple[torch.Tensor, np.ndarray]:
         """A window: ((3, rows, cols) uint8 RGB, (rows, cols) bool valid pixels).

@@ -119,16 +119,19 @@ def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitSt
         if source is not None:
             cleanup.callback(source.close)
             sources[key] = source
-    scales, notes = {}, {}  # a raster's own pixel size in mm, or None; why a georeferenced raster has none
+    scales, notes, on_ground = {}, {}, []  # a raster's own pixel size in mm, or None; why a georeferenced raster has none
     for key, source in sources.items():
         scales[key], note = source.px_size_mm()
         if note and options.scale.px_size is None:
-            notes[key] = note
+            if scales[key] is None:
+                notes[key] = note
+            else:
+                on_ground.append(note)
     spec, raster_specs = _output_specs(listed, scales, notes, options)
     rasters = [Raster(key, listed[key][0], listed[key][1], source, raster_specs[key]) for key, source in sources.items()]
     photos = [(key, path, name) for key, (path, name) in enumerate(listed) if key not in sources]
     outputs = {key: folder.outputs(name, raster_specs.get(key, spec), raster=key in sources) for key, (_, name) in enumerate(listed)}
-    warnings = [f"{note}; lengths stay in px (give --px-size)" for note in notes.values()] + unplaced + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
+    warnings = [f"{note}; lengths stay in px (give --px-size)" for note in notes.values()] + on_ground + unplaced + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
     return Plan(folder, staged, photos, rasters, spec, outputs, warnings, options.skip_existing)
 
 

@@ -111,6 +111,40 @@ def test_px_size_overrides_the_scale_of_the_georeferencing(tmp_path, dark_checkp
         assert float(crack["length_mm"]) == pytest.approx(5 * float(crack["length_px"]), abs=5 * 0.0051)  # px written to 2 decimals
 
 
+def _mercator(lon: float, lat: float) -> tuple[float, float]:
+    """EPSG:3857 coordinates of a point in degrees (Web Mercator on WGS84's semi-major axis)."""
+    import math
+
+    return 6378137.0 * math.radians(lon), 6378137.0 * math.log(math.tan(math.pi / 4 + math.radians(lat) / 2))
+
+
+def test_a_web_mercator_raster_is_measured_on_the_ground_and_says_so(tmp_path, dark_checkpoint, capsys):
+    """EPSG:3857 stretches lengths by 1 / cos(latitude): at 52 degrees north a 2 mm map pixel is 1.23 mm on the ground."""
+    import math
+
+    (tmp_path / "in").mkdir()
+    x, y = _mercator(13.4, 52.0)
+    write_geotiff(tmp_path / "in" / "web.tif", pavement(300, 400), crs="EPSG:3857", transform=Affine(0.002, 0.0, x, 0.0, -0.002, y))
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--width-classes", "5,10") == 0
+    err = capsys.readouterr().err
+    assert "web.tif: CRS EPSG:3857 stretches lengths by 1.62 here; its pixels are measured on the ground, 1.23" in err
+    (row,) = csv.DictReader(open(tmp_path / "out" / "predictions.csv"))
+    assert float(row["px_size_mm"]) == pytest.approx(2.0 * math.cos(math.radians(52.0)), rel=0.005)
+    for crack in csv.DictReader(open(tmp_path / "out" / "cracks.csv")):
+        assert float(crack["length_mm"]) == pytest.approx(float(row["px_size_mm"]) * float(crack["length_px"]), abs=0.01)
+
+
+def test_a_map_within_a_percent_of_the_ground_keeps_its_pixel_size():
+    """UTM draws lengths 0.9996 times as long on its central meridian: a 2 mm pixel stays 2 mm, as its survey states it."""
+    from crackseg.data.ground_scale import ground_scale
+
+    utm = ground_scale(rasterio.crs.CRS.from_epsg(32633), utm_transform(), 400, 300)
+    assert utm == pytest.approx((1 / 0.9996, 1 / 0.9996), abs=1e-5)  # ground / map
+    x, y = _mercator(13.4, 52.0)
+    web = ground_scale(rasterio.crs.CRS.from_epsg(3857), Affine(0.002, 0.0, x, 0.0, -0.002, y), 400, 300)
+    assert web == pytest.approx((0.6157, 0.6157), rel=0.003)  # east and north differ by the ellipsoid's radii only
+
+
 def test_width_classes_and_lengths_in_mm_use_each_rasters_own_scale(tmp_path, dark_checkpoint, capsys):
     import json
 
