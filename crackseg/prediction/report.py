@@ -23,6 +23,7 @@ from crackseg.core.errors import InputError
 from crackseg.core.files import read_csv, write_atomic
 from crackseg.core.html import VIEW_PX, page, relative_url
 from crackseg.cracks.measure import find_cracks
+from crackseg.cracks.widths import MM_DIGITS
 from crackseg.data.images import DECODE_ERRORS, image_pixels
 from crackseg.prediction.outputs import REPORT_PICTURES, PredictionsFolder, read_saved_mask
 from crackseg.prediction.pictures import overlay_jpeg
@@ -43,7 +44,8 @@ def write_report(predictions: Path, evaluation: Path | None = None) -> Path:
     for crack in cracks:
         by_image.setdefault(crack["path"], []).append(crack)
     images = [_image_entry(folder, row, number, by_image.get(row["path"], []), summary) for number, row in enumerate(rows, start=1)]
-    data = {"summary": summary, "images": images, "evaluation": _evaluation(folder, evaluation) if evaluation else None}
+    data = {"summary": summary, "images": images, "evaluation": _evaluation(folder, evaluation) if evaluation else None,
+            "mm_digits": MM_DIGITS}
     write_atomic(folder.report_html, page(_PAGE, f"crackseg report: {folder.root.name}", data))
     return folder.report_html
 
@@ -61,14 +63,18 @@ def _image_entry(folder: PredictionsFolder, row: dict, number: int, cracks: list
         "path": row["path"],
         "cracks": int(row["cracks"]) if measured else None,
         "length_px": float(row.get("length_px") or 0) if measured else None,
-        "length_mm": float(row["length_mm"]) if row.get("length_mm") not in (None, "") else None,
+        "length_mm": _number(row.get("length_mm")),
         "max_width_px": (float(widest["max_width_px"]) if widest else 0.0) if measured else None,
-        "max_width_mm": float(widest["max_width_mm"]) if in_mm and widest else None,
+        "max_width_mm": float(widest["max_width_mm"]) if in_mm and widest else _number(row.get("max_width_mm")),  # 0 crack-free
         "crack_fraction": float(row["crack_fraction"]),
         "status": row.get("status", ""),
         "cracks_table": [{key: crack[key] for key in crack if key != "path"} for crack in cracks],
         **pictures,
     }
+
+
+def _number(cell: str | None) -> float | None:
+    return None if cell in (None, "") else float(cell)
 
 
 def _pictures(folder: PredictionsFolder, name: str, photo_path: Path, mask_path: Path, summary: dict) -> dict:
@@ -155,7 +161,8 @@ const measured = S.cracks !== undefined, UNMEASURED = "not measured";
 const lengthOf = im => mm && im.length_mm !== null ? im.length_mm : im.length_px;  // the sort keys: mm when the page shows mm
 const widthOf = im => mm && im.max_width_mm !== null ? im.max_width_mm : im.max_width_px;
 const len = im => im.length_px === null ? UNMEASURED : mm && im.length_mm !== null ? num(im.length_mm / 1000, 3) + " m" : num(im.length_px, 0) + " px";
-const wid = im => im.max_width_px === null ? UNMEASURED : mm && im.max_width_mm !== null ? num(im.max_width_mm, 2) + " mm" : num(im.max_width_px, 1) + " px";
+const widthMm = v => num(v, DATA.mm_digits) + " mm";  // as the tables write it and the width classes grade it
+const wid = im => im.max_width_px === null ? UNMEASURED : mm && im.max_width_mm !== null ? widthMm(im.max_width_mm) : num(im.max_width_px, 1) + " px";
 const value = (im, key) => (key === "length" ? lengthOf(im) : key === "widest" ? widthOf(im) : im[key]) ?? -Infinity;
 function card(label, text, id) { return el("div", {class: "card"}, label, el("b", {id: id}, String(text))); }
 function summary() {
@@ -164,7 +171,7 @@ function summary() {
     card("images", S.images, "sum-images"),
     card("cracks", measured ? S.cracks : UNMEASURED, "sum-cracks"),
     card("total length", !measured ? UNMEASURED : mm && S.length_mm !== undefined ? num(S.length_mm / 1000, 3) + " m" : num(S.length_px, 0) + " px", "sum-length"),
-    card("widest crack", !measured ? UNMEASURED : S.widest ? (mm ? num(S.widest.max_width_mm, 2) + " mm" : num(S.widest.max_width_px, 1) + " px") : "none", "sum-widest")));
+    card("widest crack", !measured ? UNMEASURED : S.widest ? (mm ? widthMm(S.widest.max_width_mm) : num(S.widest.max_width_px, 1) + " px") : "none", "sum-widest")));
   if (S.widest) box.append(el("p", {class: "muted"}, `widest: crack ${S.widest.crack} of ${S.widest.path}`));
   box.append(el("p", {class: "muted", id: "scale"}, scale ? `pixel size ${S.px_size_mm} mm; widths are known to about ±1 px (±${S.px_size_mm} mm)`
     : mm ? "each raster in its own pixel size (px_size_mm in predictions.csv); widths are known to about ±1 px"

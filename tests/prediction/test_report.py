@@ -18,6 +18,7 @@ from conftest import (
     assert_soon,
     browser,
     cli_result,
+    csv_rows,
     loaded_pictures,
     dark_pixel_model,
     needs_browser,
@@ -191,7 +192,7 @@ def test_the_report_of_rasters_in_two_scales_gives_metres_and_says_whose_scale(t
         driver.get((tmp_path / "out" / "report.html").as_uri())
         text = lambda css: driver.find_element(By.CSS_SELECTOR, css).text  # noqa: E731
         assert_soon(driver, lambda: text("#sum-length"), f"{sum(float(c['length_mm']) for c in cracks) / 1000:.3f} m")
-        assert text("#sum-widest") == f"{float(widest['max_width_mm']):.2f} mm"
+        assert text("#sum-widest") == f"{float(widest['max_width_mm']):.4f} mm"
         assert_soon(driver, lambda: text("#scale").startswith("each raster in its own pixel size"), True)
         assert driver.find_element(By.ID, "classes")
         names = lambda: [row.get_attribute("data-name") for row in driver.find_elements(By.CSS_SELECTOR, "tr.image-row")]  # noqa: E731
@@ -220,6 +221,32 @@ def test_a_report_of_a_run_without_measurements_says_so_instead_of_zeros(tmp_pat
             driver.find_element(By.CSS_SELECTOR, f'th[data-key="{key}"]').click()
         assert len(driver.find_elements(By.CSS_SELECTOR, "tr.image-row")) == 4
         assert [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"] == []
+    finally:
+        driver.quit()
+
+
+@needs_browser
+def test_widths_in_mm_show_as_the_tables_write_and_class_them_and_a_crack_free_photo_in_mm_too(tmp_path, dark_checkpoint):
+    """A 3 px crack at 0.1016 mm per pixel is 0.3048 mm, MBEI's CS2 edge: shown as 0.30 mm it read as the class below."""
+    from selenium.webdriver.common.by import By
+
+    photo = np.full((200, 200, 3), 200, np.uint8)
+    photo[50:53, 20:180] = 20
+    (tmp_path / "in").mkdir()
+    Image.fromarray(photo).save(tmp_path / "in" / "crack.png")
+    Image.fromarray(np.full((200, 200, 3), 200, np.uint8)).save(tmp_path / "in" / "clean.png")
+    assert predict_cli("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--px-size", "0.1016",
+                       "--width-classes", "mbei-rc", "--report") == 0
+    (crack,) = csv_rows(tmp_path / "out" / "cracks.csv")
+    assert crack["max_width_class"] == "CS2" and float(crack["max_width_mm"]) == pytest.approx(0.3048)
+    driver = browser()
+    try:
+        driver.get((tmp_path / "out" / "report.html").as_uri())
+        text = lambda css: driver.find_element(By.CSS_SELECTOR, css).text  # noqa: E731
+        assert_soon(driver, lambda: text("#sum-widest"), f"{float(crack['max_width_mm']):.4f} mm")
+        widths = {row.get_attribute("data-name"): row.find_elements(By.CSS_SELECTOR, "td")[4].text
+                  for row in driver.find_elements(By.CSS_SELECTOR, "tr.image-row")}
+        assert widths == {"crack": f"{float(crack['max_width_mm']):.4f} mm", "clean": "0.0000 mm"}
     finally:
         driver.quit()
 
