@@ -98,11 +98,7 @@ def write_features(path: Path, rows: list[dict], geometries: list, crs: str | No
     (QML) as its default QGIS style; replaces ``path`` (and its .qml: see :func:`layer_files`) whole."""
     shapely = _require("shapely")
     columns = list(rows[0]) if rows else ["crack"]
-    data = []
-    for column in columns:
-        values = [row.get(column) for row in rows]
-        text = any(isinstance(v, str) for v in values)
-        data.append(np.array(values, dtype=object if text else np.float64))
+    data = [_field([row.get(column) for row in rows]) for column in columns]
     geometry = shapely.to_wkb([shapely.force_2d(line) for line in geometries]) if rows else np.array([], dtype=object)
     with PendingFile(Path(path), suffix=Path(path).suffix) as pending:  # GDAL picks the driver by the suffix
         pending.temp.unlink()  # GDAL creates the file itself
@@ -111,6 +107,16 @@ def write_features(path: Path, rows: list[dict], geometries: list, crs: str | No
             write_styles(pending.temp, {layer: style}, named=path)
     for qml in layer_files(path)[1:]:  # a GeoJSON's style, beside it once it is whole
         write_atomic(qml, style)
+
+
+def _field(values: list) -> np.ndarray:
+    """A column as its layer field: text, whole numbers (ids, pixel counts, boxes: Integer, as cracks.csv joins them),
+    or real numbers (a missing value is NaN)."""
+    if any(isinstance(value, str) for value in values):
+        return np.array(values, dtype=object)
+    if all(isinstance(value, (int, np.integer)) and not isinstance(value, bool) for value in values):
+        return np.array(values, dtype=np.int64)
+    return np.array(values, dtype=np.float64)
 
 
 def layer_files(path: Path) -> list[Path]:
