@@ -10,18 +10,19 @@ A task's image URL comes from whoever can create tasks, so it is not trusted:
   :data:`MAX_REDIRECTS`, and every hop is checked the same way; the address the connection reached is checked again.
 - **Credentials**: ``LABEL_STUDIO_API_KEY`` goes only to Label Studio's exact origin (scheme, host and port), never to
   the same host over plain http or another port, and never across a redirect to another origin.
-- **How far**: the body is read no further than ``--max-image-mb``.
+- **How far**: the body is read no further than ``--max-image-mb``, and the whole fetch, redirects and response headers
+  included, ends at ``--fetch-timeout``: a host that sends a byte at a time holds a task slot no longer.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import ipaddress
 import json
 import socket
 import threading
-import time
 from urllib.parse import urljoin, urlsplit
 
 import httpx
@@ -63,8 +64,9 @@ class ImageFetcher:
                  max_bytes: int, timeout_s: float):
         self._url, self._key, self._max_bytes = label_studio_url, api_key, max_bytes
         self._allowed = {host.lower() for host in allowed_hosts}
-        self._client = httpx.Client(timeout=timeout_s, follow_redirects=False)
-        self._timeout_s = timeout_s  # for the whole image too: a host sending a byte at a time holds a task slot no longer
+        # a connection per fetch, so that the deadline knows every socket a fetch reads from
+        self._client = httpx.Client(timeout=timeout_s, follow_redirects=False, limits=httpx.Limits(max_keepalive_connections=0))
+        self._timeout_s = timeout_s
         self._refreshable = _jwt_claims(api_key or "").get("token_type") == "refresh"  # a personal access token
         self._access: str | None = None  # the access token it was exchanged for
         self._lock = threading.Lock()
@@ -82,9 +84,10 @@ class ImageFetcher:
         return self._url is not None and origin(url) == origin(self._url)
 
     def fetch(self, url: str, where: str) -> bytes:
-        status, content = self._follow(url, where)
-        if status == 401 and self._refreshable and self.own(url):  # the access token expired
-            status, content = self._follow(url, where, renew=True)
+        with _Deadline(self._timeout_s, f"{where}: the image did not arrive within {self._timeout_s:g} s") as deadline:
+            status, content = self._follow(url, where, deadline)
+            if status == 401 and self._refreshable and self.own(url):  # the access token expired
+                status, content = self._follow(url, where, deadline, renew=True)
         if status in (401, 403):
             advice = "check LABEL_STUDIO_API_KEY" if self.own(url) else "crackseg sends LABEL_STUDIO_API_KEY only to LABEL_STUDIO_URL's origin"
             raise HttpError(403, f"{where}: refused ({status}); {advice}")
@@ -94,12 +97,13 @@ class ImageFetcher:
             raise HttpError(502, f"{where}: answered {status}")
         return content
 
-    def _follow(self, url: str, where: str, renew: bool = False) -> tuple[int, bytes]:
+    def _follow(self, url: str, where: str, deadline: _Deadline, renew: bool = False) -> tuple[int, bytes]:
         """(status, body) at the end of at most MAX_REDIRECTS redirects, each hop checked and credentialed on its own."""
         for _ in range(MAX_REDIRECTS + 1):
+            _check_url(url, where)
             self._check_host(url, where)
             headers = self._authorization(where, renew) if self.own(url) else {}
-            status, content, location = self._get(url, headers, where)
+            status, content, location = self._get(url, headers, where, deadline)
             if location is None:
                 return status, content
             url = urljoin(url, location)
@@ -120,11 +124,11 @@ class ImageFetcher:
             raise HttpError(403, f"{where}: {host}:{port} is at a non-public address ({private[0]}); crackseg fetches task images "
                                  "from public hosts, LABEL_STUDIO_URL's origin and the hosts given with --allow-host")
 
-    def _get(self, url: str, headers: dict, where: str) -> tuple[int, bytes, str | None]:
+    def _get(self, url: str, headers: dict, where: str, deadline: _Deadline) -> tuple[int, bytes, str | None]:
         """(status, body, redirect location), the body read no further than the image size limit."""
         too_large = HttpError(422, f"{where}: image over {self._max_bytes} bytes (crackseg serve label-studio --max-image-mb)")
         try:
-            with self._client.stream("GET", url, headers=headers) as response:
+            with self._client.stream("GET", url, headers=headers, extensions={"trace": deadline.trace}) as response:
                 self._check_peer(response, url, where)
                 if response.is_redirect and response.headers.get("location"):
                     return response.status_code, b"", response.headers["location"]
@@ -133,15 +137,17 @@ class ImageFetcher:
                 declared = response.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > self._max_bytes:
                     raise too_large
-                content, deadline = bytearray(), time.monotonic() + self._timeout_s
+                content = bytearray()
                 for chunk in response.iter_bytes():
                     content += chunk
                     if len(content) > self._max_bytes:
                         raise too_large
-                    if time.monotonic() > deadline:
-                        raise HttpError(504, f"{where}: the image did not arrive within {self._timeout_s:g} s")
+                deadline.check()  # a body without a length ends, cut short, where the deadline shut its connection
                 return 200, bytes(content), None
+        except httpx.InvalidURL as error:
+            raise HttpError(422, f"{where}: not a URL crackseg can fetch ({error})") from None
         except httpx.HTTPError as error:
+            deadline.check()
             raise HttpError(502, f"{where}: cannot fetch: {type(error).__name__} {error}".rstrip()) from None
 
     def _check_peer(self, response: httpx.Response, url: str, where: str) -> None:
@@ -175,6 +181,55 @@ class ImageFetcher:
             raise HttpError(403, f"Label Studio refused LABEL_STUDIO_API_KEY at {url} ({response.status_code}); "
                                  "create a new personal access token")
         return access
+
+
+class _Deadline:
+    """One fetch's time limit, redirects and response headers included. At the limit the connections the fetch opened
+    are shut, which ends a read that a host keeps alive with a byte at a time, and :meth:`check` raises ``expired``."""
+
+    def __init__(self, seconds: float, expired: str):
+        self._expired, self._passed, self._sockets = expired, False, []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+
+    def trace(self, event: str, info: dict) -> None:
+        """httpx's trace hook: each new connection's socket, shut at once if the limit has passed."""
+        if event == "connection.connect_tcp.complete":
+            with self._lock:
+                self._sockets.append(info["return_value"].get_extra_info("socket"))
+                if self._passed:
+                    self._shut(self._sockets[-1])
+
+    def check(self) -> None:
+        if self._passed:
+            raise HttpError(504, self._expired)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self._passed = True
+            for sock in self._sockets:
+                self._shut(sock)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # already closed
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _check_url(url: str, where: str) -> None:
+    """A URL that does not parse (a bracket left open, a port that is no number or out of range) as the task's error."""
+    try:
+        urlsplit(url).port
+    except ValueError as error:
+        raise HttpError(422, f"{where}: not a URL crackseg can fetch ({error})") from None
 
 
 def _is_json(response: httpx.Response) -> bool:

@@ -1,9 +1,10 @@
 """Label Studio's ML-backend protocol without the server: what a project's labelling config asks for, where a task's
 image is, and the pre-annotations of a mask.
 
-The config's first ``<BrushLabels>`` (else ``<PolygonLabels>``) decides the result type; its ``name`` and ``toName``
-are the results' ``from_name`` and ``to_name``, the ``<Image>`` it points at names the task's data key, and its
-``<Label>`` named crack (any case; or its only label) is the label given. Results are drawn as ``crackseg labels
+The config's first ``<BrushLabels>`` (else ``<PolygonLabels>``) with a ``<Label>`` named crack (any case), or its only
+such tag whatever its labels, decides the result type; its ``name`` and ``toName`` are the results' ``from_name`` and
+``to_name``, the ``<Image>`` it points at names the task's data key, and its crack label (or its only label) is the
+label given. Results are drawn as ``crackseg labels
 export --format labelstudio`` draws them.
 """
 
@@ -51,7 +52,11 @@ def read_config(config: str) -> Target:
     tags = [tag for kind in RESULT_TAGS for tag in root.iter(kind)]
     if not tags:
         raise ProtocolError(f"the labelling config has no {' or '.join(f'<{kind}>' for kind in RESULT_TAGS)} for crack masks")
-    tag = tags[0]
+    named = [tag for tag in tags if any((label.get("value") or "").lower() == CRACK for label in tag.iter("Label"))]
+    if not named and len(tags) > 1:  # which of them would be a guess
+        shown = ", ".join(f"<{tag.tag} name={tag.get('name')!r}>" for tag in tags)
+        raise ProtocolError(f"none of the labelling config's {shown} has a <Label value=\"{CRACK}\">")
+    tag = (named or tags)[0]
     from_name, to_name = tag.get("name"), tag.get("toName")
     image = next((found for found in root.iter("Image") if found.get("name") == to_name), None)
     if not from_name or image is None or not (image.get("value") or "").startswith("$"):
@@ -75,7 +80,10 @@ def image_url(task: dict, target: Target, label_studio_url: str | None) -> str:
     url = task["data"].get(target.data_key)
     if not isinstance(url, str) or not url:
         raise ProtocolError(f"task {task.get('id')}: no image URL in data.{target.data_key}")
-    parsed = urlparse(url)
+    try:
+        parsed = urlparse(url)
+    except ValueError as error:  # a bracket left open
+        raise ProtocolError(f"task {task.get('id')}: {url[:200]!r} is not a URL ({error})") from None
     if parsed.scheme in ("http", "https"):
         return url
     if not parsed.scheme and url.startswith(SERVED_PATHS):

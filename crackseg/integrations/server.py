@@ -28,7 +28,6 @@ import hashlib
 import hmac
 import io
 import json
-import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +59,6 @@ if TYPE_CHECKING:
 MIB = 2**20
 MAX_CONNECTIONS = 256  # open connections uvicorn takes before answering 503: bounds the requests waiting for a slot
 MAX_JSON_DEPTH = 64  # nesting of a request's JSON; Label Studio's tasks need a handful
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _SHOWN_URL = 200  # characters of a URL quoted in an error
 
 
@@ -80,8 +78,12 @@ class ServerSettings:
     body_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        url = urlparse(self.label_studio_url or "http://host")
-        if url.scheme not in ("http", "https") or not url.netloc:
+        try:
+            url = urlparse(self.label_studio_url or "http://host")
+            url.port  # a port that is no number, or out of range
+        except ValueError:
+            url = None
+        if url is None or url.scheme not in ("http", "https") or not url.hostname:
             raise InputError(f"LABEL_STUDIO_URL must be Label Studio's http(s) address, e.g. http://localhost:8080, "
                              f"got {self.label_studio_url!r}")
 
@@ -260,6 +262,10 @@ async def _json_body(request: Request, settings: ServerSettings) -> dict:
                 raise too_large
     if timer.cancelled_caught:
         raise HttpError(408, f"the request body did not arrive within {settings.body_timeout_s:g} s")
+    return await anyio.to_thread.run_sync(_document, bytes(body))  # a large body is read beside the event loop, not in it
+
+
+def _document(body: bytes) -> dict:
     depth = _nesting(body)
     if depth > MAX_JSON_DEPTH:
         raise HttpError(400, f"the request body nests {depth} levels deep, more than the {MAX_JSON_DEPTH} crackseg reads")
@@ -274,10 +280,22 @@ async def _json_body(request: Request, settings: ServerSettings) -> dict:
 
 def _nesting(body: bytes) -> int:
     """The deepest nesting of arrays and objects in a JSON text, strings left out; counted without parsing, so a
-    document nested thousands deep costs no recursion."""
-    brackets = np.frombuffer(_JSON_STRING.sub(b"", bytes(body)), np.uint8)
-    steps = np.isin(brackets, (ord("["), ord("{"))).astype(np.int64) - np.isin(brackets, (ord("]"), ord("}")))
-    return int(np.cumsum(steps).max(initial=0))
+    document nested thousands deep costs no recursion, and over the quotes, backslashes and brackets alone, so no body
+    costs more than a few passes over its bytes.
+
+    A quote opens or closes a string unless an odd run of backslashes comes just before it."""
+    text = np.frombuffer(body, np.uint8)
+    runs = np.flatnonzero(np.diff(np.concatenate(([0], (text == ord("\\")).view(np.int8), [0]))))
+    run_starts, run_ends = runs[::2], runs[1::2]  # backslash runs, [start, end)
+    quotes = np.flatnonzero(text == ord('"'))
+    if run_ends.size:
+        ending = np.minimum(np.searchsorted(run_ends, quotes), run_ends.size - 1)  # the run that may end at each quote
+        quotes = quotes[~((run_ends[ending] == quotes) & ((run_ends - run_starts)[ending] % 2 == 1))]
+    opens, closes = np.flatnonzero(np.isin(text, (ord("["), ord("{")))), np.flatnonzero(np.isin(text, (ord("]"), ord("}"))))
+    brackets = np.concatenate((opens, closes))
+    steps = np.concatenate((np.ones(opens.size, np.int64), -np.ones(closes.size, np.int64)))[np.argsort(brackets, kind="stable")]
+    outside = np.searchsorted(quotes, np.sort(brackets)) % 2 == 0  # an even number of string quotes before it
+    return int(np.cumsum(steps[outside]).max(initial=0))
 
 
 def _decoded(content: bytes, where: str):

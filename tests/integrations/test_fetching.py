@@ -3,6 +3,7 @@ clients that never finish a request, JSON nested thousands deep. Real HTTP serve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -212,3 +213,71 @@ def test_a_body_that_never_arrives_times_out_and_deep_json_is_a_400(caplog):
         assert answer.json() == {"error": "the request body nests 5001 levels deep, more than the 64 crackseg reads"}, route
     assert not [record for record in caplog.records if record.exc_info or "Traceback" in record.getMessage()]
     assert json.loads(httpx.get(f"{url}/health", timeout=5).text)["status"] == "UP"
+
+
+def test_nesting_leaves_strings_out_whatever_their_escapes_and_a_body_of_escaped_quotes_is_read_in_time():
+    """Brackets inside strings do not count, a quote after an odd run of backslashes stays inside its string. A body
+    of 200 kB of escaped quotes, with no end to its string, took minutes to scan; with the client's 30 s it is a 400."""
+    from crackseg.integrations.server import _nesting
+
+    def depth(value) -> int:
+        return 1 + max(map(depth, value.values() if isinstance(value, dict) else value), default=0) if isinstance(value, (dict, list)) else 0
+
+    documents = [{}, [], {"a": "[[[", "b": [1, [2, {"c": "\\"}]]}, ['\\"[', ["x\\\\"], "]]"], "plain", [[['\\\\\\"]']]], {"[": {"{": []}}]
+    for document in documents:
+        text = json.dumps(document)
+        assert _nesting(text.encode()) == depth(document), text
+    assert _nesting(b'["a\\\\"]]') == 1  # the string ends after the escaped backslash: the second ] closes nothing open
+    url = _backend()
+    answer = httpx.post(f"{url}/predict", content=b'"' + b'\\"' * 100_000, headers={"content-type": "application/json"}, timeout=30)
+    assert answer.status_code == 400 and "not JSON" in answer.json()["error"]
+
+
+def _trickling_server(opening: bytes, pause_s: float):
+    """A loopback server that answers every connection with ``opening`` a byte every ``pause_s``, then holds it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def answer(connection):
+        with connection:
+            connection.recv(4096)
+            for byte in opening:
+                if stop.wait(pause_s):
+                    return
+                with contextlib.suppress(OSError):
+                    connection.sendall(bytes([byte]))
+            stop.wait(60)
+
+    def accept():
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                threading.Thread(target=answer, args=(listener.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return f"127.0.0.1:{listener.getsockname()[1]}", stop, listener
+
+
+@pytest.mark.parametrize("opening", [b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n" * 10,  # headers that never end
+                                     b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"x" * 100])  # a body without a length
+def test_the_fetch_deadline_covers_headers_and_bodies_a_host_sends_a_byte_at_a_time(opening):
+    host, stop, listener = _trickling_server(opening, 0.1)
+    try:
+        fetcher = ImageFetcher(None, None, (host,), 1 << 20, 1.0)  # each byte within the read timeout, the whole not
+        started = time.monotonic()
+        with pytest.raises(HttpError) as refused:
+            fetcher.fetch(f"http://{host}/slow.png", "task 1")
+        assert refused.value.status_code == 504 and refused.value.detail == "task 1: the image did not arrive within 1 s"
+        assert time.monotonic() - started < 10
+    finally:
+        stop.set()
+        listener.close()
+
+
+@pytest.mark.parametrize("url, reason", [("http://[::1/x.png", "Invalid IPv6 URL"), ("http://127.0.0.1:99999/x.png", "out of range"),
+                                         ("http://127.0.0.1:80/x.png\x00", "Invalid non-printable"), ("http://host:8O/x.png", "")])
+def test_a_url_that_does_not_parse_is_the_task_s_422(url, reason):
+    fetcher = ImageFetcher(None, None, ("127.0.0.1", "host"), 1 << 20, 5.0)
+    with pytest.raises(HttpError) as refused:
+        fetcher.fetch(url, "task 3")
+    assert refused.value.status_code == 422 and refused.value.detail.startswith("task 3: not a URL crackseg can fetch (")
+    assert reason in refused.value.detail

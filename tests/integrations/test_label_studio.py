@@ -40,6 +40,17 @@ def test_brush_wins_over_polygons_in_one_config():
     assert read_config(both).brush and read_config(both).from_name == "b"
 
 
+def test_the_tag_with_the_crack_label_answers_whichever_tag_comes_first():
+    stains = '<View><Image name="image" value="$image"/><BrushLabels name="stains" toName="image"><Label value="efflorescence"/></BrushLabels>'
+    later_brush = stains + '<BrushLabels name="cracks" toName="image"><Label value="crack"/></BrushLabels></View>'
+    assert (read_config(later_brush).from_name, read_config(later_brush).label) == ("cracks", "crack")
+    polygon = stains + '<PolygonLabels name="outline" toName="image"><Label value="Crack"/></PolygonLabels></View>'
+    target = read_config(polygon)
+    assert (target.brush, target.from_name, target.label) == (False, "outline", "Crack")
+    with pytest.raises(ProtocolError, match="none of the labelling config's <BrushLabels name='stains'>, <PolygonLabels name='p'>"):
+        read_config(stains + '<PolygonLabels name="p" toName="image"><Label value="rust"/></PolygonLabels></View>')
+
+
 @pytest.mark.parametrize("config, message", [
     ('<View><Image name="i" value="$i"/><RectangleLabels name="r" toName="i"><Label value="crack"/></RectangleLabels></View>',
      "no <BrushLabels> or <PolygonLabels>"),
@@ -71,3 +82,5 @@ def test_image_urls_label_studio_serves_are_joined_to_its_address():
         image_url({"id": 6, "data": {"image": "x.png"}}, target, studio)
     with pytest.raises(ProtocolError, match="cannot fetch 's3://bucket/x.png'"):
         image_url({"id": 7, "data": {"img": "s3://bucket/x.png"}}, target, studio)
+    with pytest.raises(ProtocolError, match=r"task 8: 'http://\[::1/x.png' is not a URL"):
+        image_url({"id": 8, "data": {"img": "http://[::1/x.png"}}, target, studio)

@@ -227,10 +227,12 @@ def test_bad_requests_get_one_line_and_the_server_keeps_serving(backends, send, 
 
 
 def test_a_failed_task_beside_good_ones_gets_an_error_entry(backends, photo):
-    tasks = [_task(1, "/data/upload/1/wall.png"), _task(2, "/data/upload/1/broken.png"), _task(3, "/data/upload/1/garbled.png")]
+    tasks = [_task(1, "/data/upload/1/wall.png"), _task(2, "/data/upload/1/broken.png"), _task(3, "/data/upload/1/garbled.png"),
+             _task(4, "http://[::1/x.png"), _task(5, "http://127.0.0.1:99999/x.png")]
     answer = _predict(backends["token"], tasks)
     assert answer.status_code == 200, answer.text
-    good, bad, garbled = answer.json()["results"]
+    good, bad, garbled, *unparsed = answer.json()["results"]
+    assert [entry["error"].split(":")[0] for entry in unparsed] == ["task 4", "task 5"] and not any("result" in e for e in unparsed)
     assert good["result"] and "error" not in good
     # no result: Label Studio passes such an entry over, where an empty one would be stored as "no cracks"
     assert "result" not in bad and bad["error"].startswith("task 2: ")
@@ -267,9 +269,10 @@ def test_a_bad_checkpoint_or_half_an_auth_stops_before_serving(tmp_path, monkeyp
     monkeypatch.delenv("BASIC_AUTH_PASS", raising=False)
     code, err = cli_result(["serve", "label-studio", "--checkpoint", tmp_path / "missing.pt", "--basic-auth-user", "me"])
     assert code == 2 and "BASIC_AUTH_PASS" in err and err.count("\n") == 1, err
-    monkeypatch.setenv("LABEL_STUDIO_URL", "localhost:8080")
-    code, err = cli_result(["serve", "label-studio", "--checkpoint", tmp_path / "missing.pt"])
-    assert code == 2 and "LABEL_STUDIO_URL must be" in err, err
+    for url in ("localhost:8080", "http://localhost:808O", "http://[::1", "http://localhost:99999", "http://:8080"):
+        monkeypatch.setenv("LABEL_STUDIO_URL", url)
+        code, err = cli_result(["serve", "label-studio", "--checkpoint", tmp_path / "missing.pt"])
+        assert code == 2 and "LABEL_STUDIO_URL must be" in err and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("value", ["http://files.internal:8000", "files.internal:8000/", "files.internal:http", "[::1"])
