@@ -38,6 +38,7 @@ from crackseg.data.images import (
     mask_levels,
     open_picture,
     orientation,
+    stored_size,
 )
 from crackseg.data.splits import SPLITS, read_stems
 
@@ -242,7 +243,7 @@ def _check_crack_free(sample: Sample) -> Problem | None:
 def _decode_image(path: File) -> tuple[tuple[int, int], tuple[int, int], int]:
     """Decode ``path`` completely (a JPEG at 1/8 scale): its stored size, displayed size and EXIF orientation."""
     with open_picture(path) as image:
-        stored, shown, turn = image.size, displayed_size(image), orientation(image)
+        stored, shown, turn = stored_size(image), displayed_size(image), orientation(image)
         if image.format == "JPEG":
             image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
         image.load()

@@ -39,6 +39,7 @@ CRACK_THRESHOLD = 127  # mask grey levels above this are crack
 FAINT_LEVELS = 16  # a mask brightest below this, yet above 1, is a lossy 0/1 mask or class numbers, not 0/255
 COLOUR_SPREAD = 32  # levels between a pixel's channels beyond which a mask is in colour (JPEG noise stays below)
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+_TIFF_WIDTH, _TIFF_LENGTH = 256, 257  # the TIFF tags of the stored pixels' size
 # What Pillow raises for a file it cannot decode; SyntaxError is its "broken PNG file" and the like
 DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError)
 
@@ -66,10 +67,20 @@ def orientation(image: Image.Image) -> int:
         return 1
 
 
+def stored_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) of the pixels as the file stores them: a TIFF's from its tags, since Pillow reports an oriented
+    TIFF at its displayed size (and turns it as it loads)."""
+    tags = getattr(image, "tag_v2", None)
+    if image.format == "TIFF" and tags is not None and _TIFF_WIDTH in tags and _TIFF_LENGTH in tags:
+        return int(tags[_TIFF_WIDTH]), int(tags[_TIFF_LENGTH])
+    return image.size
+
+
 def displayed_size(image: Image.Image) -> tuple[int, int]:
     """(width, height) as viewers show the image, from its header (nothing decoded)."""
     width, height = image.size
-    return (height, width) if orientation(image) in _TRANSPOSED else (width, height)
+    turned = (width, height) == stored_size(image) and orientation(image) in _TRANSPOSED  # not yet reported turned
+    return (height, width) if turned else (width, height)
 
 
 def open_picture(path: Path | RemoteFile | BinaryIO) -> Image.Image:

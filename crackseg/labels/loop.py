@@ -29,7 +29,7 @@ from PIL import Image
 from crackseg.core.errors import InputError, require
 from crackseg.core.files import PendingFile, ensure_writable_folder, link_atomic, remove_orphan_temps, write_atomic, write_csv
 from crackseg.core.version import __version__
-from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, displayed_size, orientation, read_probability
+from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, displayed_size, orientation, read_probability, stored_size
 from crackseg.labels.formats.coco import coco_document
 from crackseg.labels.formats.cvat import cvat_document
 from crackseg.labels.formats.label_studio import labelstudio_document, stored_upload_name, upload_names
@@ -222,7 +222,7 @@ def _size(photo: Path, image: LabelledImage, source: Path) -> tuple[int, int]:
     shown_as = f"the photo in {image.embedded_in}'s imageData" if image.embedded_in is not None else str(photo)
     try:
         with Image.open(io.BytesIO(embedded_photo(image)) if image.embedded_in is not None else photo) as picture:
-            shown, stored, turn = displayed_size(picture), picture.size, orientation(picture)
+            shown, stored, turn = displayed_size(picture), stored_size(picture), orientation(picture)
     except DECODE_ERRORS as error:
         raise InputError(f"{shown_as}: {describe_error(error)}") from None
     if image.size is None or tuple(image.size) == shown:

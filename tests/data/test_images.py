@@ -15,18 +15,19 @@ from PIL import Image, ImageOps
 
 from crackseg.cli.main import main
 from crackseg.data.datasets import open_dataset
-from crackseg.data.images import displayed_size, load_image, load_mask, read_probability
+from crackseg.data.images import displayed_size, load_image, load_mask, read_probability, stored_size
 from crackseg.evaluation.evaluate import evaluate_files
 from crackseg.prediction.pictures import write_png
 from crackseg.training.loader import CrackDataset
 
 
 def _rotated_jpeg(path: Path, shown: np.ndarray, orientation: int = 6) -> None:
-    """Store ``shown`` (H, W, 3) so that a viewer applying the EXIF tag shows exactly it."""
+    """Store ``shown`` (H, W, 3) so that a viewer applying the EXIF tag shows exactly it (a JPEG, or by ``path``'s
+    suffix a TIFF, which Pillow reports at its displayed size)."""
     stored = Image.fromarray(shown).transpose(Image.Transpose.ROTATE_90)  # undone by orientation 6
     exif = Image.Exif()
     exif[0x0112] = orientation
-    stored.save(path, quality=98, exif=exif)
+    stored.save(path, exif=exif, **({"quality": 98} if path.suffix == ".jpg" else {}))
 
 
 def _photo_with_line(height: int, width: int, row: int) -> np.ndarray:
@@ -35,13 +36,15 @@ def _photo_with_line(height: int, width: int, row: int) -> np.ndarray:
     return photo
 
 
-def test_phone_jpeg_is_read_as_viewers_show_it(tmp_path):
+@pytest.mark.parametrize("suffix", [".jpg", ".tif"])
+def test_phone_jpeg_is_read_as_viewers_show_it(tmp_path, suffix):
     shown = _photo_with_line(64, 32, row=10)  # displayed 32 wide, 64 high
-    _rotated_jpeg(tmp_path / "phone.jpg", shown)
-    with Image.open(tmp_path / "phone.jpg") as image:
-        assert image.size == (64, 32) and displayed_size(image) == (32, 64)  # stored landscape, shown portrait
+    _rotated_jpeg(tmp_path / f"phone{suffix}", shown)
+    with Image.open(tmp_path / f"phone{suffix}") as image:
+        assert stored_size(image) == (64, 32) and displayed_size(image) == (32, 64)  # stored landscape, shown portrait
         expected = np.asarray(ImageOps.exif_transpose(image))
-    loaded = load_image(tmp_path / "phone.jpg")
+        assert displayed_size(image) == (32, 64)  # once decoded too
+    loaded = load_image(tmp_path / f"phone{suffix}")
     assert loaded.shape == (3, 64, 32)
     assert np.array_equal(loaded.permute(1, 2, 0).numpy(), expected)
     assert loaded[:, 10].float().mean() < 60 < loaded[:, 30].float().mean()  # the dark line where it is seen
@@ -63,15 +66,18 @@ def test_a_mask_traced_on_the_shown_photo_lines_up_in_training(tmp_path):
     assert on_crack < 60 and off_crack > 150
 
 
-def test_inspect_names_the_orientation_tag_when_only_the_stored_size_matches(tmp_path, capsys):
+@pytest.mark.parametrize("suffix", [".jpg", ".tif"])
+def test_inspect_names_the_orientation_tag_when_only_the_stored_size_matches(tmp_path, capsys, suffix):
     for sub in ("images", "masks"):
         (tmp_path / sub).mkdir()
-    _rotated_jpeg(tmp_path / "images" / "a.jpg", _photo_with_line(64, 32, row=3))
+    _rotated_jpeg(tmp_path / "images" / f"a{suffix}", _photo_with_line(64, 32, row=3))
     Image.fromarray(np.zeros((32, 64), np.uint8)).save(tmp_path / "masks" / "a.png")  # traced on the stored pixels
     assert main(["inspect", str(tmp_path)]) == 1
     output = capsys.readouterr().out
     assert "a.png: mask is 64x32 px but its image is 32x64 as shown" in output
     assert "EXIF orientation tag (6)" in output
+    Image.fromarray(np.zeros((64, 32), np.uint8)).save(tmp_path / "masks" / "a.png")  # traced on the photo as shown
+    assert main(["inspect", str(tmp_path)]) == 0
 
 
 def test_predicted_masks_and_overlays_have_the_displayed_size(tmp_path):
