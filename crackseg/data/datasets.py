@@ -225,15 +225,19 @@ def check_crack_free(samples: list[Sample], workers: int | None = None) -> tuple
 
 def _check_crack_free(sample: Sample) -> Problem | None:
     try:
-        _decode_image(sample.image)
+        decoded = _decode_image(sample.image)
     except DECODE_ERRORS as error:
         return Problem(sample.image, describe_error(error))
     if sample.mask is None:
         return None
     try:
-        cracked = int(crack_mask(sample.mask).sum())
+        mask = crack_mask(sample.mask)
     except DECODE_ERRORS as error:
         return Problem(sample.mask, describe_error(error))
+    mismatch = _size_problem(sample.mask, (mask.shape[1], mask.shape[0]), *decoded)
+    if mismatch is not None:
+        return mismatch
+    cracked = int(mask.sum())
     if cracked:
         raise InputError(f"{sample.mask}: {cracked} crack pixels in the mask of a crack-free image (a negative); "
                          f"fix the mask, or take {sample.image.name} out of the negatives")
@@ -250,6 +254,18 @@ def _decode_image(path: File) -> tuple[tuple[int, int], tuple[int, int], int]:
     return stored, shown, turn
 
 
+def _size_problem(mask_path: File, mask_size: tuple[int, int], stored: tuple[int, int], shown: tuple[int, int],
+                  turn: int) -> Problem | None:
+    """A mask whose (width, height) is not its image's as shown, naming the EXIF tag where that explains it."""
+    if shown == mask_size:
+        return None
+    message = f"mask is {mask_size[0]}x{mask_size[1]} px but its image is {shown[0]}x{shown[1]}"
+    if stored == mask_size:
+        message += (f" as shown: the image's EXIF orientation tag ({turn}) turns its stored {stored[0]}x{stored[1]} pixels; "
+                    "trace the mask on the photo as viewers show it, or remove the tag")
+    return Problem(mask_path, message)
+
+
 def _check_sample(sample: Sample) -> tuple[list[Problem], MaskInfo | None]:
     problems = []
     try:
@@ -262,15 +278,9 @@ def _check_sample(sample: Sample) -> tuple[list[Problem], MaskInfo | None]:
     except DECODE_ERRORS as error:
         problems.append(Problem(sample.mask, describe_error(error)))
         return problems, None
-    mask_size = (mask.shape[1], mask.shape[0])
-    if shown is not None and shown != mask_size:
-        message = f"mask is {mask_size[0]}x{mask_size[1]} px but its image is {shown[0]}x{shown[1]}"
-        if stored == mask_size:
-            message += (
-                f" as shown: the image's EXIF orientation tag ({turn}) turns its stored {stored[0]}x{stored[1]} pixels; "
-                "trace the mask on the photo as viewers show it, or remove the tag"
-            )
-        problems.append(Problem(sample.mask, message))
+    mismatch = _size_problem(sample.mask, (mask.shape[1], mask.shape[0]), stored, shown, turn) if shown is not None else None
+    if mismatch is not None:
+        problems.append(mismatch)
     if problems:
         return problems, None
     values = np.bincount(mask.ravel(), minlength=256)

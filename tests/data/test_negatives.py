@@ -151,3 +151,9 @@ def test_unreadable_negatives_are_problems_and_an_empty_folder_an_error(tmp_path
         folder_negatives(tmp_path / "empty")
     with pytest.raises(InputError, match=r"is not a folder \(--negatives\)"):
         folder_negatives(tmp_path / "missing")
+
+
+def test_a_negative_whose_empty_mask_has_another_size_is_a_problem_naming_the_mask(tmp_path):
+    root = _dataset_with_negatives(tmp_path)
+    bad = _mask(root / "masks" / "n2.png", size=(30, 40))
+    assert [str(p) for p in open_dataset(root).problems] == [f"{bad}: mask is 40x30 px but its image is 32x24"]
