@@ -322,9 +322,24 @@ def open_dataset(
         if both := sorted(crack_free & set(stems)):
             raise InputError(f"{path}: lists {both[0]!r}, which {NEGATIVES_FILE} lists as crack-free ({len(both)} such stems); "
                              "list each stem in one split only")
-        found.problems += [Problem(path, f"lists {stem!r}, which has no image/mask pair") for stem in stems if stem not in paired]
+        unmatched = [stem for stem in stems if stem not in paired]
+        _refuse_other_forms(path, unmatched, paired)
+        found.problems += [Problem(path, f"lists {stem!r}, which has no image/mask pair") for stem in unmatched]
         found.listed[name] = [stem for stem in stems if stem in usable]
     return found
+
+
+def _refuse_other_forms(path: File, unmatched: list[str], paired: set[str]) -> None:
+    """A split file's line that names a pair in another form (its file name, a path, another case) is an error whatever
+    --on-bad-sample says: skipped, a photo meant for test.txt would be drawn into training."""
+    by_case = {stem.casefold(): stem for stem in paired}
+    for line in unmatched:
+        name = line.replace("\\", "/").rsplit("/", 1)[-1]
+        base = name.rsplit(".", 1)[0] if "." in name else name
+        meant = next((stem for stem in (name, base, by_case.get(name.casefold()), by_case.get(base.casefold())) if stem in paired), None)
+        if meant is not None:
+            raise InputError(f"{path}: lists {line!r}, the pair {meant!r} in another form; list stems as the files are named, "
+                             "without folder or extension")
 
 
 def crack_pixel_weight(masks: list[MaskInfo]) -> float:

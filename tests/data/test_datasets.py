@@ -177,6 +177,15 @@ def test_split_files_are_honoured_and_validation_carved_from_train(tmp_path):
     assert len(split["val"]) == 2 and set(split["train"]) | set(split["val"]) == {f"s{i}" for i in range(7)}
 
 
+@pytest.mark.parametrize("line, meant", [("s8.jpg", "s8"), ("images/s8.png", "s8"), ("S8", "s8"), ("C:\\data\\S8.JPG", "s8")])
+def test_a_split_line_naming_a_pair_in_another_form_is_refused_whatever_the_bad_sample_policy(tmp_path, line, meant):
+    """Skipped as a bad line, the photo it holds out would be drawn into training."""
+    root = _dataset(tmp_path, [f"s{i}" for i in range(10)])
+    (root / "test.txt").write_text(f"s9\n{line}\n")
+    with pytest.raises(InputError, match=rf"test.txt: lists {re.escape(repr(line))}, the pair '{meant}' in another form"):
+        open_dataset(root)
+
+
 def test_crack_pixel_weight_on_hand_made_masks():
     infos = [data.MaskInfo(10, 10, 10, True), data.MaskInfo(10, 10, 0, True), data.MaskInfo(5, 4, 10, True)]
     assert crack_pixel_weight(infos) == pytest.approx((220 - 20) / 20)
