@@ -111,11 +111,14 @@ class MaskValueError(ValueError):
 
 
 def _grey_levels(image: Image.Image) -> np.ndarray:
-    """(H, W) uint8 grey levels; 16-bit images are scaled to 8 bits, floating-point ones from [0, 1]."""
+    """(H, W) uint8 grey levels; 16-bit images are scaled to 8 bits from their bit depth (:func:`eight_bit_factor`, as
+    photos are: a 12-bit 0/4095 mask is 0/255, and class numbers stay small enough to be refused), floating-point ones
+    from [0, 1]."""
     if image.mode == "F":
         return (_unit_floats(image) * 255.0).round().astype(np.uint8)
     if image.mode.startswith("I"):
-        return (np.asarray(image, dtype=np.float64) / 257.0).round().clip(0, 255).astype(np.uint8)
+        values = np.asarray(image, dtype=np.float64)
+        return (values * eight_bit_factor(values.max(initial=0))).round().clip(0, 255).astype(np.uint8)
     return np.asarray(image.convert("L"))
 
 

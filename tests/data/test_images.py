@@ -15,7 +15,7 @@ from PIL import Image, ImageOps
 
 from crackseg.cli.main import main
 from crackseg.data.datasets import open_dataset
-from crackseg.data.images import displayed_size, load_image, load_mask, read_probability, stored_size
+from crackseg.data.images import MaskValueError, displayed_size, load_image, load_mask, read_probability, stored_size
 from crackseg.evaluation.evaluate import evaluate_files
 from crackseg.prediction.pictures import write_png
 from crackseg.training.loader import CrackDataset
@@ -105,7 +105,7 @@ def test_zero_one_masks_and_predictions_read_like_zero_255(tmp_path):
     assert load_mask(tmp_path / "empty.png").sum() == 0
 
 
-@pytest.mark.parametrize("top", [1, 255])
+@pytest.mark.parametrize("top", [1, 255, 1023, 4095, 32767, 65535])  # 0/1, 0/255, and full scale of 10 to 16 bits
 def test_sixteen_bit_zero_one_and_zero_255_masks_read_like_eight_bit_ones(tmp_path, top):
     levels = np.zeros((6, 8), np.uint16)
     levels[2, 1:7] = top
@@ -114,6 +114,18 @@ def test_sixteen_bit_zero_one_and_zero_255_masks_read_like_eight_bit_ones(tmp_pa
     assert Image.open(tmp_path / "wide.png").mode.startswith("I")
     assert load_mask(tmp_path / "wide.png").sum() == 6
     assert torch.equal(load_mask(tmp_path / "wide.png"), load_mask(tmp_path / "narrow.png"))
+
+
+@pytest.mark.parametrize("levels", [[2], [1, 2, 3], [7, 9]])
+def test_sixteen_bit_class_numbers_are_refused_as_eight_bit_ones_are(tmp_path, levels):
+    """Divided by 257 they read as a crack-free mask."""
+    for dtype in (np.uint8, np.uint16):
+        mask = np.zeros((8, 8), dtype)
+        for row, level in enumerate(levels):
+            mask[row] = level
+        Image.fromarray(mask).save(tmp_path / "classes.png")
+        with pytest.raises(MaskValueError, match=f"a mask whose brightest level is {max(levels)}: neither 0/255 nor 0/1"):
+            load_mask(tmp_path / "classes.png")
 
 
 def test_sixteen_bit_probabilities_are_scaled_from_the_full_range(tmp_path):
