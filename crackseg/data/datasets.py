@@ -141,7 +141,11 @@ def find_samples(
 
     image_files, image_twins = _by_stem(images, lambda stem: stem)
     mask_files, mask_twins = _by_stem(masks, lambda stem: (m := mask_name.match(stem)) and m["stem"])
+    if same:  # the masks beside the photos are no photos
+        image_files = {stem: path for stem, path in image_files.items() if not mask_name.match(stem)}
+        image_twins = {stem: paths for stem, paths in image_twins.items() if not mask_name.match(stem)}
     problems = [Problem(paths[0], _twins_message(paths)) for paths in [*image_twins.values(), *mask_twins.values()]]
+    problems += _unread_subfolders(images) + ([] if same else _unread_subfolders(masks))
     ambiguous = image_twins.keys() | mask_twins.keys()
     crack_free = set(crack_free)
     for stem in sorted(image_files.keys() - mask_files.keys() - ambiguous - crack_free):
@@ -152,6 +156,19 @@ def find_samples(
     samples = [Sample(stem, image_files[stem], mask_files[stem]) for stem in sorted(paired)]
     samples += [Sample(stem, image_files[stem], mask_files.get(stem)) for stem in sorted(image_files.keys() & crack_free)]
     return samples, problems
+
+
+def _unread_subfolders(folder: Folder) -> list[Problem]:
+    """A local folder's subfolders that hold images (hidden ones aside): pairing reads only the files right in it."""
+    if is_url(str(folder)):
+        return []
+    problems = []
+    for sub in sorted(path for path in Path(folder).iterdir() if path.is_dir() and not path.name.startswith(".")):
+        count = sum(path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() for path in sub.rglob("*"))
+        if count:
+            problems.append(Problem(sub, f"{count} images in a subfolder, which crackseg does not read (it pairs the files "
+                                         f"right in {folder}); move them up, or make each site a dataset of its own (train takes --data once per dataset)"))
+    return problems
 
 
 def files_by_stem(folder: Path) -> dict[str, Path]:

@@ -246,3 +246,25 @@ def test_inspect_on_a_folder_without_pairs_exits_1(tmp_path, capsys):
     (tmp_path / "masks").mkdir()
     assert main(["inspect", str(tmp_path)]) == 1
     assert "no image/mask pairs" in capsys.readouterr().out
+
+
+def test_images_in_subfolders_are_a_problem_not_left_out_in_silence(tmp_path):
+    root = _dataset(tmp_path, ["a", "b"])
+    for sub in ("images", "masks"):
+        (root / sub / "siteB").mkdir()
+        (root / sub / ".thumbnails").mkdir()  # hidden: a viewer's, not the user's
+        for folder in ("siteB", ".thumbnails"):
+            (root / sub / folder / "c.png").write_bytes((root / sub / "a.png").read_bytes())
+    found = open_dataset(root)
+    assert [s.stem for s in found.samples] == ["a", "b"]
+    assert [str(p) for p in found.problems] == [
+        f"{root / sub / 'siteB'}: 1 images in a subfolder, which crackseg does not read (it pairs the files right in "
+        f"{root / sub}); move them up, or make each site a dataset of its own (train takes --data once per dataset)" for sub in ("images", "masks")]
+
+
+def test_photos_and_masks_in_one_folder_pair_by_the_mask_pattern(tmp_path):
+    root = _dataset(tmp_path, ["a", "b"])
+    for path in (root / "masks").iterdir():
+        path.rename(root / "images" / f"{path.stem}_mask{path.suffix}")
+    samples, problems = find_samples(root / "images", root / "images", "{stem}_mask")
+    assert not problems and [(s.stem, s.mask.name) for s in samples] == [("a", "a_mask.png"), ("b", "b_mask.png")]
