@@ -85,6 +85,9 @@ class PredictOptions(Options):
         given = [flag for flag, value in ray_flags.items() if value is not None]
         if given and self.engine != "ray":
             raise InputError(f"{given[0]} applies to --engine ray")
+        if self.gpus_per_actor is not None and self.gpus_per_actor > 1 and not float(self.gpus_per_actor).is_integer():
+            raise InputError(f"--gpus-per-actor {self.gpus_per_actor:g}: above 1 it must be a whole number (Ray shares a GPU, "
+                             "but never splits several)")
         if not self.measure:  # what measures cracks means nothing without measuring
             given = [flag for flag, used in (("--vectors", self.vectors), ("--width-classes", self.scale.width_classes is not None),
                                             ("--join-gap", self.join_gap != measurement.JOIN_GAP),

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from crackseg.core.errors import InputError, RunError, require
 from crackseg.core.files import write_atomic
-from crackseg.core.storage import StorageError
+from crackseg.core.storage import RemoteFile, StorageError
 from crackseg.core.version import __version__
 from crackseg.data.images import describe_error, load_image
 from crackseg.data.rasters import RasterSource, gdal_settings, open_raster
@@ -84,7 +84,7 @@ class RayEngine:
             if work:
                 spec = _Job([ray.put(_model_files(job.choice.path))], job.choice.path.name, job.choice.options,
                             options.cpus_per_actor or 1, run.threshold, plan.spec, run.save_prob, run.overviews, options.max_pixels,
-                            scratch)
+                            scratch, os.getcwd())
                 _run(ray, spec, (min(actors, len(work)), gpus), work, _Collector(plan, run, records))
         finally:
             _await_ray_data()
@@ -151,6 +151,7 @@ class _Job:
     overviews: bool
     max_pixels: int
     scratch: str  # the folder below each node's temp folder that holds this run's scratch folders
+    working_folder: str  # the driver's: relative input paths are below it (an actor runs where its node started)
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ class _Actor:
                 return _Result(item, {}, error=describe_error(error) if item.band is None else str(error))
 
     def _photo(self, item: Work, folder: PredictionsFolder) -> _Result:
-        image = load_image(item.path)
+        image = load_image(self._source(item))
         ((_, prediction),) = predictions(self.predictor, [(item.key, image)], self.job.threshold, self.job.spec)
         try:
             rows = write_image_outputs(folder, item.path, item.name, image, prediction, self.job.threshold, self.job.spec)
@@ -210,9 +211,18 @@ class _Actor:
         job = self.job
         run = RasterRun(self.predictor, job.threshold, folder, job.save_prob, job.overviews)
         outputs = raster_outputs(folder, item.name, job.save_prob)
-        with gdal_settings(), RasterSource(item.path, job.max_pixels, open_raster(item.path)) as source:
+        source_path = self._source(item)
+        with gdal_settings(), RasterSource(source_path, job.max_pixels, open_raster(source_path)) as source:
             counts = predict_raster(source, outputs, run, item.band, progress=False)
         return _Result(item, _contents(folder, [path for path in band_paths(outputs, item.band) if path.exists()]), counts=counts)
+
+
+    def _source(self, item: Work) -> Path | RemoteFile:
+        """Where the actor reads the item: a relative path below the driver's working folder, as the driver meant it
+        (the tables keep the path as given)."""
+        if isinstance(item.path, RemoteFile) or item.path.is_absolute():
+            return item.path
+        return Path(self.job.working_folder) / item.path
 
 
 def _contents(folder: PredictionsFolder, paths: list[Path]) -> dict[str, bytes]:

@@ -182,6 +182,32 @@ def test_ray_flags_without_engine_ray_are_one_line(photos, tmp_path, checkpoint,
     assert code == 2 and err.splitlines() == [f"crackseg: error: {flag[0]} applies to --engine ray"]
 
 
+def test_a_share_of_several_gpus_per_actor_is_one_line(photos, tmp_path, checkpoint):
+    code, err = cli_result(["predict", "--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray",
+                            "--gpus-per-actor", "1.5"])
+    assert code == 2 and err.splitlines() == ["crackseg: error: --gpus-per-actor 1.5: above 1 it must be a whole number (Ray "
+                                              "shares a GPU, but never splits several)"]
+
+
+@pytest.mark.slow
+def test_relative_inputs_are_read_where_the_driver_runs_not_where_the_cluster_started(cluster, photos, tmp_path, checkpoint):
+    """ray start's actors run in the folder it was started in; the same relative path there may be another photo."""
+    os.symlink(photos, tmp_path / "mine")  # the photos, named relative to the driver's folder only
+    local = subprocess.run([sys.executable, "-m", "crackseg", "predict", "mine", "--checkpoint", str(checkpoint), "--out", "local",
+                            "--device", "cpu", "--workers", "0"], env=_one_thread(), cwd=tmp_path, capture_output=True,
+                           text=True, timeout=RUN_S)
+    assert local.returncode == 0, local.stderr
+    command = [sys.executable, "-m", "crackseg", "predict", "mine", "--checkpoint", str(checkpoint), "--out", "ray", "--device",
+               "cpu", "--workers", "0", "--engine", "ray", "--actors", "1"]
+    ray = subprocess.run(command, env=cluster, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_S)
+    assert ray.returncode == 0, ray.stderr
+    assert not (tmp_path / "ray" / "errors.csv").exists() or not csv_rows(tmp_path / "ray" / "errors.csv")
+    rows = {out: [{k: v for k, v in row.items() if k != "mask"} for row in csv_rows(tmp_path / out / "predictions.csv")]
+            for out in ("ray", "local")}
+    assert rows["ray"] == rows["local"] and len(rows["ray"]) == 2  # a.jpg and b.jpg: sub/ is not searched
+    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+
+
 def test_the_work_list_is_split_alike_by_every_engine(photos, tmp_path):
     """torchrun's processes take every other photo and their band of each raster; together they take the whole list."""
     from crackseg.prediction.work import Plan, share, work_list
