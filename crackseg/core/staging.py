@@ -13,6 +13,7 @@ answering during the run ends it (:class:`StoreUnreachable`): every upload after
 from __future__ import annotations
 
 import errno
+import re
 import shutil
 import sys
 import tempfile
@@ -39,6 +40,9 @@ class StoreUnreachable(StorageError, OutFailed):
     expired)."""
 
 
+_SCHEME_LIKE = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]+:/")  # two letters at least: C:/ stays a Windows drive
+
+
 def location(text: str | Path) -> str | Path:
     """A folder or file as given: a URL stays text (pathlib would fold its slashes), anything else is a Path."""
     return str(text) if is_url(str(text)) else Path(text)
@@ -47,6 +51,8 @@ def location(text: str | Path) -> str | Path:
 def output_location(text: str | Path, what: str) -> str | Path:
     """An ``--out`` that ``what`` (predictions, reports) can be written to: a local folder or an s3:// prefix."""
     target = location(text)
+    if not isinstance(target, str) and _SCHEME_LIKE.match(str(text)):  # s3:/bucket, s3://: pathlib would make a local s3:/
+        raise InputError(f"--out {text}: not a URL; write an s3://bucket/prefix/ URL, or a local folder without a scheme")
     if isinstance(target, str) and not target.startswith("s3://"):
         raise InputError(f"--out {display_url(target)}: {what} are written to a local folder or an s3://bucket/prefix/ URL "
                          "(http(s):// is read-only)")

@@ -76,7 +76,10 @@ def display_url(url: str) -> str:
     fragment (a presigned URL's signature, access key id and session token). s3:// keys may hold ``?`` and ``#``."""
     if not is_url(url):
         return url
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a bracket left open: no host to keep apart from its credentials
+        return url.split("://", 1)[0] + "://" + url.split("://", 1)[1].rpartition("@")[2]
     host = parts.netloc.rpartition("@")[2]
     if parts.scheme in ("http", "https"):
         return urlunsplit((parts.scheme, host, parts.path, "", ""))
@@ -241,7 +244,11 @@ def _name_below(root: str, key: str) -> str:
 
 
 def _scheme(url: str) -> str:
-    scheme = urlsplit(url).scheme.lower()
+    try:
+        scheme = urlsplit(url).scheme.lower()
+        urlsplit(url).port  # a port that is no number, or out of range
+    except ValueError as error:  # a bracket left open
+        raise StorageError(url, f"not a valid URL ({error})") from None
     if scheme not in SCHEMES:
         raise StorageError(url, f"{scheme}:// is not supported; crackseg reads local paths, s3:// and http(s):// URLs")
     return scheme

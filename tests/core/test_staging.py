@@ -115,3 +115,15 @@ def test_sources_in_a_store_are_copied_and_named_by_their_urls(tmp_path, s3, sta
         with pytest.raises(InputError, match="no objects below this prefix"):
             sources.folder(s3.url("empty/"), "BEFORE", "an inspection")
     assert not any(staging.iterdir())
+
+
+@pytest.mark.parametrize("typo", ["s3:/survey/typo/", "s3://", "s3:", "S3:/bucket"])
+def test_an_out_that_looks_like_a_url_but_is_none_is_refused_not_made_a_local_folder(tmp_path, typo, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if typo != "s3:":  # no slash: an ordinary (if odd) local name
+        with pytest.raises(InputError, match=f"--out {typo}: not a URL; write an s3://bucket/prefix/ URL"):
+            output_location(typo, "predictions")
+    else:
+        assert output_location(typo, "predictions") == Path("s3:")
+    assert output_location("C:/surveys", "predictions") == Path("C:/surveys")  # a drive letter is no scheme
+    assert not list(tmp_path.iterdir())

@@ -303,3 +303,14 @@ def test_gdal_reads_the_store_as_s3fs_does():
     assert not {"AWS_S3_ENDPOINT", "AWS_HTTPS", "AWS_VIRTUAL_HOSTING"} & set(gdal_options({}))
     assert gdal_path("s3://bucket/a b/ortho.tif") == "/vsis3/bucket/a b/ortho.tif"
     assert gdal_path("https://host/ortho.tif?X-Amz-Signature=1") == "/vsicurl/https://host/ortho.tif?X-Amz-Signature=1"
+
+
+@pytest.mark.parametrize("url", ["http://[::1/x.jpg", "s3://[bad/x.jpg", "https://host:99999/x.jpg", "http://host:8O/x.jpg"])
+def test_a_url_that_does_not_parse_is_one_line_naming_it(url):
+    with pytest.raises(StorageError, match=r"not a valid URL \(") as raised:
+        storage.list_files(url, (".jpg",))
+    assert str(raised.value).startswith(url.split("?")[0]) and "\n" not in str(raised.value)
+
+
+def test_a_url_that_does_not_parse_is_shown_without_its_credentials():
+    assert storage.display_url("http://me:secret@[::1/x.jpg") == "http://[::1/x.jpg"
