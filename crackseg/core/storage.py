@@ -176,8 +176,8 @@ def list_files(url: str, suffixes: Sequence[str], recursive: bool = False) -> li
         keys = _call(url, lambda fs: fs.find(root))
     else:  # not find(maxdepth=1), which says nothing of a missing bucket
         keys = [info["name"] for info in _call(url, lambda fs: fs.ls(root, detail=True)) if info["type"] == "file"]
-    return [(RemoteFile(f"s3://{key}"), _name_below(root, key)) for key in sorted(keys)
-            if PurePosixPath(key).suffix.lower() in suffixes]
+    return [(RemoteFile(f"s3://{key}"), _name_below(root, key)) for key in sorted(keys, key=lambda key: PurePosixPath(key).parts)
+            if PurePosixPath(key).suffix.lower() in suffixes]  # in a local folder's order: by path part, a/b before a-b
 
 
 def list_keys(url: str) -> list[str]:

@@ -174,7 +174,7 @@ class PredictionsFolder:
         elif overwrite:
             self.cracks_csv.unlink(missing_ok=True)  # it measured masks this run replaced
         if records.errors or self.errors_csv.exists():
-            write_csv(self.errors_csv, records.errors, ["path", "error"])
+            write_csv(self.errors_csv, [records.errors[key] for key in sorted(records.errors)], ["path", "error"])
         self.rank_csv.unlink(missing_ok=True)  # it ranked an earlier run's probabilities
         return write_summary(self, rows, records.cracks, spec, warnings, threshold)
 
@@ -235,20 +235,22 @@ def read_saved_mask(path: Path) -> np.ndarray:
 
 @dataclass
 class Records:
-    """What a process predicted: predictions.csv rows by input key, cracks.csv rows, errors.csv rows."""
+    """What a process predicted: predictions.csv rows and errors.csv rows by input key, cracks.csv rows."""
 
     rows: dict[int, dict] = field(default_factory=dict)
     cracks: list[dict] = field(default_factory=list)
-    errors: list[dict] = field(default_factory=list)
+    errors: dict[int, dict] = field(default_factory=dict)
 
     def add(self, key: int, row: dict, cracks: list[dict]) -> None:
         self.rows[key] = row
         self.cracks += cracks
 
-    def fail(self, path: Path, error: str) -> None:
-        """An input that failed: listed in errors.csv and said on stderr now."""
-        self.errors.append({"path": str(path), "error": error})
-        tqdm.write(f"crackseg: error: {path}: {error}", file=sys.stderr)
+    def fail(self, key: int, path: Path, error: str, said: bool = True) -> None:
+        """An input that failed: listed in errors.csv, in the inputs' order whatever order they failed in, and said on
+        stderr now (unless ``said`` is False)."""
+        self.errors[key] = {"path": str(path), "error": error}
+        if said:
+            tqdm.write(f"crackseg: error: {path}: {error}", file=sys.stderr)
 
     @staticmethod
     def joined(parts: list[Records]) -> Records:
@@ -257,7 +259,7 @@ class Records:
         for part in parts:
             joined.rows |= part.rows
             joined.cracks += part.cracks
-            joined.errors += part.errors
+            joined.errors |= part.errors
         return joined
 
 

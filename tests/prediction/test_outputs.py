@@ -212,3 +212,19 @@ def test_the_tables_are_read_as_utf8_whatever_the_locale(tmp_path, monkeypatch, 
     encoding, *paths = json.loads(subprocess.run([sys.executable, "-c", code], env=ascii_locale, capture_output=True, text=True,
                                                  check=True).stdout)
     assert "utf" not in encoding.lower() and paths == ["fissure-é.jpg", "fissure-é.jpg"]
+
+
+def test_errors_are_listed_in_the_inputs_order_whatever_order_processes_report_them(tmp_path):
+    """Ray's actors and torchrun's processes report failures as they come; errors.csv keeps the inputs' order."""
+    from conftest import csv_rows
+
+    from crackseg.prediction.outputs import Records
+
+    parts = [Records(), Records()]
+    parts[1].fail(4, Path("e.jpg"), "cannot decode", said=False)
+    parts[0].fail(2, Path("c.jpg"), "file not found", said=False)
+    parts[1].fail(1, Path("b.jpg"), "cannot decode", said=False)
+    folder = PredictionsFolder(tmp_path / "pred")
+    folder.root.mkdir()
+    folder.write_tables(Records.joined(parts), OutputSpec(measure=False), [], False, 0.5)
+    assert [row["path"] for row in csv_rows(folder.errors_csv)] == ["b.jpg", "c.jpg", "e.jpg"]

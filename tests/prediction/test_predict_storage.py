@@ -295,3 +295,17 @@ def test_loader_workers_read_remote_photos(s3, photos, tmp_path, checkpoint):
     assert result.returncode == 0, result.stderr[-3000:]
     assert predict_cli("--checkpoint", checkpoint, photos, "--recursive", "--out", tmp_path / "local") == 0
     assert _outputs(tmp_path / "workers") == _outputs(tmp_path / "local")
+
+
+def test_a_prefix_lists_its_photos_in_a_local_folder_s_order(s3, photos, tmp_path):
+    """By path part, as a local folder is walked: a/b.jpg before a-b.jpg, which a plain string sort puts first."""
+    from crackseg.data.inputs import collect_inputs
+
+    folder = tmp_path / "ord"
+    (folder / "a").mkdir(parents=True)
+    for name in ("a/b.jpg", "a-b.jpg", "a.jpg"):
+        shutil.copyfile(photos / "a.jpg", folder / name)
+    prefix = s3.upload(folder, "survey/ord")
+    local = [name for _, name in collect_inputs([str(folder)], True, tmp_path / "out")]
+    assert local == ["a/b", "a-b", "a"]
+    assert [name for _, name in collect_inputs([prefix], True, tmp_path / "out")] == local
