@@ -123,14 +123,15 @@ class StagedFolder:
         """Whether the file at ``path`` (below the root) was there when the run began."""
         return self._key(path) in self.existing if self.remote else Path(path).exists()
 
-    def fetch(self, paths: Iterable[Path]) -> bool:
-        """Whether every one of ``paths`` was there when the run began; on a store the first is then downloaded, to be
-        read as a local file would be (predict --skip-existing summarises a mask it keeps)."""
+    def fetch(self, paths: Iterable[Path], read: int = 1) -> bool:
+        """Whether every one of ``paths`` was there when the run began; on a store the first ``read`` are then downloaded,
+        to be read as local files would be (predict --skip-existing summarises a mask it keeps, and its probabilities)."""
         paths = list(paths)
         if not all(self.existed(path) for path in paths):
             return False
         if self.remote:
-            self._download(self._key(paths[0]))
+            for path in paths[:read]:
+                self._download(self._key(path))
         return True
 
     def upload(self, paths: Iterable[Path]) -> None:

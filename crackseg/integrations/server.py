@@ -51,7 +51,7 @@ from crackseg.core.version import __version__
 from crackseg.data.images import DECODE_ERRORS, describe_error, picture_pixels
 from crackseg.integrations.fetching import HttpError, ImageFetcher
 from crackseg.integrations.label_studio import ProtocolError, Target, image_url, read_config
-from crackseg.prediction.outputs import uncertainty
+from crackseg.prediction.uncertainty import uncertainty
 
 if TYPE_CHECKING:
     from crackseg.prediction.session import PredictionSession  # torch: the caller loads it

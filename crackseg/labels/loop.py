@@ -12,7 +12,7 @@
 - :func:`export_labels` turns a predictions folder's masks into pre-annotations a person corrects
   in the labelling tool.
 - :func:`rank_predictions` orders a predictions folder's photos by how unsure the model was
-  (:func:`crackseg.prediction.outputs.uncertainty`, read from the saved probability maps) into ``rank.csv``.
+  (:func:`crackseg.prediction.uncertainty.uncertainty`, read from the saved probability maps) into ``rank.csv``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from crackseg.labels.formats.labelme import embedded_photo, labelme_document
 from crackseg.labels.formats.reading import read_annotations
 from crackseg.labels.formats.shapes import LabelledImage, paint_all
 from crackseg.labels.options import ImportOptions
-from crackseg.prediction.outputs import PredictionsFolder, read_saved_mask, uncertainty
+from crackseg.prediction.outputs import PredictionsFolder, read_saved_mask
+from crackseg.prediction.uncertainty import uncertainty
 from crackseg.prediction.pictures import write_png
 
 DRAWN = ("polygon", "line", "mask")  # shape kinds that become crack pixels; others (rectangles, points) are counted
@@ -349,7 +350,7 @@ def _inside(out: Path, relative: str) -> Path:
 
 
 def rank_predictions(predictions: Path, threshold: float | None = None) -> tuple[list[dict], int]:
-    """PREDICTIONS/rank.csv: the photos by :func:`crackseg.prediction.outputs.uncertainty`, most unsure first, from the
+    """PREDICTIONS/rank.csv: the photos by :func:`crackseg.prediction.uncertainty.uncertainty`, most unsure first, from the
     saved probability maps at ``threshold`` (default: the one predict used); returns its rows and the number of
     rasters left out."""
     folder = PredictionsFolder(predictions)

@@ -72,7 +72,7 @@ def _predict_photos(job: Job) -> None:
     for item in share(work_list(plan, env.world_size), env.rank, env.world_size):
         if item.band is not None:
             continue
-        rows = plan.kept_rows(item.key, item.path, item.name)
+        rows = plan.kept_rows(item.key, item.path, item.name, job.run.threshold)
         if rows is not None:
             records.add(item.key, *rows)
         else:

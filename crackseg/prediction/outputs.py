@@ -34,8 +34,9 @@ from crackseg.cracks.measure import CrackMeasure, find_cracks
 from crackseg.cracks.pixel_sets import thinned
 from crackseg.cracks.vectors import FORMATS, centrelines, layer_files, skeleton_links, write_vectors
 from crackseg.cracks.widths import WidthClasses, in_mm
-from crackseg.data.images import DECODE_ERRORS, crack_mask, describe_error
+from crackseg.data.images import DECODE_ERRORS, crack_mask, describe_error, read_probability
 from crackseg.prediction.pictures import overlay_jpeg, probability_levels, write_png
+from crackseg.prediction.uncertainty import uncertainty
 
 if TYPE_CHECKING:
     import torch
@@ -299,32 +300,20 @@ def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image:
     return row, crack_rows
 
 
-def summarize_existing(path: Path, mask_path: Path, spec: OutputSpec) -> tuple[dict, list[dict]]:
-    """The rows of an image whose outputs an earlier run wrote (``--skip-existing``)."""
+def summarize_existing(path: Path, mask_path: Path, spec: OutputSpec, threshold: float,
+                       prob_path: Path | None = None) -> tuple[dict, list[dict]]:
+    """The rows of an image whose outputs an earlier run wrote (``--skip-existing``); with ``prob_path``, its
+    uncertainty from the probability map it saved, as that run computed it."""
     mask = crack_mask(mask_path)  # a damaged one is predicted again, saying why
+    counts = mask_counts(mask) | (uncertainty(read_probability(prob_path).numpy(), threshold) if prob_path else {})
     cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px)[1] if spec.measure else []
-    return table_rows(path, mask_path, mask_counts(mask), cracks, spec, "skipped: exists")
+    return table_rows(path, mask_path, counts, cracks, spec, "skipped: exists")
 
 
 def mask_counts(mask: np.ndarray) -> dict:
     """The columns of predictions.csv that come from the mask alone."""
     height, width = mask.shape
     return {"width": width, "height": height, "crack_fraction": round(float(mask.mean()), 6), "area_px": int(mask.sum())}
-
-
-def uncertainty(prob: np.ndarray, threshold: float) -> dict:
-    """How unsure the model is of one image, from its probabilities (H, W) in [0, 1] (predictions.csv, rank.csv).
-
-    A pixel is unsure when its probability is nearer the decision threshold ``t`` than the sure
-    answer on its side (0 for background, 1 for crack): in [t/2, (1+t)/2). ``uncertainty`` is the
-    share of the image's pixels that are unsure; ``unsure_crack_share`` the share of the crack
-    pixels (probability >= t) that are.
-    """
-    unsure = (prob >= threshold / 2) & (prob < (1 + threshold) / 2)
-    crack = prob >= threshold
-    cracks = int(crack.sum())
-    return {"uncertainty": round(float(unsure.mean()), 6) if unsure.size else 0.0,
-            "unsure_crack_share": round(int((crack & unsure).sum()) / cracks, 6) if cracks else 0.0}
 
 
 def table_rows(path: Path, mask_path: Path, counts: dict, cracks: list[CrackMeasure], spec: OutputSpec,

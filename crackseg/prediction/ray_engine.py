@@ -276,7 +276,7 @@ def _unfinished(plan: Plan, run: RasterRun, work: list[Work], records: Records) 
     """The items to predict; the inputs whose outputs ``--skip-existing`` keeps get their rows now, as locally."""
     kept = {raster.key for raster in plan.rasters if plan.kept(raster.key)}
     for item in work:
-        rows = plan.kept_rows(item.key, item.path, item.name) if item.band is None else None
+        rows = plan.kept_rows(item.key, item.path, item.name, run.threshold) if item.band is None else None
         if rows is not None:
             kept.add(item.key)
             records.add(item.key, *rows)

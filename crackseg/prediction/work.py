@@ -44,19 +44,20 @@ class Plan:
     warnings: list[str]
     skip_existing: bool = False
 
-    def kept(self, key: int) -> bool:
+    def kept(self, key: int, read: int = 1) -> bool:
         """Whether ``--skip-existing`` keeps an input's outputs of an earlier run: all of them in the folder, or on the
-        store when this run began (the mask is then fetched, to be summarised as a local one)."""
-        return self.skip_existing and self.staged.fetch(self.outputs[key])
+        store when this run began (the first ``read`` of them, the mask first, are then fetched, to be read as local files)."""
+        return self.skip_existing and self.staged.fetch(self.outputs[key], read)
 
-    def kept_rows(self, key: int, path: Path | RemoteFile, name: str) -> tuple[dict, list[dict]] | None:
-        """The table rows of a photo whose outputs ``--skip-existing`` keeps, read from its saved mask; None when it is
-        to be predicted: not kept, or its saved mask is damaged (said on stderr, and its outputs are written anew)."""
-        if not self.kept(key):
+    def kept_rows(self, key: int, path: Path | RemoteFile, name: str, threshold: float) -> tuple[dict, list[dict]] | None:
+        """The table rows of a photo whose outputs ``--skip-existing`` keeps, read from its saved mask (and probabilities,
+        for the uncertainty at ``threshold``); None when it is to be predicted: not kept, or its saved mask is damaged
+        (said on stderr, and its outputs are written anew)."""
+        if not self.kept(key, 2 if self.spec.save_prob else 1):
             return None
         mask = self.folder.mask(name)
         try:
-            return summarize_existing(path, mask, self.spec)
+            return summarize_existing(path, mask, self.spec, threshold, self.folder.probabilities(name) if self.spec.save_prob else None)
         except (*DECODE_ERRORS, InputError) as error:
             reason = describe_error(error) if isinstance(error, DECODE_ERRORS) else str(error)
             tqdm.write(f"crackseg: warning: {self.staged.shown(mask)}: the mask an earlier run wrote is not readable ({reason}); "

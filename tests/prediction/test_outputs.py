@@ -152,7 +152,7 @@ def test_deliverable_options_are_checked_before_work(tmp_path, options, message)
 
 
 def test_uncertainty_is_the_share_of_pixels_nearer_the_threshold_than_a_sure_answer():
-    from crackseg.prediction.outputs import uncertainty
+    from crackseg.prediction.uncertainty import uncertainty
 
     # threshold 0.4: unsure in [0.2, 0.7); crack from 0.4
     prob = np.array([[0.0, 0.19, 0.2, 0.39], [0.4, 0.69, 0.7, 1.0]], np.float32)

@@ -315,3 +315,14 @@ def test_a_full_disk_stops_the_run_naming_the_folder_and_the_photos_left(where, 
         assert err.splitlines()[-1] == f"crackseg: error: no space left in {out}: {out} lacks {left} to finish exactly those"
         assert sorted(p.relative_to(out).as_posix() for p in Path(out).rglob("*")) == ["masks", "masks/a.png"]
     assert code == 2 and "Traceback" not in err
+
+
+def test_skip_existing_on_a_store_keeps_the_uncertainty_of_the_probabilities_there(s3, photos, tmp_path, checkpoint, staging):
+    source, out = s3.upload(photos, "survey/photos"), s3.url("survey/unc/")
+    assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive", "--save-prob", "8") == 0
+    first = csv_rows(_download(s3, "survey/unc", tmp_path / "first") / "predictions.csv")
+    s3.client.delete_object(Bucket=s3.name, Key="survey/unc/masks/b.png")
+    assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive", "--save-prob", "8", "--skip-existing") == 0
+    again = csv_rows(_download(s3, "survey/unc", tmp_path / "again") / "predictions.csv")
+    assert [row["status"] for row in again] == ["skipped: exists", "ok", "skipped: exists"]
+    assert [row["uncertainty"] for row in again] == [row["uncertainty"] for row in first] and all(r["uncertainty"] for r in again)
