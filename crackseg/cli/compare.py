@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from crackseg.cli.options import add_command
-from crackseg.core.storage import shown_location
+from crackseg.core.urls import shown_location
 from crackseg.monitoring.options import CompareOptions
 
 

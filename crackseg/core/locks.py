@@ -23,7 +23,8 @@ from pathlib import Path
 
 from crackseg.core.errors import InputError
 from crackseg.core.files import temp_path, write_atomic
-from crackseg.core.storage import RemoteFile, StorageError, UnsupportedByStore, create_if_absent, delete_file, display_url
+from crackseg.core.storage import RemoteFile, StorageError, UnsupportedByStore, create_if_absent, delete_file
+from crackseg.core.urls import display_url
 
 
 class _Lock:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crackseg.core.errors import InputError
-from crackseg.core.storage import display_url, is_url
+from crackseg.core.urls import display_url, is_url
 
 REQUIRED = dataclasses.MISSING
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from crackseg.core.errors import InputError
 from crackseg.core.files import ensure_writable_folder, write_atomic
 from crackseg.core.locks import FolderLock, StoreLock
-from crackseg.core.storage import (RemoteFile, StorageError, answers, delete_file, display_url, is_url, list_keys,
-                                   upload_file)
+from crackseg.core.storage import RemoteFile, StorageError, answers, delete_file, list_keys, upload_file
+from crackseg.core.urls import display_url, is_url
 
 
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)  # a full device, or the user's quota spent

@@ -24,18 +24,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Mapping, Sequence, TypeVar
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 from crackseg.core.errors import InputError, require
+from crackseg.core.urls import display_url, is_url, scrubbed, url_problem
 
 EXTRA = "s3"
 SCHEMES = ("s3", "http", "https")
 HTTP_ATTEMPTS = 3  # as botocore's standard mode, for http(s):// reads
 HTTP_TIMEOUTS_S = {"connect": 10.0, "sock_read": 60.0}  # a dropped connection fails instead of hanging
 _BOTOCORE_CONFIG = {"retries": {"mode": "standard"}}  # max_attempts: AWS_MAX_ATTEMPTS or the profile's, else 3
-_URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]+)://[^\s'\"<>]+")
 _GLOB = re.compile(r"[*?\[]")
-_CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 _T = TypeVar("_T")
 _GDAL_READING = {  # GDAL's defaults otherwise: what a tiled raster read by windows from a store needs
     "GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR",  # no listing of the whole prefix to find sidecar files
@@ -58,32 +57,6 @@ class StorageError(InputError):
 
 class UnsupportedByStore(StorageError):
     """A request the store does not implement (HTTP 501), such as a conditional write on some S3-compatible stores."""
-
-
-def is_url(text: str) -> bool:
-    """Whether ``text`` is a URL (``scheme://...``) rather than a local path; any scheme, so that gs:// is refused by name."""
-    return _URL.match(str(text)) is not None
-
-
-def shown_location(text: str) -> str:
-    """A local path or a URL as a run's last line names where it wrote: a URL as :func:`display_url` shows it, without
-    its trailing slash."""
-    return display_url(text).rstrip("/") if is_url(text) else str(Path(text))
-
-
-def display_url(url: str) -> str:
-    """``url`` as logs, tables and errors show it: without user and password, and for http(s) without the query and
-    fragment (a presigned URL's signature, access key id and session token). s3:// keys may hold ``?`` and ``#``."""
-    if not is_url(url):
-        return url
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # a bracket left open: no host to keep apart from its credentials
-        return url.split("://", 1)[0] + "://" + url.split("://", 1)[1].rpartition("@")[2]
-    host = parts.netloc.rpartition("@")[2]
-    if parts.scheme in ("http", "https"):
-        return urlunsplit((parts.scheme, host, parts.path, "", ""))
-    return f"{parts.scheme}://{host}{url.split('://', 1)[1][len(parts.netloc):]}"
 
 
 @dataclass(frozen=True)
@@ -244,11 +217,10 @@ def _name_below(root: str, key: str) -> str:
 
 
 def _scheme(url: str) -> str:
-    try:
-        scheme = urlsplit(url).scheme.lower()
-        urlsplit(url).port  # a port that is no number, or out of range
-    except ValueError as error:  # a bracket left open
-        raise StorageError(url, f"not a valid URL ({error})") from None
+    problem = url_problem(url)
+    if problem is not None:
+        raise StorageError(url, f"not a valid URL ({problem})")
+    scheme = urlsplit(url).scheme.lower()
     if scheme not in SCHEMES:
         raise StorageError(url, f"{scheme}:// is not supported; crackseg reads local paths, s3:// and http(s):// URLs")
     return scheme
@@ -384,14 +356,3 @@ def _endpoint(error: BaseException, url: str) -> str:
         return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
     host = getattr(error, "host", None)
     return f"{host}:{error.port}" if host else urlsplit(url).netloc.rpartition("@")[2]
-
-
-def scrubbed(text: str) -> str:
-    """A message from a library, safe to show: its URLs as :func:`display_url` shows them, no credential of the
-    environment's (servers do not echo secrets, but a message is not trusted to know that)."""
-    text = _URL.sub(lambda match: display_url(match.group()), text)
-    for variable in _CREDENTIAL_VARIABLES:
-        secret = os.environ.get(variable)
-        if secret:
-            text = text.replace(secret, "***")
-    return " ".join(text.split())

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from crackseg.core.errors import InputError
-from crackseg.core.storage import RemoteFile, display_url, is_url, list_files
+from crackseg.core.storage import RemoteFile, list_files
+from crackseg.core.urls import display_url, is_url
 from crackseg.data.images import (
     CRACK_THRESHOLD,
     DECODE_ERRORS,
@@ -145,7 +146,7 @@ def find_samples(
         image_files = {stem: path for stem, path in image_files.items() if not mask_name.match(stem)}
         image_twins = {stem: paths for stem, paths in image_twins.items() if not mask_name.match(stem)}
     problems = [Problem(paths[0], _twins_message(paths)) for paths in [*image_twins.values(), *mask_twins.values()]]
-    problems += _unread_subfolders(images) + ([] if same else _unread_subfolders(masks))
+    problems += _unread_subfolders(images, masks) + ([] if same else _unread_subfolders(masks, images))
     ambiguous = image_twins.keys() | mask_twins.keys()
     crack_free = set(crack_free)
     for stem in sorted(image_files.keys() - mask_files.keys() - ambiguous - crack_free):
@@ -158,12 +159,15 @@ def find_samples(
     return samples, problems
 
 
-def _unread_subfolders(folder: Folder) -> list[Problem]:
-    """A local folder's subfolders that hold images (hidden ones aside): pairing reads only the files right in it."""
+def _unread_subfolders(folder: Folder, other: Folder) -> list[Problem]:
+    """A local folder's subfolders that hold images (hidden ones aside, and the other folder of the pairs, which is
+    read): pairing reads only the files right in it. An s3:// prefix is read as its objects right below it, unchecked."""
     if is_url(str(folder)):
         return []
-    problems = []
+    problems, read = [], Path(other).resolve()
     for sub in sorted(path for path in Path(folder).iterdir() if path.is_dir() and not path.name.startswith(".")):
+        if read.is_relative_to(sub.resolve()):
+            continue
         count = sum(path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() for path in sub.rglob("*"))
         if count:
             problems.append(Problem(sub, f"{count} images in a subfolder, which crackseg does not read (it pairs the files "

@@ -8,7 +8,8 @@ from collections import OrderedDict
 from pathlib import Path
 
 from crackseg.core.errors import InputError
-from crackseg.core.storage import RemoteFile, display_url, is_url, list_files
+from crackseg.core.storage import RemoteFile, list_files
+from crackseg.core.urls import display_url, is_url
 from crackseg.data.images import IMAGE_SUFFIXES
 
 

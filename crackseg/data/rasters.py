@@ -35,7 +35,8 @@ from PIL import Image
 
 from crackseg.core.errors import InputError, require
 from crackseg.core.options import PX_SIZE
-from crackseg.core.storage import RemoteFile, StorageError, gdal_options, gdal_path, scrubbed
+from crackseg.core.storage import RemoteFile, StorageError, gdal_options, gdal_path
+from crackseg.core.urls import scrubbed
 from crackseg.data.ground_scale import ground_scale
 from crackseg.data.images import DECODE_ERRORS, eight_bit_factor
 from crackseg.data.options import MAX_PIXELS, STREAM_ABOVE

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from crackseg.core.errors import InputError
 from crackseg.core.staging import StagedFolder, location
-from crackseg.core.storage import display_url, shown_location
+from crackseg.core.urls import display_url, shown_location
 from crackseg.data.datasets import Folder, files_by_stem, open_dataset
 from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, load_image, load_mask, read_probability
 from crackseg.data.splits import read_stems
@@ -67,7 +67,7 @@ def evaluate_checkpoint(checkpoint: Path, root: Folder, split: str = "test", tol
     """Predict the images of a dataset split with ``checkpoint`` in this process, run as ``inference`` says, and score them.
 
     ``root`` may be an s3:// prefix (as text): its files are read one by one, never copied to disk, and the report names it
-    as :func:`crackseg.core.storage.display_url` shows it."""
+    as :func:`crackseg.core.urls.display_url` shows it."""
     from crackseg.model.inference import Predictor
     from crackseg.model.runtimes import choose_runtime, load_runtime
 

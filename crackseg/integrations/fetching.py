@@ -21,6 +21,7 @@ import binascii
 import contextlib
 import ipaddress
 import json
+import os
 import socket
 import threading
 from urllib.parse import urljoin, urlsplit
@@ -28,6 +29,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 from starlette.exceptions import HTTPException
 
+from crackseg.core.urls import url_problem
 from crackseg.integrations.options import host_key
 
 MAX_REDIRECTS = 5
@@ -184,8 +186,10 @@ class ImageFetcher:
 
 
 class _Deadline:
-    """One fetch's time limit, redirects and response headers included. At the limit the connections the fetch opened
-    are shut, which ends a read that a host keeps alive with a byte at a time, and :meth:`check` raises ``expired``."""
+    """One fetch's time limit, redirects, TLS handshakes and response headers included. At the limit the connections the
+    fetch opened are shut, which ends a read that a host keeps alive with a byte at a time, and :meth:`check` raises
+    ``expired``. Each connection is held by a duplicate of its descriptor: shutting it shuts the connection, whatever
+    wraps it by then (TLS takes the plain socket's descriptor over)."""
 
     def __init__(self, seconds: float, expired: str):
         self._expired, self._passed, self._sockets = expired, False, []
@@ -199,12 +203,16 @@ class _Deadline:
 
     def __exit__(self, *exc) -> None:
         self._timer.cancel()
+        with self._lock:
+            for sock in self._sockets:
+                sock.close()  # the duplicate only
 
     def trace(self, event: str, info: dict) -> None:
-        """httpx's trace hook: each new connection's socket, shut at once if the limit has passed."""
+        """httpx's trace hook: each new connection, shut at once if the limit has passed."""
         if event == "connection.connect_tcp.complete":
             with self._lock:
-                self._sockets.append(info["return_value"].get_extra_info("socket"))
+                connection = info["return_value"].get_extra_info("socket")
+                self._sockets.append(socket.socket(fileno=os.dup(connection.fileno())))
                 if self._passed:
                     self._shut(self._sockets[-1])
 
@@ -220,16 +228,15 @@ class _Deadline:
 
     @staticmethod
     def _shut(sock: socket.socket) -> None:
-        with contextlib.suppress(OSError):  # already closed
+        with contextlib.suppress(OSError):  # the host closed it already
             sock.shutdown(socket.SHUT_RDWR)
 
 
 def _check_url(url: str, where: str) -> None:
-    """A URL that does not parse (a bracket left open, a port that is no number or out of range) as the task's error."""
-    try:
-        urlsplit(url).port
-    except ValueError as error:
-        raise HttpError(422, f"{where}: not a URL crackseg can fetch ({error})") from None
+    """A URL that does not parse as the task's error."""
+    problem = url_problem(url)
+    if problem is not None:
+        raise HttpError(422, f"{where}: not a URL crackseg can fetch ({problem})")
 
 
 def _is_json(response: httpx.Response) -> bool:

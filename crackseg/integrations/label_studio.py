@@ -1,8 +1,8 @@
 """Label Studio's ML-backend protocol without the server: what a project's labelling config asks for, where a task's
 image is, and the pre-annotations of a mask.
 
-The config's first ``<BrushLabels>`` (else ``<PolygonLabels>``) with a ``<Label>`` named crack (any case), or its only
-such tag whatever its labels, decides the result type; its ``name`` and ``toName`` are the results' ``from_name`` and
+The config's first ``<BrushLabels>`` (else ``<PolygonLabels>``) with a ``<Label>`` named crack (any case), else its
+first such tag when all of them hold the same labels, decides the result type; its ``name`` and ``toName`` are the results' ``from_name`` and
 ``to_name``, the ``<Image>`` it points at names the task's data key, and its crack label (or its only label) is the
 label given. Results are drawn as ``crackseg labels
 export --format labelstudio`` draws them.
@@ -52,8 +52,8 @@ def read_config(config: str) -> Target:
     tags = [tag for kind in RESULT_TAGS for tag in root.iter(kind)]
     if not tags:
         raise ProtocolError(f"the labelling config has no {' or '.join(f'<{kind}>' for kind in RESULT_TAGS)} for crack masks")
-    named = [tag for tag in tags if any((label.get("value") or "").lower() == CRACK for label in tag.iter("Label"))]
-    if not named and len(tags) > 1:  # which of them would be a guess
+    named = [tag for tag in tags if CRACK in _labels(tag, str.lower)]
+    if not named and len({tuple(_labels(tag)) for tag in tags}) > 1:  # tags of other labels: which one is crack's, a guess
         shown = ", ".join(f"<{tag.tag} name={tag.get('name')!r}>" for tag in tags)
         raise ProtocolError(f"none of the labelling config's {shown} has a <Label value=\"{CRACK}\">")
     tag = (named or tags)[0]
@@ -64,8 +64,12 @@ def read_config(config: str) -> Target:
     return Target(RESULT_TAGS[tag.tag], from_name, to_name, image.get("value")[1:], _crack_label(tag))
 
 
+def _labels(tag: ElementTree.Element, case=str) -> list[str]:
+    return [case(label.get("value")) for label in tag.iter("Label") if label.get("value")]
+
+
 def _crack_label(tag: ElementTree.Element) -> str:
-    values = [label.get("value") for label in tag.iter("Label") if label.get("value")]
+    values = _labels(tag)
     chosen = [value for value in values if value.lower() == CRACK] or (values if len(values) == 1 else [])
     if not chosen:
         raise ProtocolError(f"<{tag.tag} name={tag.get('name')!r}> needs a <Label value=\"{CRACK}\">, has {values or 'none'}")

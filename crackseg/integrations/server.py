@@ -47,6 +47,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from crackseg.core.errors import InputError
+from crackseg.core.urls import url_problem
 from crackseg.core.version import __version__
 from crackseg.data.images import DECODE_ERRORS, describe_error, picture_pixels
 from crackseg.integrations.fetching import HttpError, ImageFetcher
@@ -78,11 +79,8 @@ class ServerSettings:
     body_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        try:
-            url = urlparse(self.label_studio_url or "http://host")
-            url.port  # a port that is no number, or out of range
-        except ValueError:
-            url = None
+        given = self.label_studio_url or "http://host"
+        url = urlparse(given) if url_problem(given) is None else None
         if url is None or url.scheme not in ("http", "https") or not url.hostname:
             raise InputError(f"LABEL_STUDIO_URL must be Label Studio's http(s) address, e.g. http://localhost:8080, "
                              f"got {self.label_studio_url!r}")

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from crackseg.core.errors import InputError, require
 from crackseg.core.files import read_csv, write_csv
 from crackseg.core.staging import StagedFolder, StagedSources, inside
-from crackseg.core.storage import shown_location
+from crackseg.core.urls import shown_location
 from crackseg.cracks.widths import WidthClasses
 from crackseg.monitoring import changes, history
 from crackseg.monitoring.comparison_folder import ComparisonFolder, writes_at

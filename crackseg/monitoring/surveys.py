@@ -21,7 +21,7 @@ import numpy as np
 
 from crackseg.core.errors import InputError
 from crackseg.core.files import readable
-from crackseg.core.storage import is_url
+from crackseg.core.urls import is_url
 
 SCALE_COLUMNS = {"px_size_mm": "REAL", "width_classes": "TEXT"}  # a survey's scale and standard, as given to compare
 

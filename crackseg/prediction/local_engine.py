@@ -95,7 +95,7 @@ def _predict_photos(job: Job) -> None:
             try:
                 records.add(key, *future.result())
             except (OSError, StorageError) as error:
-                records.fail(key, names[key][0], plan.write_error(error), said=False)
+                records.fail(key, names[key][0], plan.write_error(error), on_stderr=False)
 
     with _measurers(workers if todo else 0) as measurers, ThreadPoolExecutor(workers) if workers else _Inline() as writers:
         try:

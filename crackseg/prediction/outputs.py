@@ -29,12 +29,12 @@ from tqdm import tqdm
 
 from crackseg.core.errors import InputError
 from crackseg.core.files import read_csv, remove_orphan_temps, write_atomic, write_csv
-from crackseg.core.storage import is_url
+from crackseg.core.urls import is_url
 from crackseg.cracks.measure import CrackMeasure, find_cracks
 from crackseg.cracks.pixel_sets import thinned
 from crackseg.cracks.vectors import FORMATS, centrelines, layer_files, skeleton_links, write_vectors
 from crackseg.cracks.widths import WidthClasses, in_mm
-from crackseg.data.images import DECODE_ERRORS, crack_mask, describe_error, read_probability
+from crackseg.data.images import DECODE_ERRORS, crack_mask, describe_error
 from crackseg.prediction.pictures import overlay_jpeg, probability_levels, write_png
 from crackseg.prediction.uncertainty import uncertainty
 
@@ -246,11 +246,11 @@ class Records:
         self.rows[key] = row
         self.cracks += cracks
 
-    def fail(self, key: int, path: Path, error: str, said: bool = True) -> None:
+    def fail(self, key: int, path: Path, error: str, on_stderr: bool = True) -> None:
         """An input that failed: listed in errors.csv, in the inputs' order whatever order they failed in, and said on
-        stderr now (unless ``said`` is False)."""
+        stderr now (unless not ``on_stderr``)."""
         self.errors[key] = {"path": str(path), "error": error}
-        if said:
+        if on_stderr:
             tqdm.write(f"crackseg: error: {path}: {error}", file=sys.stderr)
 
     @staticmethod
@@ -300,12 +300,11 @@ def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image:
     return row, crack_rows
 
 
-def summarize_existing(path: Path, mask_path: Path, spec: OutputSpec, threshold: float,
-                       prob_path: Path | None = None) -> tuple[dict, list[dict]]:
-    """The rows of an image whose outputs an earlier run wrote (``--skip-existing``); with ``prob_path``, its
-    uncertainty from the probability map it saved, as that run computed it."""
+def summarize_existing(path: Path, mask_path: Path, spec: OutputSpec, unsure: dict) -> tuple[dict, list[dict]]:
+    """The rows of an image whose outputs an earlier run wrote (``--skip-existing``), with ``unsure``: its
+    :func:`~crackseg.prediction.uncertainty.uncertainty` where it saved probabilities, else {}."""
     mask = crack_mask(mask_path)  # a damaged one is predicted again, saying why
-    counts = mask_counts(mask) | (uncertainty(read_probability(prob_path).numpy(), threshold) if prob_path else {})
+    counts = mask_counts(mask) | unsure
     cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px)[1] if spec.measure else []
     return table_rows(path, mask_path, counts, cracks, spec, "skipped: exists")
 

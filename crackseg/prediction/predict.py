@@ -119,7 +119,8 @@ def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitSt
         if source is not None:
             cleanup.callback(source.close)
             sources[key] = source
-    scales, notes, on_ground = {}, {}, []  # a raster's own pixel size in mm, or None; why a georeferenced raster has none
+    # a raster's own pixel size in mm, or None; why a georeferenced raster has none; which were measured on the ground
+    scales, notes, on_ground = {}, {}, []
     for key, source in sources.items():
         scales[key], note = source.px_size_mm()
         if note and options.scale.px_size is None:

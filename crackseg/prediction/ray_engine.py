@@ -216,7 +216,6 @@ class _Actor:
             counts = predict_raster(source, outputs, run, item.band, progress=False)
         return _Result(item, _contents(folder, [path for path in band_paths(outputs, item.band) if path.exists()]), counts=counts)
 
-
     def _source(self, item: Work) -> Path | RemoteFile:
         """Where the actor reads the item: a relative path below the driver's working folder, as the driver meant it
         (the tables keep the path as given)."""

@@ -19,8 +19,9 @@ from tqdm import tqdm
 from crackseg.core.errors import InputError
 from crackseg.core.staging import OutFailed, StagedFolder
 from crackseg.core.storage import RemoteFile, StorageError
-from crackseg.data.images import DECODE_ERRORS, describe_error
+from crackseg.data.images import DECODE_ERRORS, describe_error, read_probability
 from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, summarize_existing
+from crackseg.prediction.uncertainty import uncertainty
 from crackseg.prediction.streamed import Raster, RasterRun
 
 if TYPE_CHECKING:
@@ -55,13 +56,24 @@ class Plan:
         (said on stderr, and its outputs are written anew)."""
         if not self.kept(key, 2 if self.spec.save_prob else 1):
             return None
+        unsure = {}
+        if self.spec.save_prob:
+            probs = self.folder.probabilities(name)
+            unsure = self._read_kept(probs, "probability map", path, lambda: uncertainty(read_probability(probs).numpy(), threshold))
+            if unsure is None:
+                return None
         mask = self.folder.mask(name)
+        return self._read_kept(mask, "mask", path, lambda: summarize_existing(path, mask, self.spec, unsure))
+
+    def _read_kept(self, saved: Path, kind: str, path: Path | RemoteFile, read):
+        """``read()`` of a file an earlier run wrote; None when it is not readable (said on stderr: ``path`` is then
+        predicted again)."""
         try:
-            return summarize_existing(path, mask, self.spec, threshold, self.folder.probabilities(name) if self.spec.save_prob else None)
+            return read()
         except (*DECODE_ERRORS, InputError) as error:
             reason = describe_error(error) if isinstance(error, DECODE_ERRORS) else str(error)
-            tqdm.write(f"crackseg: warning: {self.staged.shown(mask)}: the mask an earlier run wrote is not readable ({reason}); "
-                       f"predicting {path} again", file=sys.stderr)
+            tqdm.write(f"crackseg: warning: {self.staged.shown(saved)}: the {kind} an earlier run wrote is not readable "
+                       f"({reason}); predicting {path} again", file=sys.stderr)
             return None
 
     def upload(self, key: int) -> None:

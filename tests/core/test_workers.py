@@ -8,16 +8,19 @@ import sys
 import pytest
 
 _WORKER = """
-import socket, sys, threading, time
+import socket, sys, threading
 from multiprocessing import resource_sharer
 if sys.argv[1] == "quiet":
     from crackseg.core.workers import quiet_when_parent_stops
     quiet_when_parent_stops(0)
+reported, report = threading.Event(), sys.excepthook
+sys.excepthook = lambda *error: (report(*error), reported.set())  # outermost: sees every report, shown or dropped
 handoff = resource_sharer.DupFd(0)  # a descriptor offered to the parent, as a loader worker offers a tensor
 parent = socket.socket(socket.AF_UNIX)
 parent.connect(handoff._id[0])
 parent.close()  # the parent stopped before taking it
-time.sleep(0.5)
+assert reported.wait(30), "the handoff thread reported nothing"
+sys.excepthook = report
 
 def other_failure():
     try:

@@ -268,3 +268,10 @@ def test_photos_and_masks_in_one_folder_pair_by_the_mask_pattern(tmp_path):
         path.rename(root / "images" / f"{path.stem}_mask{path.suffix}")
     samples, problems = find_samples(root / "images", root / "images", "{stem}_mask")
     assert not problems and [(s.stem, s.mask.name) for s in samples] == [("a", "a_mask.png"), ("b", "b_mask.png")]
+
+
+def test_a_masks_folder_inside_the_images_folder_is_read_not_reported(tmp_path):
+    root = _dataset(tmp_path, ["a", "b"])
+    (root / "masks").rename(root / "images" / "masks")
+    samples, problems = find_samples(root / "images", root / "images" / "masks")
+    assert not problems and [s.stem for s in samples] == ["a", "b"]

@@ -49,6 +49,9 @@ def test_the_tag_with_the_crack_label_answers_whichever_tag_comes_first():
     assert (target.brush, target.from_name, target.label) == (False, "outline", "Crack")
     with pytest.raises(ProtocolError, match="none of the labelling config's <BrushLabels name='stains'>, <PolygonLabels name='p'>"):
         read_config(stains + '<PolygonLabels name="p" toName="image"><Label value="rust"/></PolygonLabels></View>')
+    riss = '<View><Image name="image" value="$image"/><BrushLabels name="b" toName="image"><Label value="Riss"/></BrushLabels>'
+    riss += '<PolygonLabels name="p" toName="image"><Label value="Riss"/></PolygonLabels></View>'  # one label, in two tags
+    assert (read_config(riss).brush, read_config(riss).label) == (True, "Riss")
 
 
 @pytest.mark.parametrize("config, message", [
