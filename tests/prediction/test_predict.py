@@ -246,7 +246,7 @@ def test_existing_outputs_need_overwrite_or_skip_existing(tmp_path, checkpoint, 
     assert first.stat().st_mtime != 1
 
 
-def test_skip_existing_keeps_the_uncertainty_of_the_probabilities_it_keeps(tmp_path, checkpoint):
+def test_skip_existing_keeps_the_uncertainty_of_the_probabilities_it_keeps(tmp_path, checkpoint, capsys):
     """labels rank and a table sorted by uncertainty need the columns for every photo, kept or predicted again."""
     _photos(tmp_path / "in", [(32, 32), (32, 48), (40, 40)])
     args = ["--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--save-prob", "8"]
@@ -258,6 +258,11 @@ def test_skip_existing_keeps_the_uncertainty_of_the_probabilities_it_keeps(tmp_p
     assert [row["status"] for row in again] == ["skipped: exists", "ok", "skipped: exists"]
     assert [list(row) for row in again] == [list(row) for row in first]  # the same columns, in the same order
     assert [{k: v for k, v in row.items() if k != "status"} for row in again] == [{k: v for k, v in row.items() if k != "status"} for row in first]
+    (tmp_path / "out" / "probs" / "img2.png").write_bytes(b"torn")
+    capsys.readouterr()
+    assert predict_cli(*args, "--skip-existing") == 0
+    assert f"{tmp_path / 'out' / 'probs' / 'img2.png'}: the probability map an earlier run wrote is not readable" in capsys.readouterr().err
+    assert [row["status"] for row in csv_rows(tmp_path / "out" / "predictions.csv")] == ["skipped: exists", "skipped: exists", "ok"]
 
 
 def _files(folder: Path) -> list[str]:
