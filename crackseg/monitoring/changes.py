@@ -328,12 +328,13 @@ def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: d
     by growth. One BEFORE crack seen as several is ``split`` only when the group got shorter by as much: a
     stretch repaired or closed. Otherwise the pieces are one crack that the two dates' masks break at
     other places (a faint stretch above or below the threshold), and the group gets its growth status.
-    One crack that got as much shorter is ``shorter``, unless it is wider: widening is the change to act
-    on, and its length growth says that it got shorter. A group cut by the shared view's edge (``cut_px``
+    A group that got as much shorter and is one crack at the later date (its pieces joined, or short ones only
+    left) is ``shorter``, unless it is wider: widening is the change to act on, and its length growth says that
+    it got shorter. A group cut by the shared view's edge (``cut_px``
     not None) is measured on the parts of it both dates see, and is wider by its mean width only: its widest
     place may lie where one date does not look; its length must change by ``cut_px`` more, how far along it
     the cut may fall (:func:`_cut_by_view`). ``counted``: the group's BEFORE and AFTER cracks that are cracks of
-    their date (not short ones), which alone make it merged, split or shorter.
+    their date (not short ones), which alone make it merged or split.
     """
     length, mean_width, max_width = growth
     before_lengths = [c.length_px * scales[c.id] * seen_share["before", c.id] for c in olds]
@@ -346,7 +347,7 @@ def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: d
         return MERGED
     if counted[1] > 1 and shorter:
         return SPLIT
-    if counted == (1, 1) and shorter and not wider:
+    if counted[1] <= 1 and shorter and not wider:
         return SHORTER
     return LONGER_WIDER if longer and wider else LONGER if longer else WIDER if wider else UNCHANGED
 

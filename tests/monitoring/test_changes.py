@@ -264,6 +264,19 @@ def test_a_crack_seen_shorter_is_shorter_unless_it_is_wider(width_after, status)
     assert change.length_growth_px == pytest.approx(-80 * 1.04, abs=10)
 
 
+def test_a_crack_repaired_in_part_is_shorter_however_its_masks_break_it():
+    """Two pieces (14 px apart, beyond the join gap) of which the first was repaired, and a crack whose 40 px
+    shrank to 8, below the minimum length: both shorter, as one unbroken crack that lost as much is."""
+    view = _similarity(0.0, 1.0, (0.0, 0.0))
+    pieces, rest = ([(96, 10), (96, 79)], 3), ([(96, 96), (96, 181)], 3)
+    before, after = _measure(_before(pieces, rest)), _measure(_before(([(96, 40), (96, 181)], 3)))
+    assert len(before.cracks) == 2 and len(after.cracks) == 1
+    assert {c.status for c in match(before, after, view)} == {SHORTER}
+    forty, eight, long = ([(60, 50), (60, 89)], 3), ([(60, 50), (60, 57)], 3), ([(140, 20), (140, 170)], 3)
+    changes = match(_measure(_before(forty, long)), _measure(_before(eight, long)), view)
+    assert sorted((c.status, c.after is None) for c in changes) == [(SHORTER, True), (UNCHANGED, False)]
+
+
 def test_a_crack_cut_by_the_frame_that_grew_inside_the_view_is_longer():
     """The frame cuts one end on both dates; the other end grew 50 px inside the view both share."""
     view = _similarity(0.0, 1.0, (20.0, 0.0))
