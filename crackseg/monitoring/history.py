@@ -14,11 +14,13 @@ Tables (GIS tools list them all; all but ``cracks`` are attribute tables, as is 
   QGIS opens them coloured by the width class of the comparison that made the register (its default style, kept in
   ``layer_styles``: :func:`crackseg.cracks.styles.width_class_style`), or as red lines when it had none.
 - ``links``: ``before_key`` -> ``after_key``, a crack and its successor in the next survey, with ``status``
-  (the change between them as changes.csv gives it: unchanged, longer, wider, merged, ...).
+  (the change between them as changes.csv gives it: unchanged, longer, wider, merged, ...); a side is NULL where that
+  survey shows the crack shorter than predict's minimum length (no crack of its cracks.csv), as changes.csv leaves it
+  empty: such a crack is not new nor gone.
 - ``pairs``: each comparison's image pairs as pairs.csv gives them: ``before_survey``, ``after_survey``,
   ``before_image``, ``after_image`` (NULL for an image only one visit has), ``status`` (registered, unregistered, failed,
-  only before, only after). Where a pair was registered, a crack of its BEFORE image without a successor is gone (or
-  outside the view both dates share) and one of its AFTER image without a predecessor is new; where it was not, its
+  only before, only after). Where a pair was registered, a crack of its BEFORE image without a link to the next survey is
+  gone (or outside the view both dates share) and one of its AFTER image without a link from the previous is new; where it was not, its
   cracks were not compared, and have no links for that step.
 
 A comparison appends its AFTER survey, and its BEFORE survey unless the previous comparison registered it as
@@ -286,9 +288,14 @@ def _crack_columns(batches: list[tuple[int, list[dict], int]]) -> dict[str, np.n
             **{name: np.array([row.get(name) or None for _, _, row in rows], object) for name in _CLASSES}}
 
 
-def _link_columns(links: list[dict], before_keys: dict, after_keys: dict) -> dict[str, np.ndarray]:
-    return {"before_key": np.array([before_keys[readable(link["before_image"]), int(link["before_crack"])] for link in links], np.int64),
-            "after_key": np.array([after_keys[readable(link["after_image"]), int(link["after_crack"])] for link in links], np.int64),
+def _link_columns(links: list[dict], before_keys: dict, after_keys: dict) -> dict[str, np.ndarray | list]:
+    """The links' columns; a side whose crack is None (shorter than the minimum length there) is NULL."""
+    def keys(side: str, known: dict) -> np.ndarray | list:
+        values = [None if link[f"{side}_crack"] is None else known[readable(link[f"{side}_image"]), int(link[f"{side}_crack"])]
+                  for link in links]
+        return values if None in values else np.array(values, np.int64)  # typed, for the table GDAL creates
+
+    return {"before_key": keys("before", before_keys), "after_key": keys("after", after_keys),
             "status": np.array([link["status"] for link in links], object)}
 
 

@@ -312,16 +312,18 @@ def _write_change_layer(outputs: ComparisonFolder, sides: tuple[Side, Side], mat
 
 def _register_records(sides: tuple[Side, Side], matched: list[changes.Change], lines: tuple[dict, dict], px_size: float | None,
                       classes: WidthClasses | None) -> RegisterRecords:
-    """The pair's cracks of both dates, with mm and width class as changes.csv gives them, and the links between them."""
+    """The pair's cracks of both dates, with mm and width class as changes.csv gives them, and the links between them:
+    one per changes.csv row that compared a crack with the other date, its side None where that date shows it shorter
+    than the minimum length (no crack of that survey)."""
     before, after = sides
     scales = {change.before.id: change.scale for change in matched if change.before is not None}  # AFTER px per BEFORE px
     return RegisterRecords(
         before=[_crack_record(before, crack, lines[0][crack.id], before.mm_per_px(px_size, scales.get(crack.id)), classes)
                 for crack in before.cracks.cracks],
         after=[_crack_record(after, crack, lines[1][crack.id], after.mm_per_px(px_size, 1.0), classes) for crack in after.cracks.cracks],
-        links=[{"before_image": before.shot.name, "before_crack": change.before.id, "after_image": after.shot.name,
-                "after_crack": change.after.id, "status": change.status}
-               for change in matched if change.before is not None and change.after is not None],
+        links=[{"before_image": before.shot.name, "before_crack": change.before.id if change.before else None,
+                "after_image": after.shot.name, "after_crack": change.after.id if change.after else None, "status": change.status}
+               for change in matched if change.status not in (changes.NEW, changes.GONE, changes.NOT_SEEN)],
         crs={after.georef[1] if after.georef else None})
 
 

@@ -1046,3 +1046,17 @@ def test_the_change_layer_and_the_register_open_in_qgis_styled(tmp_path):
 
     assert main(["compare", *map(str, visits), "--out", str(out), "--overwrite"]) == 0
     assert not layer.exists() and register.exists()
+
+
+def test_the_register_links_a_crack_whose_other_date_is_below_the_minimum_length_with_changes_csv_status(tmp_path):
+    """A 7 px crack (no crack of visit 1's tables) grew to 40 px: longer in changes.csv, and not new in the register."""
+    texture, short, grown, long = _texture(), (100, 50, 100, 56, 3), (100, 50, 100, 89, 3), (300, 20, 300, 400, 3)
+    visits = [_write_visit(tmp_path / f"v{n}", _photo(texture, _draw(cracks)), _draw(cracks))
+              for n, cracks in ((1, [short, long]), (2, [grown, long]))]
+    assert _register_visit(visits, 0, tmp_path / "c", tmp_path / "site.gpkg") == 0
+    grew = [row for row in _rows(tmp_path / "c" / "changes.csv") if row["crack_before"] == ""]
+    assert [(row["status"], row["crack_after"]) for row in grew] == [("longer", "2")]
+    with sqlite3.connect(tmp_path / "site.gpkg") as db:
+        links = db.execute("SELECT l.before_key, a.crack, l.status FROM links AS l JOIN cracks AS a ON a.crack_key = l.after_key "
+                           "WHERE l.before_key IS NULL").fetchall()
+    assert links == [(None, 2, "longer")]

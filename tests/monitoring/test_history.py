@@ -141,6 +141,18 @@ def test_three_visits_make_one_register_that_follows_a_crack_through_them(tmp_pa
                                         "2025-04-01|a.png|1|5.0|2.5|wider"]
 
 
+def test_a_crack_the_other_date_shows_below_the_minimum_length_is_linked_to_nothing_with_its_status(tmp_path):
+    """changes.csv's rows with one side empty (a short crack there): neither new nor gone in the register either."""
+    register = tmp_path / "site.gpkg"
+    links = [_link(1, 1, "longer"), {**_link(2, 0, "shorter"), "after_crack": None}, {**_link(0, 3, "longer"), "before_crack": None}]
+    assert append_comparison(register, VISITS[0], VISITS[1], Compared((CRACKS[0], CRACKS[1]), links), None)["links"] == 3
+    assert _table(register, """SELECT b.crack, a.crack, l.status FROM links AS l LEFT JOIN cracks AS b ON b.crack_key = l.before_key
+                               LEFT JOIN cracks AS a ON a.crack_key = l.after_key ORDER BY l.status, b.crack""") == [
+        (None, 3, "longer"), (1, 1, "longer"), (2, None, "shorter")]  # SQLite sorts NULL first
+    assert [row["status"] for row in width_history(register, "2023-04-01", "a.png", 2)] == [None]  # the chain ends there
+    assert _compare(register, 1)["links"] == 2  # the next append's keys start above every key a link holds
+
+
 def test_a_georeferenced_register_keeps_its_crs_and_map_coordinates(tmp_path):
     register = tmp_path / "site.gpkg"
     east, north = 500000.0, 5000000.0  # UTM 33N metres, 2 mm pixels
