@@ -166,9 +166,12 @@ def background_iou(histograms: torch.Tensor, threshold: float) -> float:
     return int(c.true_negative[k]) / union if union else 1.0
 
 
-def average_precision(histograms: torch.Tensor) -> float:
-    """Area under the precision-recall curve, summed over the recall steps as thresholds fall."""
+def average_precision(histograms: torch.Tensor) -> float | None:
+    """Area under the precision-recall curve, summed over the recall steps as thresholds fall; None without a true crack
+    pixel, where recall, and so the curve, is undefined (every model would score 0)."""
     counts = counts_by_threshold(histograms)
+    if not int(counts.truth[0]):
+        return None
     curve = [_scores_at_index(counts, k) for k in range(BINS + 1)]  # down to the closing 1, where nothing is marked
     return float(sum((curve[k].recall - curve[k + 1].recall) * curve[k].precision for k in range(BINS)))
 

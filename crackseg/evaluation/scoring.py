@@ -42,9 +42,11 @@ DEFINITIONS = {
     "per_image_mean": "F1 (with tolerance) and strict crack IoU computed per image at the operating threshold, then "
     "averaged; an image with no true and no predicted crack pixels scores 1",
     "ods": "optimal dataset scale: the single threshold (of 499, evenly spaced in logit: 0.01 apart near 0.5, finer towards 0 and 1) with the best dataset-level F1",
-    "ois": "optimal image scale: each image's best F1 over the 499 thresholds, averaged over images (the convention "
-    "of the DeepCrack / CrackForest evaluation code)",
-    "ap": "average precision: area under the dataset-level precision-recall curve over the 499 thresholds",
+    "ois": "optimal image scale: each image's best F1 over the 499 thresholds, averaged over images, as crack papers' "
+    "Python evaluation code computes it (SCSegamba's, CrackFormer's); the BSDS edges toolbox (HED) instead sums each "
+    "image's counts at its own best threshold, which weighs images by their crack pixels",
+    "ap": "average precision: area under the dataset-level precision-recall curve over the 499 thresholds; null "
+    "(n/a) when the ground truth has no crack pixel, where recall is undefined",
 }
 CRACK_FREE_DEFINITION = (
     "images whose ground truth has no crack pixel, also reported apart: how many get at least one predicted crack (the mask "

@@ -49,6 +49,18 @@ def test_perfect_masks_score_one_and_report_files_are_written(tmp_path):
     assert "Definitions" in (tmp_path / "r" / "report.md").read_text()
 
 
+def test_a_crack_free_test_set_has_no_ap_rather_than_an_ap_of_0_for_every_model(tmp_path, capsys):
+    """Without a true crack pixel recall is undefined: a perfect prediction's curve has no area either."""
+    empty = {stem: np.zeros((20, 30)) for stem in ("a", "b")}
+    _masks(tmp_path / "gt", empty)
+    _masks(tmp_path / "pred", empty)
+    report = evaluate_files(tmp_path / "pred", tmp_path / "gt")
+    assert report["ap"] is None and report["ods"]["f1"] == pytest.approx(1.0)
+    assert main(["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt"), "--out", str(tmp_path / "r")]) == 0
+    assert "AP n/a (no true crack pixel)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["ap"] is None and (tmp_path / "r" / "pr_curve.png").exists()
+
+
 def test_cli_report_matches_the_api_and_lists_worst_first(tmp_path):
     truth = _truth()
     rng = np.random.default_rng(0)
