@@ -57,8 +57,8 @@ def save_model(model: nn.Module, path: Path, **extra) -> None:
     def write(file) -> None:
         try:
             torch.save(payload, file)
-        except RuntimeError as error:  # torch's zip writer hides a failed write (a full disk) behind its own error
-            if isinstance(error.__context__, OSError):
+        except RuntimeError as error:  # torch's zip writer hides a failed write (a full disk), or Ctrl-C, behind its own
+            if isinstance(error.__context__, (OSError, KeyboardInterrupt)):
                 raise error.__context__ from None
             raise
 
