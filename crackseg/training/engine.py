@@ -138,8 +138,9 @@ def train_one_epoch(
         bar.update()
         if step % context.log_every == 0 or step == steps:
             raise_if_diverged(first_bad_step, epoch, global_step - step)
+            window_sums = distributed.all_reduce_sum(torch.stack([window.loss, window.weight]))  # every process's share
             if env.is_main:
-                _report(window, bar, optimizer, context, global_step)
+                _report((window_sums[0] / window_sums[1]).item(), window, bar, optimizer, context, global_step)
             window.reset()
     bar.close()
     sums = distributed.all_reduce_sum(torch.stack([epoch_sums.loss, epoch_sums.weight]))
@@ -202,9 +203,10 @@ class _LossSums:
         self.started, self.images = time.perf_counter(), 0
 
 
-def _report(window: _LossSums, bar: tqdm, optimizer: torch.optim.Optimizer, context: StepContext, global_step: int) -> None:
+def _report(loss_value: float, window: _LossSums, bar: tqdm, optimizer: torch.optim.Optimizer, context: StepContext,
+            global_step: int) -> None:
+    """``loss_value``: the window's loss over all processes."""
     rate = window.images / (time.perf_counter() - window.started)
-    loss_value = (window.loss / window.weight).item()
     bar.set_postfix(loss=f"{loss_value:.4f}", img_s=f"{rate:.1f}")
     if context.on_log is not None:
         context.on_log(global_step, {"loss": loss_value, "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate})

@@ -149,7 +149,7 @@ def two_datasets(synth_root, tmp_path_factory) -> list:
 def one_box(two_datasets, tmp_path_factory):
     """The run folder of a plain 2-process run on two datasets, shared read-only."""
     run = tmp_path_factory.mktemp("one-box") / "run"
-    result = _one_box(two_datasets, run)
+    result = _one_box(two_datasets, run, "--log-every", "1000")  # one log window per epoch: the weights are the same
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "2 process(es) on cpu" in result.stdout
     return run
@@ -164,6 +164,19 @@ def test_two_nodes_train_the_weights_of_two_processes_on_one_and_one_process_rep
     assert codes == [0, 0], (tmp_path / "node0.log").read_text()[-3000:]
     _assert_same_weights(one_box / "last.pt", tmp_path / "two" / "last.pt")
     _assert_one_process_validates_alike(two_datasets, one_box / "last.pt")
+
+
+@pytest.mark.slow
+def test_the_logged_training_loss_is_every_process_s_not_rank_0_s(one_box):
+    """A log window that spans the epoch logs the epoch's loss, which is summed over both processes."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(one_box), size_guidance={"scalars": 0})
+    events.Reload()
+    per_window, per_epoch = events.Scalars("train/loss"), events.Scalars("train/epoch_loss")
+    assert len(per_window) == len(per_epoch) == 2
+    for window, epoch in zip(per_window, per_epoch):
+        assert window.value == pytest.approx(epoch.value, rel=1e-5)
 
 
 @pytest.mark.slow
