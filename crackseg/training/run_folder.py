@@ -204,11 +204,12 @@ class RunFolder:
         self._handlers = []
 
     def open_events(self, global_step: int) -> None:
-        """Start the TensorBoard event file; on resume, events after ``global_step`` are dropped."""
+        """Start the TensorBoard event file; on resume, events after ``global_step`` (the checkpoint's last step, logged
+        before it was saved and kept) are dropped: those of the epoch that did not finish."""
         if self.is_main:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(str(self.path), purge_step=global_step or None)
+            self._writer = SummaryWriter(str(self.path), purge_step=global_step + 1 if global_step else None)
 
     def log(self, message: str) -> None:
         log.info(message)

@@ -154,3 +154,20 @@ def test_the_run_folder_must_be_a_writable_folder(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError, match=r"--run .*file: is a file, not a folder"):
         RunFolder(tmp_path / "file").acquire()
+
+
+def test_a_resume_keeps_the_checkpoints_last_logged_step_and_drops_the_unfinished_epochs(tmp_path):
+    """The last step of a saved epoch is logged before the save and never again; what came after it is the epoch a
+    kill cut short, logged again by the resumed run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with RunFolder(tmp_path / "run") as folder:
+        folder.open_events(0)
+        for step in range(1, 7):  # epoch 1 ends at step 4 (saved); 5 and 6 are the killed epoch's
+            folder.log_step(step, {"loss": float(step)})
+    with RunFolder(tmp_path / "run") as folder:
+        folder.open_events(4)
+        folder.log_step(5, {"loss": 50.0})
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(event.step, event.value) for event in events.Scalars("train/loss")] == [(1, 1), (2, 2), (3, 3), (4, 4), (5, 50)]
