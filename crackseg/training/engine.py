@@ -36,6 +36,7 @@ class StepContext:
     env: distributed.Environment
     loss_fn: CrackLoss
     amp_dtype: torch.dtype | None = None
+    validation_dtype: torch.dtype | None = None  # predict's at --amp auto on this device, so validation scores as it does
     scaler: torch.amp.GradScaler | None = None  # None: no loss scaling (anything but fp16)
     grad_accum: int = 1
     channels_last: bool = False
@@ -240,7 +241,7 @@ def validate(
     env, loss_fn = context.env, context.loss_fn
     model.eval()
     options = InferenceOptions(batch_size=batch_size, channels_last=context.channels_last)
-    predictor = Predictor(model, env.device, options, context.amp_dtype)
+    predictor = Predictor(model, env.device, options, context.validation_dtype)
     histograms = torch.zeros((3, BINS), dtype=torch.long)
     sums = torch.zeros(2, dtype=torch.float64)
     masks: dict[int, torch.Tensor] = {}

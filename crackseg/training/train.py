@@ -138,6 +138,7 @@ def _build(config: TrainConfig, env: distributed.Environment, folder: RunFolder,
     amp_dtype = distributed.AMP_DTYPES[resolved.amp]
     context = StepContext(
         env=env, loss_fn=CrackLoss(resolved.pos_weight, dice=config.loss == "bce+dice"), amp_dtype=amp_dtype,
+        validation_dtype=distributed.resolve_amp("auto", env.device),
         scaler=torch.amp.GradScaler(env.device.type, enabled=amp_dtype == torch.float16), grad_accum=config.grad_accum,
         channels_last=layout, clip_grad=config.clip_grad, log_every=config.log_every, on_log=folder.log_step,
         epochs=config.epochs, jitter=PhotometricJitter(), ema=ema,

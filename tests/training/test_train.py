@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import shutil
@@ -471,3 +472,14 @@ def test_the_input_scaling_of_a_run_is_its_models(synth_root, tmp_path):
     _, model, _ = build_training_model(config, distributed.Environment(0, 0, 1, torch.device("cpu")), None)
     assert model.config()["mean"] == pytest.approx((127 / 255,) * 3) and model.config()["std"] == pytest.approx((128 / 255,) * 3)
     assert TrainConfig(run="r", data="d").input_scaling == "imagenet"  # what every run before the option used
+
+
+def test_validation_scores_at_the_precision_evaluate_runs_whatever_precision_trains(synth_root, tmp_path):
+    """bf16 training on a CPU, where predict and evaluate run float32: best.pt's F1 and threshold are evaluate's."""
+    from crackseg.evaluation.evaluate import evaluate_checkpoint
+
+    result = fit(_config(tmp_path / "run", synth_root, epochs=1, amp="bf16", monitor="f1"))
+    split = json.loads((tmp_path / "run" / "split.json").read_text())
+    (tmp_path / "val.txt").write_text("\n".join(split["val"]) + "\n")
+    report = evaluate_checkpoint(tmp_path / "run" / "best.pt", synth_root, split=str(tmp_path / "val.txt"))
+    assert report["dataset"]["f1"] == pytest.approx(result["best"]["score"], abs=1e-9)
