@@ -1,7 +1,7 @@
 from crackseg.cli.launch import exit_status, said_already
 
-if said_already():  # torchrun restarted this launch's processes after one stopped on a user mistake: said once
-    raise SystemExit(2)
+if (status := said_already()) is not None:  # torchrun restarted this launch's processes after one said why: said once
+    raise SystemExit(status)
 
 from crackseg.cli.main import main  # noqa: E402
 

@@ -2,11 +2,12 @@
 exit status, as the command alone would, not with torchrun's traceback.
 
 torchrun restarts every process after any failure (``--max-restarts``, which lets a crashed training resume) and
-ends with its own traceback. A process that stops on a user mistake (exit status 2) marks it in a file of the
-launch: the restarted processes exit at once without saying it again (it would only repeat), torchrun's failure lines
-are left out, and the launch exits with 2. A process that ends with exit status 1 after saying why (a run that cannot
-go on, inputs that failed) marks that for its attempt: the launch exits with 1 when torchrun gives up after such an
-attempt. Any other failure (a crash, a signal) is reported as torchrun reports it.
+ends with its own traceback. A process that stops on a user mistake (exit status 2), or on a failure that a restart
+would repeat (a :class:`~crackseg.core.errors.RunError` that is ``final``, exit status 1), marks it in a file of the
+launch: the restarted processes exit at once without saying it again, torchrun's failure lines are left out, and the
+launch exits with that status. A process that ends with exit status 1 after saying why (a run that cannot go on,
+inputs that failed) marks that for its attempt: the launch exits with 1 when torchrun gives up after such an attempt.
+Any other failure (a crash, a signal) is reported as torchrun reports it.
 """
 
 from __future__ import annotations
@@ -18,21 +19,21 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-MARKS = "CRACKSEG_LAUNCH_MARKS"  # the folder of a launch's marks: "2" once a process stops on a user mistake, "1.N" on a
-# failure it said in attempt N (torchrun's restart count)
+MARKS = "CRACKSEG_LAUNCH_MARKS"  # the folder of a launch's marks: "2" once a process stops on a user mistake, "1" on a
+# failure a restart would repeat, "1.N" on a failure it said in attempt N (torchrun's restart count)
 USER_MISTAKE, FAILED = 2, 1  # crackseg.cli.main's exit statuses
 
 
-def said_already() -> bool:
-    """Whether another process of this launch stopped on a user mistake (this one was restarted after it)."""
-    mark = _mark(USER_MISTAKE)
-    return mark is not None and mark.exists()
+def said_already() -> int | None:
+    """The exit status of the launch when another process of it stopped on a user mistake or on a failure a restart
+    would repeat (this one was restarted after it); else None."""
+    return next((status for status in (USER_MISTAKE, FAILED) if (mark := _mark(status, final=True)) and mark.exists()), None)
 
 
-def first_to_say() -> bool:
-    """Mark a user mistake for the launch; whether this process is the first of it to stop on one (always, unlaunched),
-    and so says it: every process of a launch meets the same mistake."""
-    mark = _mark(USER_MISTAKE)
+def first_to_say(status: int = USER_MISTAKE) -> bool:
+    """Mark a user mistake (or a failure a restart would repeat, ``status`` 1) for the launch; whether this process is
+    the first of it to stop on one (always, unlaunched), and so says it: every process of a launch meets the same one."""
+    mark = _mark(status, final=True)
     if mark is None:
         return True
     try:
@@ -65,26 +66,28 @@ def launch(argv: list[str]) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="crackseg-launch-") as folder:
         os.environ[MARKS] = folder
-        marked = [_mark(USER_MISTAKE), _mark(FAILED, args.max_restarts)]  # the last attempt's failure, when torchrun gives up
+        # the launch's marks, then the last attempt's failure, when torchrun gives up
+        marked = [_mark(USER_MISTAKE, final=True), _mark(FAILED, final=True), _mark(FAILED, args.max_restarts)]
         logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
             lambda record: not any(mark.exists() for mark in marked))
         try:
             run(args)
         except ChildFailedError:
-            said = [status for status, mark in zip((USER_MISTAKE, FAILED), marked) if mark.exists()]
+            said = [status for status, mark in zip((USER_MISTAKE, FAILED, FAILED), marked) if mark.exists()]
             if said:
                 return said[0]
             raise
     return 0
 
 
-def _mark(status: int, attempt: int | None = None) -> Path | None:
-    """A user mistake's mark, for the whole launch; a failure's, for one attempt (default: this process's, from the
-    restart count torchrun gives it), so that a later crash keeps torchrun's report."""
+def _mark(status: int, attempt: int | None = None, final: bool = False) -> Path | None:
+    """A user mistake's mark, or with ``final`` a failure's a restart would repeat, for the whole launch; a failure's,
+    for one attempt (default: this process's, from the restart count torchrun gives it), so that a later crash keeps
+    torchrun's report."""
     folder = os.environ.get(MARKS)
     if not folder:
         return None
-    if status == USER_MISTAKE:
+    if final or status == USER_MISTAKE:
         return Path(folder) / str(status)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) if attempt is None else attempt
     return Path(folder) / f"{status}.{attempt}"

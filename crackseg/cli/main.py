@@ -14,7 +14,7 @@ import signal
 import sys
 
 from crackseg.cli import compare, data, evaluate, labels, predict, serve, train
-from crackseg.cli.launch import said_already
+from crackseg.cli.launch import FAILED, first_to_say, said_already
 from crackseg.cli.options import HelpFormatter, Parser
 from crackseg.cli.stops import stops_raised
 from crackseg.core.errors import InputError, RunError, Terminated
@@ -46,13 +46,14 @@ def main(argv: list[str] | None = None) -> int:
         with stops_raised():
             return args.handler(args)
     except Terminated:
-        if not said_already():  # torchrun stopping this launch's other processes after one said a user mistake
+        if said_already() is None:  # torchrun stopping this launch's other processes after one said a user mistake
             print("crackseg: terminated (SIGTERM)", file=sys.stderr)
         return 128 + signal.SIGTERM
     except InputError as error:
         parser.exit(2, f"crackseg: error: {error}\n")
     except RunError as error:
-        parser.exit(1, f"crackseg: error: {error}\n")
+        said = not error.final or first_to_say(FAILED)  # a failure a restart would repeat: said by one process, not restarted
+        parser.exit(1, f"crackseg: error: {error}\n" if said else None)
     except OSError as error:  # the machine, not the input: a full disk, a vanished mount
         where = f"{error.filename}: " if error.filename else ""
         parser.exit(1, f"crackseg: error: {where}{error.strerror or error}\n")

@@ -21,7 +21,17 @@ class Terminated(KeyboardInterrupt):
 
 
 class RunError(Exception):
-    """A run that cannot go on (e.g. a non-finite loss): one line naming where, exit status 1."""
+    """A run that cannot go on (a full disk, a store gone): one line naming where, exit status 1. ``final``: it would
+    fail the same way again, so a launch that restarts its processes after a failure does not."""
+
+    final = False
+
+
+class Diverged(RunError):
+    """A training loss that became non-finite: resumed from its last checkpoint, the run repeats the same steps bit for
+    bit and diverges at the same one."""
+
+    final = True
 
 
 def require(module: str, extra: str, needed_for: str | None = None):

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
-from crackseg.core.errors import RunError
+from crackseg.core.errors import Diverged
 from crackseg.evaluation.metrics import BINS, best_f1, scores_at, threshold_histograms
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor
@@ -218,7 +218,7 @@ def raise_if_diverged(first_bad_step: torch.Tensor, epoch: int, epoch_start_step
     marker = torch.where(first_bad_step < 0, torch.iinfo(torch.long).max, first_bad_step)
     earliest = distributed.all_reduce_min(marker.clone()).item()
     if earliest != torch.iinfo(torch.long).max:
-        raise RunError(
+        raise Diverged(
             f"non-finite loss at epoch {epoch}, step {earliest - epoch_start_step} (global step {earliest}); "
             "training stopped and the checkpoints already written are untouched"
         )

@@ -112,6 +112,17 @@ def test_inputs_that_fail_under_launch_sh_end_with_status_1_and_their_lines(tmp_
     assert result.stderr.splitlines() == [f"crackseg: error: {tmp_path / 'in' / 'broken.jpg'}: not a readable image (empty, or another kind of file)"]
 
 
+@pytest.mark.slow
+def test_a_diverged_run_under_launch_sh_is_said_once_and_not_restarted_into_the_same_divergence(synth_root, tmp_path):
+    """Resumed, a run repeats its steps bit for bit: torchrun's restarts would diverge again at the same step."""
+    command = _train([synth_root], tmp_path / "run", 2, "--lr", "1e30")
+    result = subprocess.run(["bash", str(ROOT / "launch.sh"), "--nproc", "2", *command], capture_output=True, text=True,
+                            env=_launch_env(), timeout=300)
+    said = [line for line in result.stderr.splitlines() if "non-finite loss" in line]
+    assert result.returncode == 1 and len(said) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (tmp_path / "run" / "train.log").read_text().count("2 process(es) on cpu") == 1  # one attempt, no restart
+
+
 CRASHING_AFTER_A_FAILURE = textwrap.dedent("""
     import os, signal, sys
     from crackseg.cli.launch import exit_status

@@ -18,7 +18,7 @@ import torch
 from conftest import cli_result
 
 from crackseg.training.options import TrainConfig
-from crackseg.core.errors import InputError, RunError
+from crackseg.core.errors import Diverged, InputError
 from crackseg.data.splits import load_split
 from crackseg.model import distributed
 from crackseg.model.checkpoint import load_model, read_checkpoint
@@ -224,7 +224,7 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_checkpoints(synth_root,
         return value
 
     monkeypatch.setattr(CrackLoss, "weighted_bce_sum", poisoned)
-    with pytest.raises(RunError, match=r"non-finite loss at epoch 2, step 3 \(global step 7\)"):
+    with pytest.raises(Diverged, match=r"non-finite loss at epoch 2, step 3 \(global step 7\)"):
         fit(_config(run, synth_root, epochs=2))
     after = {p.name: p.read_bytes() for p in run.glob("*.pt")}
     assert after == before
