@@ -116,6 +116,9 @@ def _fit(config: TrainConfig, env: distributed.Environment, folder: RunFolder) -
             global_step, best = _epoch(config, (env, folder, prepared), training, epoch, (global_step, best))
         if best["score"] is not None:
             folder.log(f"best {best['metric']} {best['score']:.4f} at epoch {best['epoch']}; run folder: {folder.path}")
+        elif not prepared.split["val"]:
+            folder.log(f"no validation photos, so no best.pt and no tuned threshold: predict with {folder.path / 'last.pt'}; "
+                       f"run folder: {folder.path}")
         return {"run": str(folder.path), "best": best, "epochs_run": config.epochs - start_epoch + 1}
 
 

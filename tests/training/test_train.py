@@ -483,3 +483,9 @@ def test_validation_scores_at_the_precision_evaluate_runs_whatever_precision_tra
     (tmp_path / "val.txt").write_text("\n".join(split["val"]) + "\n")
     report = evaluate_checkpoint(tmp_path / "run" / "best.pt", synth_root, split=str(tmp_path / "val.txt"))
     assert report["dataset"]["f1"] == pytest.approx(result["best"]["score"], abs=1e-9)
+
+
+def test_a_run_without_validation_says_there_is_no_best_checkpoint(synth_root, tmp_path, capsys):
+    fit(_config(tmp_path / "run", synth_root, epochs=1, val_fraction=0.0))
+    assert not (tmp_path / "run" / "best.pt").exists() and (tmp_path / "run" / "last.pt").exists()
+    assert f"no validation photos, so no best.pt and no tuned threshold: predict with {tmp_path / 'run' / 'last.pt'}" in capsys.readouterr().out
