@@ -39,16 +39,16 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "RAY_ADDRESS")}
 
 
-def _predict(*args, env: dict[str, str]) -> subprocess.CompletedProcess:
+def _predict(*args, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "crackseg", "predict", *map(str, args), "--device", "cpu", "--workers", "0"]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_S)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_S, cwd=cwd)
 
 
-def _start(*args, env: dict[str, str]) -> subprocess.Popen:
+def _start(*args, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen:
     """predict started as from a terminal: SIGINT as Ctrl-C sends it (a parent that ignores it, as some test runners'
     processes do, would pass that on, and Python then never turns it into KeyboardInterrupt)."""
     command = [sys.executable, "-m", "crackseg", "predict", *map(str, args), "--device", "cpu", "--workers", "0"]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
@@ -140,16 +140,17 @@ def test_an_actor_killed_mid_run_is_restarted_and_every_output_is_written_once(c
 
 @pytest.mark.slow
 def test_a_driver_killed_mid_run_is_finished_by_skip_existing(cluster, tmp_path, checkpoint):
+    """The inputs named relative to the driver's folder, which the actors do not run in (ray start's, on each node)."""
     photos = _many_photos(tmp_path / "in", 12, size=256)
-    flags = ["--checkpoint", checkpoint, photos, "--out", tmp_path / "out", "--engine", "ray", "--actors", 1]
-    run = _start(*flags, env=cluster)
+    flags = ["--checkpoint", checkpoint, "in", "--out", "out", "--engine", "ray", "--actors", 1]
+    run = _start(*flags, env=cluster, cwd=tmp_path)
     masks = tmp_path / "out" / "masks"
     _wait_for(lambda: masks.is_dir() and len(list(masks.glob("*.png"))) >= 3, run, "three masks")
     run.kill()
     run.communicate(timeout=60)
     done = {p.name: p.stat().st_mtime_ns for p in masks.glob("*.png")}
     assert 3 <= len(done) < 12
-    again = _predict(*flags, "--skip-existing", env=cluster)
+    again = _predict(*flags, "--skip-existing", env=cluster, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert {name: (masks / name).stat().st_mtime_ns for name in done} == done  # not predicted again
     rows = {Path(row["path"]).stem: row["status"] for row in csv_rows(tmp_path / "out" / "predictions.csv")}
@@ -187,25 +188,6 @@ def test_a_share_of_several_gpus_per_actor_is_one_line(photos, tmp_path, checkpo
                             "--gpus-per-actor", "1.5"])
     assert code == 2 and err.splitlines() == ["crackseg: error: --gpus-per-actor 1.5: above 1 it must be a whole number (Ray "
                                               "shares a GPU, but never splits several)"]
-
-
-@pytest.mark.slow
-def test_relative_inputs_are_read_where_the_driver_runs_not_where_the_cluster_started(cluster, photos, tmp_path, checkpoint):
-    """ray start's actors run in the folder it was started in; the same relative path there may be another photo."""
-    os.symlink(photos, tmp_path / "mine")  # the photos, named relative to the driver's folder only
-    local = subprocess.run([sys.executable, "-m", "crackseg", "predict", "mine", "--checkpoint", str(checkpoint), "--out", "local",
-                            "--device", "cpu", "--workers", "0"], env=_one_thread(), cwd=tmp_path, capture_output=True,
-                           text=True, timeout=RUN_S)
-    assert local.returncode == 0, local.stderr
-    command = [sys.executable, "-m", "crackseg", "predict", "mine", "--checkpoint", str(checkpoint), "--out", "ray", "--device",
-               "cpu", "--workers", "0", "--engine", "ray", "--actors", "1"]
-    ray = subprocess.run(command, env=cluster, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_S)
-    assert ray.returncode == 0, ray.stderr
-    assert not (tmp_path / "ray" / "errors.csv").exists() or not csv_rows(tmp_path / "ray" / "errors.csv")
-    rows = {out: [{k: v for k, v in row.items() if k != "mask"} for row in csv_rows(tmp_path / out / "predictions.csv")]
-            for out in ("ray", "local")}
-    assert rows["ray"] == rows["local"] and len(rows["ray"]) == 2  # a.jpg and b.jpg: sub/ is not searched
-    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
 
 
 def test_the_work_list_is_split_alike_by_every_engine(photos, tmp_path):
