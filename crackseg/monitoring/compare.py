@@ -109,7 +109,7 @@ def _compare(before: Path, after: Path, outputs: ComparisonFolder, options: Comp
     paired, alone = pair_shots(*visits, options.pairs)
     known = _require_pixel_sizes(paired) if classes is not None and options.scale.px_size is None else {}
     surveys = _surveys(before, after, visits, options, _register_crs(paired, known), shown) if options.register else None
-    outputs.prepare(options.overwrite, [shot.name for _, shot in paired])
+    outputs.prepare(options.overwrite, [shot.name for _, shot in paired], len(paired), options.report)
     warning = _same_inspection(options)  # said once nothing refuses the run
     if warning:
         print(f"crackseg: warning: {warning}", file=sys.stderr)

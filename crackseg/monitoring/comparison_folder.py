@@ -13,6 +13,7 @@ not a change layer are never replaced or removed.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from collections.abc import Callable, Iterable
 from contextlib import closing
@@ -31,6 +32,7 @@ CHANGE_COLUMNS = ["path_before", "path_after", "crack_before", "crack_after", "s
 
 TABLES = ("changes.csv", "pairs.csv", "summary.json", "report.html")
 _LAYER_SUFFIXES = {suffix for _, suffix in FORMATS.values()} | {".qml"}  # a GeoJSON's style beside it
+_PICTURE = re.compile(r"pair(\d+)-(?:before|after)\.jpg")  # report/pair<index>-<side>.jpg, exactly
 
 
 def writes_at(key: str) -> bool:
@@ -43,7 +45,7 @@ def writes_at(key: str) -> bool:
         return key in TABLES
     if path.parts[0] == "vectors":
         return path.suffix in _LAYER_SUFFIXES
-    return len(path.parts) == 2 and path.parts[0] == "report" and path.match("pair*.jpg")
+    return len(path.parts) == 2 and path.parts[0] == "report" and _PICTURE.fullmatch(path.name) is not None
 
 
 class ComparisonFolder:
@@ -60,15 +62,22 @@ class ComparisonFolder:
         self.written: set[Path] = set()
         self._earlier: list[Path] = []  # outputs of an earlier compare found by prepare
 
-    def prepare(self, overwrite: bool, layers: Iterable[str] = ()) -> None:
+    def prepare(self, overwrite: bool, layers: Iterable[str] = (), pairs: int = 0, report: bool = False) -> None:
         """Before any work, in the prepared staged folder (locked; an earlier compare's outputs in a store downloaded, see
         :func:`writes_at`): refuse a register that is one of the files this compare writes (``layers``: the names of the
-        change layers it may write), refuse an earlier compare's outputs unless ``overwrite``, clear the temp files an
-        interrupted compare left. The caller releases the staged folder at the end."""
+        change layers it may write, ``pairs`` how many, shown in the report if ``report``), refuse a file of the user's at any of
+        those paths even with ``overwrite``, refuse an earlier compare's outputs unless ``overwrite``, clear the temp files
+        an interrupted compare left. The caller releases the staged folder at the end."""
         try:
+            layers = list(layers)
             self._refuse_register_among_outputs(layers)
+            self._refuse_files_for_folders(bool(layers) and self.vectors_format is not None, report and pairs > 0)
             earlier = self._earlier_pairs()
             self._earlier = [path for path in self._outputs_here() if self._claims(path, earlier)]
+            for path in self._planned(layers, pairs if report else None):
+                if path.exists() and path not in self._earlier:
+                    raise InputError(f"{self.staged.shown(path)} already exists and is not an earlier compare's output "
+                                     "(--overwrite replaces only those); move it or choose another --out")
             if self._earlier and not overwrite:
                 raise InputError(f"{self.staged.shown(self._earlier[0])} already exists; choose another --out or pass --overwrite")
             below = [path for sub in ("vectors", "report") for path in (self.root / sub, *(self.root / sub).rglob("*"))]
@@ -111,6 +120,21 @@ class ComparisonFolder:
             if path not in self.written:
                 path.unlink(missing_ok=True)
 
+    def _planned(self, layers: list[str], pictures: int | None) -> list[Path]:
+        """The paths this compare writes: its tables, each change layer's files, with a report (``pictures``: how many pairs
+        it shows) report.html and each pair's pictures."""
+        planned = [self.changes_csv, self.pairs_csv, self.summary_json] + ([self.report_html] if pictures is not None else [])
+        if self.vectors_format:
+            planned += [path for name in layers for path in layer_files(self._layer_path(name))]
+        return planned + [self.root / "report" / f"pair{index}-{side}.jpg" for index in range(pictures or 0) for side in ("before", "after")]
+
+    def _refuse_files_for_folders(self, vectors: bool, report: bool) -> None:
+        for sub in [name for name, wanted in (("vectors", vectors), ("report", report)) if wanted]:
+            folder = self.root / sub
+            if folder.exists() and not folder.is_dir():
+                raise InputError(f"{self.staged.shown(folder)} is a file, not a folder; compare writes its "
+                                 f"{'change layers' if sub == 'vectors' else 'report pictures'} there: move it or choose another --out")
+
     def _layer_path(self, name: str) -> Path:
         return self.root / "vectors" / f"{name}{FORMATS[self.vectors_format][1]}"
 
@@ -143,7 +167,7 @@ class ComparisonFolder:
         below = PurePosixPath(path.relative_to(self.root).as_posix())
         if below.parts[0] == "vectors" and str(PurePosixPath(*below.parts[1:]).with_suffix("")) not in earlier[0]:
             return False
-        if below.parts[0] == "report" and below.name.removeprefix("pair").split("-")[0] not in earlier[1]:
+        if below.parts[0] == "report" and _PICTURE.fullmatch(below.name)[1] not in earlier[1]:
             return False
         if path.suffix.lower() != FORMATS["gpkg"][1]:
             return True

@@ -753,7 +753,8 @@ def test_layers_and_pictures_of_an_earlier_compare_are_refused_and_replaced_with
     out = tmp_path / "out"
     layer, picture = out / "vectors" / "old.geojson", out / "report" / "pair7-before.jpg"
     temp = out / "vectors" / "site" / ".wall.gpkg.0a1b.crackseg-tmp.gpkg"  # left by an interrupted compare
-    mine = [out / "vectors" / "site_outline.geojson", out / "vectors" / "my_style.qml", out / "report" / "pair_photo_of_the_site.jpg"]
+    mine = [out / "vectors" / "site_outline.geojson", out / "vectors" / "my_style.qml", out / "report" / "pair_photo_of_the_site.jpg",
+            out / "report" / "pair0-after-annotated.jpg", out / "report" / "pair7-notes.jpg"]
     for path in (layer, picture, temp, *mine):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"earlier")
@@ -766,7 +767,49 @@ def test_layers_and_pictures_of_an_earlier_compare_are_refused_and_replaced_with
     assert all(path.read_bytes() == b"earlier" for path in mine)  # never claimed, never removed
     assert (out / "report" / "pair0-before.jpg").exists() and (out / "report.html").exists()
     assert main(["compare", str(before), str(before), "--out", str(out), "--overwrite"]) == 0  # no --report this time
-    assert not (out / "report.html").exists() and not list((out / "report").glob("pair[0-9]*.jpg"))
+    assert not (out / "report.html").exists()
+    assert sorted((out / "report").iterdir()) == sorted(path for path in mine if path.parent.name == "report")
+
+
+@pytest.mark.parametrize("case", ["picture without pairs.csv", "layer without pairs.csv", "geopackage with a layer of mine",
+                                  "register in vectors"])
+def test_a_file_of_the_users_where_compare_writes_is_refused_even_with_overwrite(tmp_path, two_visits, case, capsys):
+    before, after = two_visits
+    out = tmp_path / "out"
+    flags = ["--report"] if case.startswith("picture") else ["--vectors", "gpkg" if "geopackage" in case or "register" in case else "geojson"]
+    if case == "register in vectors":
+        assert main(["compare", str(before), str(after), "--out", str(out), "--register", str(out / "vectors" / "wall.gpkg"),
+                     "--before-date", "2025-06-01", "--after-date", "2026-06-01"]) == 0
+    elif case == "geopackage with a layer of mine":
+        assert main(["compare", str(before), str(after), "--out", str(out), *flags]) == 0
+        import pyogrio.raw
+        import shapely
+        pyogrio.raw.write(out / "vectors" / "wall.gpkg", geometry=np.array([shapely.to_wkb(shapely.Point(3, 4))], dtype=object),
+                          field_data=[np.array(["spalling"], dtype=object)], fields=["note"], layer="notes", driver="GPKG",
+                          geometry_type="Point", crs="EPSG:32633", append=True)
+    else:
+        path = out / ("report/pair0-before.jpg" if case.startswith("picture") else "vectors/wall.geojson")
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"mine")
+    mine = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    for overwrite in ([], ["--overwrite"]):
+        with pytest.raises(SystemExit) as stop:
+            main(["compare", str(before), str(after), "--out", str(out), *flags, *overwrite])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1 and "is not an earlier compare's output" in err
+        assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == mine
+
+
+@pytest.mark.parametrize("sub", ["report", "vectors"])
+def test_an_output_folder_that_is_a_file_is_one_line_before_any_work(tmp_path, two_visits, sub, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / sub).write_text("mine")
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", *map(str, two_visits), "--out", str(out), "--report" if sub == "report" else "--vectors=gpkg"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and f"{out / sub} is a file, not a folder" in err
+    assert sorted(out.iterdir()) == [out / sub]
 
 
 def test_the_out_lock_is_released_when_preparing_the_folder_fails(tmp_path, two_visits, monkeypatch, capsys):
