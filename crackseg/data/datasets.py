@@ -170,7 +170,7 @@ def _unread_subfolders(folder: Folder, other: Folder) -> list[Problem]:
             continue
         count = sum(path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() for path in sub.rglob("*"))
         if count:
-            problems.append(Problem(sub, f"{count} images in a subfolder, which crackseg does not read (it pairs the files "
+            problems.append(Problem(sub, f"{count} image{'s' * (count != 1)} in a subfolder, which crackseg does not read (it pairs the files "
                                          f"right in {folder}); move them up, or make each site a dataset of its own (train takes --data once per dataset)"))
     return problems
 

@@ -35,10 +35,10 @@ from crackseg.cracks.widths import WidthClasses
 from crackseg.monitoring import changes, history
 from crackseg.monitoring.comparison_folder import ComparisonFolder, writes_at
 from crackseg.monitoring.options import CompareOptions
-from crackseg.monitoring.pair import FAILED, PAIR_FAILURES, PairOutcome, RegisterRecords, compare_pair, map_facts_of
+from crackseg.monitoring.pair import FAILED, PAIR_FAILURES, PairOutcome, RegisterRecords, compare_pair, failed_pair, map_facts_of
 from crackseg.monitoring.registration import UNREGISTERED
 from crackseg.monitoring.surveys import Survey
-from crackseg.monitoring.visits import Shot, pair_shots, read_visit, survey_dates
+from crackseg.monitoring.visits import Shot, Visit, pair_shots, read_visit, survey_dates
 
 ONLY_BEFORE, ONLY_AFTER = "only before", "only after"
 _INSPECTION = "an inspection (a predict output folder or a dataset)"
@@ -106,22 +106,21 @@ def _compare(before: Path, after: Path, outputs: ComparisonFolder, options: Comp
     """The run on local folders; ``shown`` names a staged folder by its URL in what is written."""
     classes = options.scale.classes()
     visits = read_visit(before, "BEFORE"), read_visit(after, "AFTER")
-    paired, alone = pair_shots(*visits, options.pairs)
+    paired, alone = pair_shots(visits[0].shots, visits[1].shots, options.pairs)
     known = _require_pixel_sizes(paired) if classes is not None and options.scale.px_size is None else {}
-    surveys = _surveys(before, after, visits, options, _register_crs(paired, known), shown) if options.register else None
+    surveys = _surveys(before, after, (visits[0].shots, visits[1].shots), options, _register_crs(paired, known), shown) if options.register else None
     outputs.prepare(options.overwrite, [shot.name for _, shot in paired], len(paired), options.report)
-    warning = _same_inspection(options)  # said once nothing refuses the run
-    if warning:
+    warnings = [shown(warning) for warning in (_same_inspection(options), *_left_out_alone(visits, alone)) if warning]
+    for warning in warnings:  # said once nothing refuses the run
         print(f"crackseg: warning: {warning}", file=sys.stderr)
     found = Comparison()
     for index, pair in enumerate(tqdm(paired, desc="compare", unit="pair", disable=len(paired) < 2)):
         found.add(compare_pair(index, pair, options, classes, outputs, known))
     for side, shot in alone:
-        found.pairs.append({"pair": len(found.pairs), f"name_{side}": shot.name, f"path_{side}": str(shot.photo or shot.mask),
-                            "status": ONLY_BEFORE if side == "before" else ONLY_AFTER})
+        found.add(_alone(len(found.pairs), side, shot, visits))
     for row in found.pairs + found.changes:
         row.update({key: shown(value) for key, value in row.items() if isinstance(value, str)})
-    summary = _summary(shown(str(before)), shown(str(after)), found, options, classes) | ({"warnings": [warning]} if warning else {})
+    summary = _summary(shown(str(before)), shown(str(after)), found, options, classes) | ({"warnings": warnings} if warnings else {})
     if options.register and summary["registered"]:  # what the register would refuse of the cracks, before --out is written
         history.check_cracks(options.register, *surveys, found.register.before)
     outputs.write_tables(found.pairs, found.changes, summary, options.report)
@@ -130,6 +129,27 @@ def _compare(before: Path, after: Path, outputs: ComparisonFolder, options: Comp
         summary["register"] = _append_to_register(options.register, surveys, found, summary["registered"], classes)
         outputs.write_summary(summary)
     return summary
+
+
+def _alone(index: int, side: str, shot: Shot, visits: tuple[Visit, Visit]) -> PairOutcome:
+    """The row of an image only one visit has; a failed pair where the other visit has the image but it cannot be
+    compared (the dataset reader could not pair it, predict failed on it), saying why."""
+    other, flag = ("after", "AFTER") if side == "before" else ("before", "BEFORE")
+    row = {"pair": index, f"name_{side}": shot.name, f"path_{side}": str(shot.photo or shot.mask)}
+    left = visits[1 if side == "before" else 0].left_out_as(shot.name)
+    if left is None:
+        return PairOutcome(row | {"status": ONLY_BEFORE if side == "before" else ONLY_AFTER})
+    row = {"pair": index, "name_before": shot.name, "name_after": shot.name} | row | {f"path_{other}": str(left.path)}
+    return failed_pair({key: row[key] for key in ("pair", "name_before", "name_after", "path_before", "path_after")},
+                       f"{flag} {left.path}: {left.reason}")
+
+
+def _left_out_alone(visits: tuple[Visit, Visit], alone: list[tuple[str, Shot]]) -> list[str]:
+    """A warning per image (or subfolder of images) of either visit that cannot be compared and pairs with nothing:
+    its pair would have failed had the other visit the image."""
+    names = {shot.name for _, shot in alone}
+    return [f"{flag} {left.path}: {left.reason}; not compared" for flag, visit in zip(("BEFORE", "AFTER"), visits)
+            for left in visit.left_out if not left.names or not set(left.names) <= names]
 
 
 def _require_geo(options: CompareOptions) -> None:

@@ -121,7 +121,7 @@ def compare_pair(index: int, pair: tuple[Shot, Shot], options: CompareOptions, c
     try:
         sides = _load_side(before, known), _load_side(after, known)
     except PAIR_FAILURES as error:
-        return _failed(row, error)
+        return failed_pair(row, error)
     alignment = _map_alignment(*sides)  # raises for two CRSs: every pair of the run would be in the wrong place
     try:
         alignment = alignment or _photo_alignment(*sides, options.transform)
@@ -132,10 +132,11 @@ def compare_pair(index: int, pair: tuple[Shot, Shot], options: CompareOptions, c
             return PairOutcome(row)
         return _registered_pair(row, sides, alignment, options, classes, outputs)
     except PAIR_FAILURES as error:
-        return _failed(row, error)
+        return failed_pair(row, error)
 
 
-def _failed(row: dict, error: Exception) -> PairOutcome:
+def failed_pair(row: dict, error: Exception | str) -> PairOutcome:
+    """The pair of ``row`` failed, said on stderr now and in its row."""
     reason = str(error) or type(error).__name__
     tqdm.write(f"crackseg: error: pair {row['pair']} ({row['name_before']} -> {row['name_after']}): {reason}", file=sys.stderr)
     return PairOutcome(row | {"status": FAILED, "reason": reason})

@@ -6,7 +6,9 @@ own working folder, and summary.json gives the join gap and minimum length predi
 so that compare's crack ids are those of its cracks.csv; a dataset is measured with predict's
 defaults. An image's name is its mask's path under ``masks/`` without the suffix. Two inspections'
 images pair by name, or by a CSV of before,after cells that name an image by name, path, or a file
-name only one image has; each image is compared once.
+name only one image has; each image is compared once. An image that cannot be compared (one the dataset reader
+cannot pair, one predict failed on) is kept with its reason, so that its pair fails saying why instead of the
+other visit's image looking alone.
 Without a date given, a survey is dated by the earliest EXIF DateTimeOriginal of its photos.
 """
 
@@ -23,8 +25,9 @@ from pathlib import Path
 from PIL import Image
 
 from crackseg.core.errors import InputError
+from crackseg.core.files import read_csv
 from crackseg.cracks.options import JOIN_GAP, MIN_LENGTH
-from crackseg.data.images import DECODE_ERRORS
+from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES
 from crackseg.prediction.outputs import PredictionsFolder
 
 
@@ -45,7 +48,27 @@ class Shot:
     min_length_mm: float | None = None
 
 
-def read_visit(folder: Path, flag: str) -> list[Shot]:
+@dataclass(frozen=True)
+class LeftOut:
+    """Images of an inspection that cannot be compared: the names they would pair by, the file or folder, and why."""
+
+    names: tuple[str, ...]
+    path: Path
+    reason: str
+
+
+@dataclass(frozen=True)
+class Visit:
+    """One inspection: the shots to compare, and what of it cannot be compared."""
+
+    shots: list[Shot]
+    left_out: list[LeftOut]
+
+    def left_out_as(self, name: str) -> LeftOut | None:
+        return next((left for left in self.left_out if name in left.names), None)
+
+
+def read_visit(folder: Path, flag: str) -> Visit:
     """The shots of one inspection: a predictions folder (predictions.csv) or a dataset (images/ + masks/)."""
     folder = Path(folder)
     if not folder.is_dir():
@@ -53,18 +76,41 @@ def read_visit(folder: Path, flag: str) -> list[Shot]:
     predictions = PredictionsFolder(folder)
     if predictions.predictions_csv.exists():
         shots = _predicted_shots(predictions)
+        left_out = _failed_predictions(predictions, {shot.name for shot in shots})
     elif (folder / "images").is_dir() and (folder / "masks").is_dir():
-        from crackseg.data.datasets import (
-            find_samples,  # data loads torch, which compare needs for dataset folders only
-        )
-
-        gap, shortest = JOIN_GAP.value, MIN_LENGTH.value
-        shots = [Shot(sample.stem, sample.mask, sample.image, gap, shortest) for sample in find_samples(folder / "images", folder / "masks")[0]]
+        shots, left_out = _dataset_shots(folder)
     else:
         raise InputError(f"{flag} {folder}: neither a predictions folder (predictions.csv) nor a dataset (images/ and masks/)")
     if not shots:
-        raise InputError(f"{flag} {folder}: no image with a mask in it")
-    return shots
+        raise InputError(f"{flag} {folder}: no image with a mask in it" + (f" ({left_out[0].path}: {left_out[0].reason})" if left_out else ""))
+    return Visit(shots, left_out)
+
+
+def _dataset_shots(folder: Path) -> tuple[list[Shot], list[LeftOut]]:
+    """A dataset's shots, measured with predict's defaults, and what the dataset reader could not pair (a subfolder's
+    images by their paths below it, as a predictions folder names them)."""
+    from crackseg.data.datasets import find_samples  # data loads torch, which compare needs for dataset folders only
+
+    samples, problems = find_samples(folder / "images", folder / "masks")
+    shots = [Shot(sample.stem, sample.mask, sample.image, JOIN_GAP.value, MIN_LENGTH.value) for sample in samples]
+    left_out = []
+    for problem in problems:
+        path = Path(problem.path)
+        top = next(top for top in (folder / "images", folder / "masks") if path.is_relative_to(top))
+        files = sorted(file for file in path.rglob("*") if file.is_file() and file.suffix.lower() in IMAGE_SUFFIXES) if path.is_dir() else [path]
+        left_out.append(LeftOut(tuple(file.relative_to(top).with_suffix("").as_posix() for file in files), path, problem.message))
+    return shots, left_out
+
+
+def _failed_predictions(folder: PredictionsFolder, predicted: set[str]) -> list[LeftOut]:
+    """The photos errors.csv lists (predict failed on them), by the output name it records (none in an errors.csv
+    written before it had the column)."""
+    try:
+        rows = read_csv(folder.errors_csv, ("path", "error")) if folder.errors_csv.is_file() else []
+    except InputError:
+        rows = []
+    return [LeftOut((row["name"],) if row.get("name") and row["name"] not in predicted else (), Path(row["path"]),
+                    f"predict failed on it ({row['error']}; {folder.errors_csv})") for row in rows]
 
 
 def _predicted_shots(folder: PredictionsFolder) -> list[Shot]:

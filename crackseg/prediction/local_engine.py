@@ -85,7 +85,7 @@ def _predict_photos(job: Job) -> None:
         prefetch_factor=4 if workers else None, worker_init_fn=quiet_when_parent_stops,
     )
     decoded: dict[int, torch.Tensor] = {}  # each photo until its files are written
-    images = _photos(loader, env.device, lambda key, reason: records.fail(key, names[key][0], reason), decoded)
+    images = _photos(loader, env.device, lambda key, reason: records.fail(key, *names[key], reason), decoded)
     pending: deque[tuple[int, Future]] = deque()
 
     def collect(wait: bool) -> None:
@@ -95,7 +95,7 @@ def _predict_photos(job: Job) -> None:
             try:
                 records.add(key, *future.result())
             except (OSError, StorageError) as error:
-                records.fail(key, names[key][0], plan.write_error(error), on_stderr=False)
+                records.fail(key, *names[key], plan.write_error(error), on_stderr=False)
 
     with _measurers(workers if todo else 0) as measurers, ThreadPoolExecutor(workers) if workers else _Inline() as writers:
         try:

@@ -175,7 +175,7 @@ class PredictionsFolder:
         elif overwrite:
             self.cracks_csv.unlink(missing_ok=True)  # it measured masks this run replaced
         if records.errors or self.errors_csv.exists():
-            write_csv(self.errors_csv, [records.errors[key] for key in sorted(records.errors)], ["path", "error"])
+            write_csv(self.errors_csv, [records.errors[key] for key in sorted(records.errors)], ["path", "name", "error"])
         self.rank_csv.unlink(missing_ok=True)  # it ranked an earlier run's probabilities
         return write_summary(self, rows, records.cracks, spec, warnings, threshold)
 
@@ -246,10 +246,10 @@ class Records:
         self.rows[key] = row
         self.cracks += cracks
 
-    def fail(self, key: int, path: Path, error: str, on_stderr: bool = True) -> None:
-        """An input that failed: listed in errors.csv, in the inputs' order whatever order they failed in, and said on
-        stderr now (unless not ``on_stderr``)."""
-        self.errors[key] = {"path": str(path), "error": error}
+    def fail(self, key: int, path: Path, name: str, error: str, on_stderr: bool = True) -> None:
+        """An input that failed: listed in errors.csv with its output name (which compare pairs it by), in the inputs'
+        order whatever order they failed in, and said on stderr now (unless not ``on_stderr``)."""
+        self.errors[key] = {"path": str(path), "name": name, "error": error}
         if on_stderr:
             tqdm.write(f"crackseg: error: {path}: {error}", file=sys.stderr)
 

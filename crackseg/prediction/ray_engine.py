@@ -334,7 +334,7 @@ class _Collector:
         if item.band is not None:
             self._band(item, error, result.counts)
         elif error is not None:
-            self.records.fail(item.key, item.path, error)
+            self.records.fail(item.key, item.path, item.name, error)
         else:
             row, cracks = result.rows
             self.records.add(item.key, row | {"mask": str(self.plan.folder.mask(item.name))}, cracks)

@@ -137,7 +137,7 @@ def join_raster(raster: Raster, run: RasterRun, parts: list[tuple[str | None, tu
         row, cracks = _raster_rows(raster, run.folder, "ok" if parts else "skipped: exists", pixels)
     except (InputError, OSError) as error:  # rasterio's read errors are OSErrors
         discard_parts(written, len(parts or []))
-        records.fail(raster.key, raster.path, str(error))
+        records.fail(raster.key, raster.path, raster.name, str(error))
         return
     records.add(raster.key, row, cracks)
 

@@ -258,7 +258,7 @@ def test_images_in_subfolders_are_a_problem_not_left_out_in_silence(tmp_path):
     found = open_dataset(root)
     assert [s.stem for s in found.samples] == ["a", "b"]
     assert [str(p) for p in found.problems] == [
-        f"{root / sub / 'siteB'}: 1 images in a subfolder, which crackseg does not read (it pairs the files right in "
+        f"{root / sub / 'siteB'}: 1 image in a subfolder, which crackseg does not read (it pairs the files right in "
         f"{root / sub}); move them up, or make each site a dataset of its own (train takes --data once per dataset)" for sub in ("images", "masks")]
 
 

@@ -412,6 +412,56 @@ def test_a_pair_whose_photo_cannot_be_decoded_fails_alone_and_the_others_are_com
     assert "broken.jpg" in capsys.readouterr().err
 
 
+def test_an_image_of_one_visit_the_dataset_reader_cannot_pair_fails_its_pair_instead_of_looking_alone(tmp_path, two_visits, capsys):
+    before = _copy_visit(two_visits[0], tmp_path / "v1", ["wall", "unmasked", "twin"])
+    after = _copy_visit(two_visits[0], tmp_path / "v2", ["wall", "unmasked", "twin"])
+    (after / "masks" / "unmasked.png").unlink()
+    Image.open(after / "images" / "twin.png").save(after / "images" / "twin.jpg")
+    out = tmp_path / "out"
+    assert main(["compare", str(before), str(after), "--out", str(out)]) == 1
+    pairs = {row["name_before"]: row for row in _rows(out / "pairs.csv")}
+    assert pairs["wall"]["status"] == "registered"
+    assert pairs["unmasked"]["status"] == pairs["twin"]["status"] == "failed"
+    assert pairs["unmasked"]["reason"].startswith(f"AFTER {after / 'images' / 'unmasked.png'}: no mask for this image")
+    assert pairs["twin"]["name_after"] == "twin" and "shares its stem" in pairs["twin"]["reason"]
+    assert json.loads((out / "summary.json").read_text())["only_before"] == []
+    assert "unmasked.png: no mask" in capsys.readouterr().err
+
+
+def test_images_in_a_subfolder_of_a_dataset_are_said_not_compared(tmp_path, two_visits, capsys):
+    visits = [_copy_visit(two_visits[0], tmp_path / f"v{number}", ["wall"]) for number in (1, 2)]
+    for visit in visits:
+        _copy_visit(two_visits[0], visit / "site", ["wall"])
+        for kind in ("images", "masks"):
+            (visit / "site" / kind).rename(visit / kind / "bridge")
+    out = tmp_path / "out"
+    assert main(["compare", *map(str, visits), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    warnings = json.loads((out / "summary.json").read_text())["warnings"]
+    assert len(warnings) == 4 and all("1 image in a subfolder" in warning and "not compared" in warning for warning in warnings)
+    assert all(f"crackseg: warning: {warning}" in err for warning in warnings)
+    assert f"BEFORE {visits[0] / 'images' / 'bridge'}" in warnings[0]
+
+
+def test_a_photo_predict_failed_on_fails_its_pair_naming_errors_csv(tmp_path, two_visits, dark_checkpoint, capsys):
+    photos = []
+    for visit in ("v1", "v2"):
+        (tmp_path / visit).mkdir()
+        for name in ("wall", "broken"):
+            shutil.copy(two_visits[0] / "images" / "wall.png", tmp_path / visit / f"{name}.png")
+        photos.append(tmp_path / visit)
+    (photos[1] / "broken.png").write_bytes(b"not a picture")
+    predicted = [tmp_path / "p1", tmp_path / "p2"]
+    assert predict_cli("--checkpoint", dark_checkpoint, photos[0], "--out", predicted[0]) == 0
+    assert predict_cli("--checkpoint", dark_checkpoint, photos[1], "--out", predicted[1]) == 1
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert main(["compare", *map(str, predicted), "--out", str(out)]) == 1
+    pairs = {row["name_before"]: row for row in _rows(out / "pairs.csv")}
+    assert pairs["broken"]["status"] == "failed" and pairs["broken"]["path_after"] == str(photos[1] / "broken.png")
+    assert "predict failed on it" in pairs["broken"]["reason"] and str(predicted[1] / "errors.csv") in pairs["broken"]["reason"]
+
+
 def test_a_georeferenced_shot_is_opened_at_most_twice(tmp_path, monkeypatch):
     """Whether a file lies on the map, its facts and its pixels come from one open; the pixel-size check before any
     work (--width-classes without --px-size) adds the second."""

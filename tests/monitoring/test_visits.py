@@ -70,6 +70,6 @@ def test_a_predictions_folder_gives_the_photos_predict_was_given_under_names_tha
         Image.fromarray(photo).save(tmp_path / "in" / name)
     monkeypatch.chdir(tmp_path / "in")  # predict . from there: each name starts its row's path
     assert predict_cli("--checkpoint", dark_checkpoint, ".", "--out", tmp_path / "pred") == 0
-    shots = read_visit(tmp_path / "pred", "BEFORE")
+    shots = read_visit(tmp_path / "pred", "BEFORE").shots
     assert sorted((shot.name, str(shot.photo)) for shot in shots) == [("+1", "+1.jpg"), ("=x", "=x.jpg")]
     assert all(shot.photo.is_file() and shot.mask.is_file() for shot in shots)

@@ -221,10 +221,10 @@ def test_errors_are_listed_in_the_inputs_order_whatever_order_processes_report_t
     from crackseg.prediction.outputs import Records
 
     parts = [Records(), Records()]
-    parts[1].fail(4, Path("e.jpg"), "cannot decode", on_stderr=False)
-    parts[0].fail(2, Path("c.jpg"), "file not found", on_stderr=False)
-    parts[1].fail(1, Path("b.jpg"), "cannot decode", on_stderr=False)
+    parts[1].fail(4, Path("e.jpg"), "e", "cannot decode", on_stderr=False)
+    parts[0].fail(2, Path("c.jpg"), "c", "file not found", on_stderr=False)
+    parts[1].fail(1, Path("b.jpg"), "b", "cannot decode", on_stderr=False)
     folder = PredictionsFolder(tmp_path / "pred")
     folder.root.mkdir()
     folder.write_tables(Records.joined(parts), OutputSpec(measure=False), [], False, 0.5)
-    assert [row["path"] for row in csv_rows(folder.errors_csv)] == ["b.jpg", "c.jpg", "e.jpg"]
+    assert [(row["path"], row["name"]) for row in csv_rows(folder.errors_csv)] == [("b.jpg", "b"), ("c.jpg", "c"), ("e.jpg", "e")]
