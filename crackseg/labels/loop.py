@@ -81,13 +81,16 @@ def import_labels(annotations: Path, fmt: str, images: Path, out: Path, options:
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise
+    in_place = {photo for photo, image in matched.items()  # --images is OUT/images: the user's photo, not crackseg's to remove
+                if image.embedded_in is None and (Path(out) / "images" / photo.name).resolve() == photo.resolve()}
     for photo, image in matched.items():
         if image.embedded_in is None:
             link_atomic(photo, Path(out) / "images" / photo.name)
         else:
             write_atomic(photo, embedded_photo(image))
     stems = sorted(photo.stem for photo in matched)
-    written = {f"masks/{stem}.png" for stem in stems} | {f"images/{photo.name}" for photo in matched}
+    written = {f"masks/{stem}.png" for stem in stems}
+    written |= {f"images/{photo.name}" for photo in matched if photo not in in_place or f"images/{photo.name}" in earlier}
     kept = _remove_leftovers(Path(out), earlier, written, photos)
     listed = {photo.relative_to(Path(images)).as_posix() for photo, image in matched.items() if image.embedded_in is None}
     provenance = {
@@ -184,8 +187,9 @@ class _PhotoIndex:
 
 
 def _match(listed: list[LabelledImage], index: _PhotoIndex, source: Path, out: Path) -> dict[Path, LabelledImage]:
-    """Each listed image's photo (an image listed twice gets the shapes of both); a labelme image whose photo
-    --images lacks is the photo its file embeds, keyed by where it will be written (``out``/images/)."""
+    """Each listed image's photo (an image listed twice, under one name and at one size, gets the shapes of both; two
+    names finding one photo are an error, since one of them is another photo); a labelme image whose photo --images
+    lacks is the photo its file embeds, keyed by where it will be written (``out``/images/)."""
     matched: dict[Path, LabelledImage] = {}
     missing = []
     for image in listed:
@@ -204,8 +208,15 @@ def _match(listed: list[LabelledImage], index: _PhotoIndex, source: Path, out: P
         if photo is None:
             missing.append(image.name)
         elif photo in matched:
-            matched[photo].shapes += image.shapes
-            matched[photo].size = matched[photo].size or image.size
+            first = matched[photo]
+            if _listed_name(first.name) != _listed_name(image.name):
+                raise InputError(f"{source}: {first.name} and {image.name} both match {photo} in --images; give the folder "
+                                 "the names are relative to, holding each photo")
+            if first.size is not None and image.size is not None and tuple(first.size) != tuple(image.size):
+                raise InputError(f"{source}: {image.name} is listed at {first.size[0]}x{first.size[1]} px and at "
+                                 f"{image.size[0]}x{image.size[1]} px; one photo has one size")
+            first.shapes += image.shapes
+            first.size = first.size or image.size
         else:
             matched[photo] = LabelledImage(image.name, image.size, list(image.shapes), embedded_in)
     if missing:
@@ -216,6 +227,11 @@ def _match(listed: list[LabelledImage], index: _PhotoIndex, source: Path, out: P
     if twins:
         raise InputError(f"{twins[0]} and {twins[1]} share the stem {twins[0].stem!r}; a dataset pairs masks by stem: rename one")
     return matched
+
+
+def _listed_name(name: str) -> str:
+    """A listed name as the photo it names: / for \\, without ./ or doubled slashes."""
+    return PurePosixPath(name.replace("\\", "/")).as_posix()
 
 
 def _size(photo: Path, image: LabelledImage, source: Path) -> tuple[int, int]:

@@ -119,6 +119,51 @@ def test_overwrite_keeps_photos_that_became_input_and_files_crackseg_did_not_wri
     assert not (dataset / "images" / "b.png").exists() and (photos / "b.png").is_file()
 
 
+def test_photos_already_in_the_dataset_are_never_recorded_as_written_nor_removed_later(tmp_path):
+    dataset, new = tmp_path / "ds", tmp_path / "new"
+    _photo(dataset / "images", "a.png")
+    _photo(new, "b.png")
+    provenance = import_labels(_coco(tmp_path, []), "coco", dataset / "images", dataset, ImportOptions(overwrite=True))
+    assert provenance["files_written"] == ["masks/a.png"]
+    other = _coco(tmp_path, [], images=[("b.png", W, H)], name="other.json")
+    import_labels(other, "coco", new, dataset, ImportOptions(overwrite=True))
+    assert (dataset / "images" / "a.png").is_file(), "the user's only copy of a photo was deleted"
+    assert not (dataset / "masks" / "a.png").exists() and (dataset / "masks" / "b.png").is_file()
+
+
+def test_two_names_that_find_one_photo_are_refused_naming_both(tmp_path):
+    """Cameras restart their numbering in each folder: site2's cracks must not be painted on site1's photo."""
+    _photo(tmp_path / "photos" / "site1", "IMG_1.png")
+    square = [[0, 0, 4, 0, 4, 4, 0, 4]]
+    path = _coco(tmp_path, [(1, square), (2, square)], images=[("site1/IMG_1.png", W, H), ("site2/IMG_1.png", W, H)])
+    _refused(path, "coco", tmp_path / "photos", tmp_path / "ds", "site1/IMG_1.png and site2/IMG_1.png both match")
+    assert not (tmp_path / "ds").exists()
+    again = _coco(tmp_path, [(1, square), (2, square)], images=[("site1/IMG_1.png", W, H), ("./site1//IMG_1.png", W, H)],
+                  name="again.json")  # one name, written two ways: one photo, both shapes
+    import_labels(again, "coco", tmp_path / "photos", tmp_path / "ds")
+    assert _mask(tmp_path / "ds", "IMG_1")[:4, :4].all()
+
+
+@pytest.mark.parametrize("fmt", ["coco", "labelstudio"])
+def test_an_image_listed_twice_at_two_sizes_is_one_line(tmp_path, fmt):
+    _photo(tmp_path / "photos")
+    if fmt == "coco":
+        rle = {"size": [H // 2, W // 2], "counts": _compressed(np.ones((H // 2, W // 2), bool))}
+        path = _coco(tmp_path, [{"id": 1, "image_id": 2, "category_id": 1, "segmentation": rle, "iscrowd": 1}],
+                     images=[("a.png", W, H), ("a.png", W // 2, H // 2)])
+    else:
+        def task(number, size):
+            result = {"id": f"r{number}", "type": "polygonlabels", "from_name": "label", "to_name": "image",
+                      "original_width": size[0], "original_height": size[1],
+                      "value": {"points": [[10, 10], [50, 10], [50, 50]], "polygonlabels": ["crack"]}}
+            return {"id": number, "data": {"image": "a.png"}, "annotations": [{"result": [result]}]}
+
+        path = tmp_path / "tasks.json"
+        path.write_text(json.dumps([task(1, (W, H)), task(2, (W // 2, H // 2))]))
+    _refused(path, fmt, tmp_path / "photos", tmp_path / "ds", f"a.png is listed at {W}x{H} px and at {W // 2}x{H // 2} px")
+    assert not (tmp_path / "ds").exists()
+
+
 def test_overwrite_after_an_older_labels_json_and_a_hand_edited_one_keeps_inputs_and_outsiders(tmp_path):
     dataset = tmp_path / "ds"
     for name in ("a.png", "b.png"):
