@@ -379,6 +379,28 @@ def test_labelstudio_takes_the_ground_truth_else_the_newest_annotation_and_says_
     assert "4 tasks had several annotations" in import_summary(provenance, tmp_path / "dataset")
 
 
+def test_labelstudio_results_are_drawn_on_the_image_their_to_name_names(tmp_path):
+    """A config with two <Image> tags (a before and an after photo): each result is drawn on its own photo."""
+    for name in ("before.png", "after.png", "other.png"):
+        _photo(tmp_path / "photos", name)
+    results = [_ls_column(2), _ls_column(7) | {"to_name": "image2"}]
+    task = {"id": 1, "data": {"image": "/data/local-files/?d=before.png", "image2": "/data/local-files/?d=after.png"},
+            "annotations": [{"result": results}]}
+    path = tmp_path / "pairs.json"
+    path.write_text(json.dumps([task]))
+    masks, _ = _imported(tmp_path, "labelstudio", path)
+    assert _columns(masks["before"]) == [2] and _columns(masks["after"]) == [7]
+    task["data"] = {"image": "before.png", "other": "other.png"}
+    task["annotations"][0]["result"] = [_ls_column(4) | {"to_name": "other"}]  # one image, named by its to_name
+    path.write_text(json.dumps([task]))
+    masks, _ = _imported(tmp_path, "labelstudio", path, overwrite=True)
+    assert list(masks) == ["other"] and _columns(masks["other"]) == [4]
+    task["annotations"][0]["result"] = [_ls_column(2), _ls_column(7) | {"to_name": "image3"}]
+    path.write_text(json.dumps([task]))
+    code, err = _cli("import", path, "--format", "labelstudio", "--images", tmp_path / "photos", "--out", tmp_path / "out")
+    assert code == 2 and err.count("\n") == 1 and "results on several images (image, image3)" in err, err
+
+
 def test_labelstudio_uploads_match_the_photo_whose_name_django_stored_cleaned(tmp_path):
     """An upload of "my photo (1).png" is stored as <8 hex>-my_photo_1.png (Django's get_valid_filename)."""
     photos = tmp_path / "photos"

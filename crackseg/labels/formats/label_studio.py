@@ -51,10 +51,26 @@ def read_labelstudio(path: Path) -> Annotations:
             found.unlabelled += 1
             continue
         found.several += len(done) > 1
-        image = LabelledImage(_task_image(task, path), None)
-        _read_results(_chosen_annotation(done).get("result") or [], image, found.labels, path, f"{path}: task {task.get('id')}")
-        found.images.append(image)
+        for name, results in _results_by_image(task, _chosen_annotation(done).get("result") or [], path):
+            image = LabelledImage(name, None)
+            _read_results(results, image, found.labels, path, f"{path}: task {task.get('id')}")
+            found.images.append(image)
     return found
+
+
+def _results_by_image(task: dict, results: list, path: Path) -> list[tuple[str, list[dict]]]:
+    """(image name, its results) for each image of the task the results are drawn on: the data value their
+    ``to_name`` names (a config with several <Image> tags, a before and an after photo), else the task's image."""
+    if not all(isinstance(result, dict) for result in results):
+        raise InputError(f"{path}: task {task.get('id')}: results that are not objects; give the .json file Label Studio exported")
+    data = task["data"]
+    targets = list(dict.fromkeys(result.get("to_name") for result in results)) or [None]
+    unknown = [target for target in targets if not (isinstance(target, str) and isinstance(data.get(target), str))]
+    if len(targets) > 1 and unknown:
+        raise InputError(f"{path}: task {task.get('id')}: results on several images ({', '.join(map(str, targets))}), and its data "
+                         f"({', '.join(data)}) has no image {unknown[0]!r}; crackseg cannot tell which photo each is drawn on")
+    return [(_task_image(task, path) if target in unknown else _image_name(data[target]),
+             [result for result in results if result.get("to_name") == target]) for target in targets]
 
 
 def _chosen_annotation(annotations: list[dict]) -> dict:
@@ -130,12 +146,17 @@ def _outline(result: dict) -> tuple[list | None, list | None]:
 
 
 def _task_image(task: dict, path: Path) -> str:
-    """The image's name from a task's data: its path, the ``d`` of a local-files URL, or an upload's name."""
+    """The name of a task's one image: its data's ``image``, else its only text."""
     data = task["data"]
     texts = [value for value in data.values() if isinstance(value, str)]
     url = data.get("image") if isinstance(data.get("image"), str) else texts[0] if len(texts) == 1 else None
     if url is None:
         raise InputError(f"{path}: task {task.get('id')}: cannot tell which of its data ({', '.join(data)}) is the image")
+    return _image_name(url)
+
+
+def _image_name(url: str) -> str:
+    """An image's name from a task's data value: its path, the ``d`` of a local-files URL, or an upload's name."""
     if not _is_url(url):
         return url  # a plain file name, as written: nothing in it is an escape
     parsed = urlparse(url)
