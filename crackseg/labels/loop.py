@@ -21,6 +21,7 @@ import contextlib
 import io
 import json
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -343,9 +344,8 @@ def export_labels(predictions: Path, fmt: str, out: Path, rle: bool = False, ove
         raise InputError(f"{existing[0]} already exists; choose another --out or pass --overwrite")
     items = ((image_prefix + shown, read_saved_mask(path)) for _, shown, path in entries)  # one mask in memory at a time
     if fmt == "labelme":  # beside each photo: imagePath is the photo's file name
-        for target, (_, shown, path) in zip(targets, entries):
-            document = labelme_document(image_prefix + PurePosixPath(shown).name, read_saved_mask(path), rle)
-            write_atomic(target, json.dumps(document, indent=1) + "\n")
+        _write_all(targets, (json.dumps(labelme_document(image_prefix + PurePosixPath(shown).name, read_saved_mask(path), rle),
+                                        indent=1) + "\n" for _, shown, path in entries))
     elif fmt == "cvat":
         write_atomic(out, cvat_document(items, rle))
     elif fmt == "coco":
@@ -354,6 +354,27 @@ def export_labels(predictions: Path, fmt: str, out: Path, rle: bool = False, ove
         named = ((shown, read_saved_mask(path)) for _, shown, path in entries)
         write_atomic(out, json.dumps(labelstudio_document(named, rle, image_prefix)) + "\n")
     return {"format": fmt, "out": str(out), "images": len(entries), "rasters_left_out": rasters, "shapes": "rle" if rle else "polygons"}
+
+
+def _write_all(targets: list[Path], contents: Iterable[str]) -> None:
+    """Each of ``contents`` to its target, staged under temp names and renamed only once every one is made (a mask
+    that cannot be read leaves no file replaced, and no folder made)."""
+    made = sorted({folder for target in targets for folder in (target.parent, *target.parent.parents) if not folder.exists()},
+                  key=lambda folder: len(folder.parts), reverse=True)
+    staged = []
+    try:
+        for target, content in zip(targets, contents):
+            staged.append(PendingFile(target))
+            staged[-1].write(content.encode())
+        for pending in staged:
+            pending.commit()
+    except BaseException:
+        for pending in staged:
+            pending.abort()
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
 
 
 def _inside(out: Path, relative: str) -> Path:

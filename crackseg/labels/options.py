@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from crackseg.core.options import AT_LEAST_ONE, FRACTION, REQUIRED, Options, group, option
+from crackseg.core.options import AT_LEAST_ONE, REQUIRED, Options, Range, group, option
 from crackseg.labels.formats.reading import LABEL_FORMATS
 
 
@@ -55,4 +55,5 @@ class LabelRank(Options):
     predictions: Path = option(REQUIRED, "folder written by crackseg predict --save-prob 8|16", positional=True)
     top: int = option(10, "photos to print; rank.csv lists all", valid=AT_LEAST_ONE)
     threshold: float | None = option(None, "decision threshold on crack probability (default: the one predict used, from "
-                                           "summary.json)", valid=FRACTION)
+                                           "summary.json); at 0 or 1 every pixel is sure",
+                                    valid=Range(0, 1, low_open=True, high_open=True))

@@ -133,6 +133,28 @@ def test_rank_refuses_a_summary_threshold_that_is_not_a_number_in_0_1(tmp_path, 
     assert _cli("rank", predictions, "--threshold", "0.5")[0] == 0  # the flag still wins
 
 
+@pytest.mark.parametrize("threshold", ["0", "1"])
+def test_rank_refuses_a_threshold_flag_at_which_every_pixel_is_sure(tmp_path, threshold):
+    predictions, _ = _predictions(tmp_path, ("a",))
+    code, err = _cli("rank", predictions, "--threshold", threshold)
+    _one_line_error(code, err, "--threshold", "(0, 1)")
+    assert not (predictions / "rank.csv").exists()
+
+
+def test_a_labelme_export_that_meets_an_unreadable_mask_writes_nothing(tmp_path):
+    predictions, _ = _predictions(tmp_path, ("a", "b", "c"))
+    (predictions / "masks" / "site" / "b.png").write_bytes(b"cut short")
+    code, err = _cli("export", predictions, "--format", "labelme", "--out", tmp_path / "new")
+    _one_line_error(code, err, "b.png")
+    assert not (tmp_path / "new").exists()
+    earlier = tmp_path / "photos" / "site" / "a.json"
+    earlier.write_text("the last round's corrected file")
+    before = sorted((tmp_path / "photos").rglob("*"))
+    code, err = _cli("export", predictions, "--format", "labelme", "--out", tmp_path / "photos", "--overwrite")
+    _one_line_error(code, err, "b.png")
+    assert earlier.read_text() == "the last round's corrected file" and sorted((tmp_path / "photos").rglob("*")) == before
+
+
 # 3. paths read from predictions.csv stay inside the predictions folder
 
 
