@@ -112,18 +112,23 @@ def count_statuses(statuses: Iterable[str]) -> dict[str, int]:
     return {status: counts[status] for status in [*STATUSES, *sorted(set(counts) - set(STATUSES))]}
 
 
-def length_growth(changes: list[Change]) -> float:
-    """How much longer (AFTER px) a pair's cracks got: each group of linked cracks' growth once (its rows repeat it),
-    plus the new cracks' lengths, less the gone ones' (scaled); cracks not seen count nothing."""
+def groups_of(changes: list[Change]) -> list[list[int]]:
+    """The rows of each group of linked cracks (rows sharing a crack of either date), as indices into ``changes``."""
     groups = DisjointSet(range(len(changes)))
     first: dict[tuple[str, int], int] = {}
     for index, change in enumerate(changes):
         for key in (("before", change.before.id) if change.before else None, ("after", change.after.id) if change.after else None):
             if key is not None:
                 groups.merge(first.setdefault(key, index), index)
+    return sorted(sorted(members) for members in groups.subsets())
+
+
+def length_growth(changes: list[Change]) -> float:
+    """How much longer (AFTER px) a pair's cracks got: each group of linked cracks' growth once (its rows repeat it),
+    plus the new cracks' lengths, less the gone ones' (scaled); cracks not seen count nothing."""
     total = 0.0
-    for members in groups.subsets():
-        change = changes[min(members)]
+    for members in groups_of(changes):
+        change = changes[members[0]]
         if change.length_growth_px is not None:
             total += change.length_growth_px
         elif change.status == NEW:

@@ -218,7 +218,7 @@ def _summary(before: str, after: str, found: Comparison, options: CompareOptions
         "transform": options.transform,
     }
     if classes is not None:  # changes.csv's class columns are those of the width the standard grades
-        summary["width_classes"] = classes.as_dict() | {"class_changed": sum(bool(row.get("class_changed")) for row in found.changes)}
+        summary["width_classes"] = classes.as_dict() | {"class_changed": sum(row.get("class_changed", 0) for row in found.pairs)}
     return summary
 
 

@@ -151,7 +151,8 @@ def _registered_pair(row: dict, sides: tuple[Side, Side], alignment: Alignment, 
     tolerance = changes.MATCH_TOLERANCE_PX + alignment.error_px
     matched = changes.match(before.cracks, after.cracks, alignment, tolerance)
     rows = [_change_row(row, change, sides, options.scale.px_size, classes) for change in matched]
-    row = row | {"tolerance_px": round(tolerance, 3)} | changes.count_statuses(row["status"] for row in rows) | {
+    graded = {"class_changed": _class_changes(matched, rows, classes)} if rows and "class_changed" in rows[0] else {}
+    row = row | {"tolerance_px": round(tolerance, 3)} | changes.count_statuses(row["status"] for row in rows) | graded | {
         "length_px_before": round(sum(c.length_px for c in before.cracks.cracks), 2),
         "length_px_after": round(sum(c.length_px for c in after.cracks.cracks), 2)} | _pair_growth(matched, after, options.scale.px_size)
     lines = (before.lines(), after.lines()) if options.vectors or options.register else None
@@ -287,6 +288,34 @@ def _change_row(pair: dict, change: changes.Change, sides: tuple[Side, Side], px
         xs, ys = zip(*((a * x + b * y + c, d * x + e * y + f) for y in (top, bottom) for x in (left, right)))
         row |= {"x_min": min(xs), "y_min": min(ys), "x_max": max(xs), "y_max": max(ys)}
     return row
+
+
+def _class_changes(matched: list[changes.Change], rows: list[dict], classes: WidthClasses) -> int:
+    """Set each row's ``class_changed`` as its status is judged, on its group of linked cracks as a whole: the group's
+    graded width on each date (its widest crack's, or for a standard grading mean widths the length-weighted mean of
+    its cracks') in that date's class; a crack the masks break into pieces does not change class by its narrowest
+    piece. Returns how many groups changed class."""
+    changed = 0
+    for members in changes.groups_of(matched):
+        group = [rows[index] for index in members]
+        widths = [_group_width(group, when, classes.graded) for when in ("before", "after")]
+        flag = None not in widths and classes.classify(widths[0]) != classes.classify(widths[1])
+        for member in group:
+            member["class_changed"] = flag
+        changed += flag
+    return changed
+
+
+def _group_width(group: list[dict], when: str, graded: str) -> float | None:
+    """The graded width in mm of a group's cracks of one date (each once, however many rows name it); None for none."""
+    cracks = {row[f"crack_{when}"]: row for row in group if row[f"crack_{when}"] is not None}
+    widths = [row[f"{graded}_width_mm_{when}"] for row in cracks.values()]
+    if not widths:
+        return None
+    if graded == "max":
+        return max(widths)
+    lengths = [row[f"length_mm_{when}"] for row in cracks.values()]
+    return float(np.average(widths, weights=np.add(lengths, 1e-12)))
 
 
 def _write_change_layer(outputs: ComparisonFolder, sides: tuple[Side, Side], matched: list[changes.Change], rows: list[dict],

@@ -585,6 +585,28 @@ def test_the_register_of_photos_has_mm_and_width_classes_with_a_pixel_size(tmp_p
         assert width_class == row[f"max_width_class_{side}"]
 
 
+def test_a_class_change_is_judged_on_the_whole_crack_not_on_a_narrow_piece_of_it(tmp_path):
+    """The AFTER mask breaks a 7 px crack into pieces, one of them 3 px wide: the crack did not change class, though
+    that piece's own class is lower; the crack that widened from 3 to 7 px did."""
+    texture = _texture()
+    pieces = [(140, 60, 140, 160, 7), (140, 190, 140, 290, 7), (140, 320, 140, 420, 3)]
+    visits = []
+    for number, cracks in enumerate([[(140, 60, 140, 420, 7), A], [*pieces, A[:4] + (7,)]]):
+        mask = _draw(cracks)
+        visits.append(_write_visit(tmp_path / f"v{number}", _photo(texture, mask), mask))
+    out = tmp_path / "out"
+    assert main(["compare", *map(str, visits), "--out", str(out), "--px-size", "0.1", "--width-classes", "0.5"]) == 0
+    rows = _rows(out / "changes.csv")
+    broken = [row for row in rows if float(row["top"]) > 120]
+    assert len(broken) == 3 and len({row["crack_before"] for row in broken}) == 1
+    assert {row["max_width_class_after"] for row in broken} == {"<=0.5", ">0.5"}  # each piece's own class
+    assert not any(row["class_changed"] == "True" for row in broken)
+    (widened,) = [row for row in rows if row not in broken]
+    assert (widened["max_width_class_before"], widened["max_width_class_after"], widened["class_changed"]) == ("<=0.5", ">0.5", "True")
+    assert json.loads((out / "summary.json").read_text())["width_classes"]["class_changed"] == 1
+    assert _rows(out / "pairs.csv")[0]["class_changed"] == "1"
+
+
 @pytest.mark.parametrize("preset, edge, on_edge", [("ec2", 0.3, "<=0.3"), ("mbei-rc", 0.3048, "CS2"), ("aci224", 0.30, "0.18-0.3")])
 def test_a_crack_exactly_on_a_class_edge_has_one_class_in_changes_and_the_register(tmp_path, preset, edge, on_edge):
     """The pixel size puts the AFTER crack's max width on the edge up to float error (1e-12 over): changes.csv, rounded,
