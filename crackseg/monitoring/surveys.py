@@ -98,6 +98,7 @@ def check_surveys(register: Path, registered: list[RegisteredSurvey], before: Su
         _check_scale(register, latest, before)
         return latest.survey
     if before.date > latest.date:
+        _check_standard(register, latest, before)
         return None
     raise InputError(f"{register}: its latest survey is {latest.date} from {latest.source}; visits are appended in date order, "
                      f"so compare from that survey or a later one, not from {before.date} ({before.source})")
@@ -118,6 +119,24 @@ def _check_scale(register: Path, registered: RegisteredSurvey, before: Survey) -
         raise InputError(f"{register}: its survey of {registered.date} was measured with {flags(registered.px_size_mm, registered.width_classes)}, "
                          f"this comparison with {flags(before.px_size_mm, before.width_classes)}; a register holds its site in one "
                          "scale and standard: give the --px-size and --width-classes the register was made with")
+
+
+def _check_standard(register: Path, latest: RegisteredSurvey, before: Survey) -> None:
+    """A new, later survey may have another pixel size (another camera), but is measured in mm where the register's
+    latest survey is, in pixels where it is not, and graded by its standard: the register's mm columns, classes and
+    QGIS style would mix them otherwise."""
+    if latest.width_classes is None:
+        return
+    if latest.width_classes != before.width_classes:
+        given = f"--width-classes {before.width_classes}" if before.width_classes else "no --width-classes"
+        recorded = f"--width-classes {latest.width_classes}" if latest.width_classes else "no --width-classes"
+        raise InputError(f"{register}: its surveys are graded with {recorded} (the latest, {latest.date}), this comparison with {given}; "
+                         "a register holds its site in one standard: give the --width-classes the register was made with")
+    if (latest.px_size_mm is None) != (before.px_size_mm is None):
+        raise InputError(f"{register}: its latest survey ({latest.date}) was measured "
+                         f"{'in pixels (no --px-size)' if latest.px_size_mm is None else f'in mm (--px-size {latest.px_size_mm:g})'}, "
+                         f"this comparison {'in pixels (no --px-size)' if before.px_size_mm is None else 'in mm (--px-size)'}; "
+                         "a register holds its site in one unit: give --px-size to both or neither")
 
 
 def survey_columns(surveys: list[tuple[int, Survey]], register: Path) -> dict[str, np.ndarray]:

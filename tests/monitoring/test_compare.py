@@ -701,6 +701,37 @@ def test_a_register_refuses_another_pixel_size_or_standard_before_anything_is_wr
     assert register.read_bytes() == kept and not any((tmp_path / "o2").glob("*.csv"))
 
 
+MADE_WITH = ["--px-size", "1", "--width-classes", "bre251"]
+
+
+@pytest.mark.parametrize("made_with, flags, message", [
+    (MADE_WITH, ["--px-size", "0.5", "--width-classes", "ec2"], "a register holds its site in one standard"),
+    (MADE_WITH, ["--px-size", "0.5"], "a register holds its site in one standard"),
+    ([], ["--px-size", "0.5"], "a register holds its site in one unit"),
+    (["--px-size", "1"], [], "a register holds its site in one unit"),
+    (MADE_WITH, ["--px-size", "0.5", "--width-classes", "bre251"], None),  # another camera: another pixel size, the same standard
+])
+def test_a_later_survey_after_a_gap_keeps_the_registers_standard_and_unit(tmp_path, capsys, made_with, flags, message):
+    """A comparison that starts a new, later survey shares no survey with the register, and is held to its standard."""
+    texture = _texture()
+    visits = [_write_visit(tmp_path / f"v{number}", _photo(texture, _draw([A, B])), _draw([A, B])) for number in range(4)]
+    register = tmp_path / "site.gpkg"
+    assert main(["compare", str(visits[0]), str(visits[1]), "--out", str(tmp_path / "o1"), "--register", str(register),
+                 *made_with, "--before-date", "2023-01-01", "--after-date", "2024-01-01"]) == 0
+    kept = register.read_bytes()
+    capsys.readouterr()
+    later = ["compare", str(visits[2]), str(visits[3]), "--out", str(tmp_path / "o2"), "--register", str(register), *flags,
+             "--before-date", "2026-01-01", "--after-date", "2027-01-01"]
+    if message is None:
+        assert main(later) == 0
+        return
+    with pytest.raises(SystemExit) as exit:
+        main(later)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert register.read_bytes() == kept and not any((tmp_path / "o2").glob("*.csv"))
+
+
 def test_a_register_of_photos_from_moving_viewpoints_chains_with_its_pixel_size_and_standard(tmp_path):
     """The shared survey's mm differ between its two comparisons (each measures it in the other photo's scale): the
     register checks the scale given, not those mm."""
