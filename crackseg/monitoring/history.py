@@ -16,11 +16,12 @@ Tables (GIS tools list them all; all but ``cracks`` are attribute tables, as is 
 - ``links``: ``before_key`` -> ``after_key``, a crack and its successor in the next survey, with ``status``
   (the change between them as changes.csv gives it: unchanged, longer, wider, merged, ...); a side is NULL where that
   survey shows the crack shorter than predict's minimum length (no crack of its cracks.csv), as changes.csv leaves it
-  empty: such a crack is not new nor gone.
+  empty, and on the other side of a ``not seen`` link (a crack outside the view both dates share): such a crack is
+  not new nor gone.
 - ``pairs``: each comparison's image pairs as pairs.csv gives them: ``before_survey``, ``after_survey``,
   ``before_image``, ``after_image`` (NULL for an image only one visit has), ``status`` (registered, unregistered, failed,
   only before, only after). Where a pair was registered, a crack of its BEFORE image without a link to the next survey is
-  gone (or outside the view both dates share) and one of its AFTER image without a link from the previous is new; where it was not, its
+  gone and one of its AFTER image without a link from the previous is new; where it was not, its
   cracks were not compared, and have no links for that step.
 
 A comparison appends its AFTER survey, and its BEFORE survey unless the previous comparison registered it as
@@ -289,7 +290,7 @@ def _crack_columns(batches: list[tuple[int, list[dict], int]]) -> dict[str, np.n
 
 
 def _link_columns(links: list[dict], before_keys: dict, after_keys: dict) -> dict[str, np.ndarray | list]:
-    """The links' columns; a side whose crack is None (shorter than the minimum length there) is NULL."""
+    """The links' columns; a side whose crack is None (shorter than the minimum length there, or not seen) is NULL."""
     def keys(side: str, known: dict) -> np.ndarray | list:
         values = [None if link[f"{side}_crack"] is None else known[readable(link[f"{side}_image"]), int(link[f"{side}_crack"])]
                   for link in links]

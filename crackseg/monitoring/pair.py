@@ -344,7 +344,8 @@ def _register_records(sides: tuple[Side, Side], matched: list[changes.Change], l
                       classes: WidthClasses | None) -> RegisterRecords:
     """The pair's cracks of both dates, with mm and width class as changes.csv gives them, and the links between them:
     one per changes.csv row that compared a crack with the other date, its side None where that date shows it shorter
-    than the minimum length (no crack of that survey)."""
+    than the minimum length (no crack of that survey), and one per crack not seen, its other side None (it lay outside
+    the view both dates share: neither gone nor new)."""
     before, after = sides
     scales = {change.before.id: change.scale for change in matched if change.before is not None}  # AFTER px per BEFORE px
     return RegisterRecords(
@@ -353,7 +354,7 @@ def _register_records(sides: tuple[Side, Side], matched: list[changes.Change], l
         after=[_crack_record(after, crack, lines[1][crack.id], after.mm_per_px(px_size, 1.0), classes) for crack in after.cracks.cracks],
         links=[{"before_image": before.shot.name, "before_crack": change.before.id if change.before else None,
                 "after_image": after.shot.name, "after_crack": change.after.id if change.after else None, "status": change.status}
-               for change in matched if change.status not in (changes.NEW, changes.GONE, changes.NOT_SEEN)],
+               for change in matched if change.status not in (changes.NEW, changes.GONE)],
         crs={after.georef[1] if after.georef else None})
 
 

@@ -320,6 +320,24 @@ def test_the_register_accumulates_three_visits(tmp_path):
     assert widths == sorted(widths) and widths[-1] - widths[0] == pytest.approx(6, abs=1.5)
 
 
+def test_the_register_keeps_a_crack_outside_the_shared_view_as_not_seen_not_as_gone(tmp_path):
+    texture = _texture()
+    outside = (300, 430, 330, 470, 3)  # beyond the columns the AFTER photo shows
+    mask = _draw([A, B, outside])
+    photo = _photo(texture, mask)
+    before = _write_visit(tmp_path / "v1", photo, mask)
+    after = _write_visit(tmp_path / "v2", photo[:, :400], mask[:, :400])
+    register, out = tmp_path / "site.gpkg", tmp_path / "out"
+    assert main(["compare", str(before), str(after), "--out", str(out), "--register", str(register),
+                 "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    (unseen,) = [row for row in _rows(out / "changes.csv") if row["status"] == "not seen"]
+    with closing(sqlite3.connect(register)) as db:
+        links = db.execute("SELECT b.crack, l.after_key, l.status FROM links AS l JOIN cracks AS b ON b.crack_key = l.before_key "
+                           "WHERE b.survey = 1").fetchall()
+    assert (int(unseen["crack_before"]), None, "not seen") in links
+    assert sorted(status for _, _, status in links) == ["not seen", "unchanged", "unchanged"]
+
+
 def test_the_register_needs_dates(tmp_path, two_visits, capsys):
     before, after = two_visits
     with pytest.raises(SystemExit) as stop:
