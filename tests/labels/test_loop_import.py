@@ -259,7 +259,7 @@ def test_a_coco_image_whose_file_name_is_not_text_is_one_line(tmp_path, name):
 
 def test_polygons_are_the_pixels_pycocotools_draws_on_the_whole_image(tmp_path):
     """Decimal vertices, and vertices up to 15 px outside the image: each polygon's mask is what pycocotools' annToMask
-    gives, pixel for pixel (drawn in a box around it, the vertices must still be snapped as in the whole image)."""
+    gives, pixel for pixel."""
     rng = np.random.default_rng(3)
     _photo(tmp_path / "photos", size=(64, 48))
     for number in range(40):
@@ -270,6 +270,41 @@ def test_polygons_are_the_pixels_pycocotools_draws_on_the_whole_image(tmp_path):
         import_labels(path, "coco", tmp_path / "photos", tmp_path / "out", ImportOptions(overwrite=True))
         expected = masks_api.decode(masks_api.frPyObjects([polygon], 48, 64))[:, :, 0].astype(bool)
         assert (_mask(tmp_path / "out") == expected).all(), (number, polygon)
+
+
+# Polygons that a drawing in a box around them, moved by whole pixels, drew a pixel off the tool's whole-image drawing.
+COCO_RING = [[137.76, 101.05], [134.27, 101.87], [134.5, 113.45], [124.44, 115.1], [124.84, 147.58], [115.01, 101.92],
+             [105.78, 130.62], [105.46, 120.11], [106.51, 110.72], [80.72, 133.96], [53.05, 91.5], [75.45, 53.28], [99.0, 70.2],
+             [90.83, 48.57], [96.39, 47.7], [118.53, 44.07], [117.86, 66.68], [130.33, 38.63], [133.6, 54.11], [170.52, 87.95]]
+LABELME_RING = [[31.764803574877053, 99.71876893283005], [2.9394969620233766, 53.22301331399987],
+                [24.828706608421722, 45.60892989520174], [40.925815183870455, 37.15245727750252],
+                [50.93102459106205, 43.10141860019381], [53.48614368092485, 56.83882766388538],
+                [41.51115731706523, 63.294241159692376]]
+
+
+@pytest.mark.parametrize("fmt", ["coco", "labelme"])
+def test_a_polygon_is_the_pixels_its_tool_draws_on_the_whole_image_not_in_a_box(tmp_path, fmt):
+    from PIL import ImageDraw
+
+    size = (192, 188) if fmt == "coco" else (164, 159)
+    _photo(tmp_path / "photos", size=size)
+    if fmt == "coco":
+        polygon = [value for point in COCO_RING for value in point]
+        path = _coco(tmp_path, [(1, [polygon])], images=(("a.png", *size),))
+        expected = masks_api.decode(masks_api.frPyObjects([polygon], size[1], size[0]))[:, :, 0].astype(bool)
+    else:
+        folder = tmp_path / "labelme"
+        folder.mkdir()
+        (folder / "a.json").write_text(json.dumps({
+            "version": "5.5.0", "flags": {}, "imagePath": "../photos/a.png", "imageData": None, "imageWidth": size[0],
+            "imageHeight": size[1], "shapes": [{"label": "crack", "points": LABELME_RING, "shape_type": "polygon", "flags": {}}]}))
+        path = folder
+        picture = Image.new("L", size, 0)
+        ImageDraw.Draw(picture).polygon([tuple(point) for point in LABELME_RING], outline=1, fill=1)  # labelme's shape_to_mask
+        expected = np.asarray(picture, dtype=bool)
+    provenance = import_labels(path, fmt, tmp_path / "photos", tmp_path / "out")
+    assert np.argwhere(_mask(tmp_path / "out") != expected).tolist() == []
+    assert provenance["zero_area"] == 0
 
 
 def test_a_far_polyline_vertex_is_drawn_as_near_ones_are(tmp_path):

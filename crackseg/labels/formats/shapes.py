@@ -2,17 +2,17 @@
 
 Every tool's reader returns :class:`Annotations` (the images as the file names them, with their
 shapes), the points kept in that tool's coordinates (each tool module's docstring says which);
-:func:`paint` puts them where the tool puts them (a one-pixel example per format in
+:func:`paint_all` puts them where the tool puts them (a one-pixel example per format in
 tests/labels/test_loop.py pins it). Lines are drawn ``line_width`` px wide through the points with
 PIL (edge coordinates moved half a pixel onto centres).
 
 Bounds (docs/labels.md), so that a file cannot make import allocate more than its photos: readers
 refuse coordinates that are not finite (:func:`finite_points`) and masks larger than their image
-(:func:`check_mask_box`, :class:`DeferredPatch`), and :func:`paint` clips outlines that reach too far
+(:func:`check_mask_box`, :class:`DeferredPatch`), and :func:`paint_all` clips outlines that reach too far
 before rasterizing (pycocotools' polygons at the image's edges when their outline passes
 COCO_STEP_LIMIT, PIL's outlines and lines PIL_MARGIN px out): pycocotools takes all memory for a
-vertex at 1e8 px, and PIL draws a line through one a pixel off. Any other polygon is drawn whole, in
-a box around it, with its vertices snapped where pycocotools snaps them in the whole image.
+vertex at 1e8 px, and PIL draws a line through one a pixel off. Any other shape is drawn whole, on the
+whole image as its tool draws it: drawing in a box around it moves a pixel now and then.
 """
 
 from __future__ import annotations
@@ -122,91 +122,96 @@ def check_mask_box(box: tuple[int, int, int, int], size: tuple[int, int] | None,
 
 
 def paint_all(canvas: np.ndarray, shapes: list[Shape], line_width: float | None = None) -> list[tuple[int, bool]]:
-    """:func:`paint` for each shape; COCO RLEs are merged and decoded once (each covers the whole image)."""
-    rles = [shape.rle for shape in shapes if shape.rle is not None]
-    areas = iter([])
-    if rles:
-        masks = require("pycocotools.mask", "labels", "reading COCO RLE")
-        if any(list(rle["size"]) != list(canvas.shape) for rle in rles):
-            raise ValueError(f"a COCO RLE of another size than its {canvas.shape[1]}x{canvas.shape[0]} image")
-        canvas |= masks.decode(masks.merge(rles)).astype(bool)
-        areas = iter([masks.area(rle) for rle in rles])  # one by one: pycocotools 2.0.11 fails on lists over 255
-    return [(int(next(areas)), False) if shape.rle is not None else paint(canvas, shape, line_width) for shape in shapes]
+    """Draw each shape on ``canvas`` ((H, W) bool) as its tool draws it on the whole image: COCO RLEs and pycocotools'
+    polygons encoded on the image and decoded once, PIL's shapes drawn on a picture of the image's size and read back
+    in each one's box. Returns, per shape, (the pixels it covers in the image, whether part of it lies outside)."""
+    painter = _Painter(canvas, line_width)
+    painted = [painter.paint(shape) for shape in shapes]
+    painter.finish()
+    return painted
 
 
-def paint(canvas: np.ndarray, shape: Shape, line_width: float | None = None) -> tuple[int, bool]:
-    """Draw a polygon, line or mask on ``canvas`` ((H, W) bool) as its tool draws it.
+class _Painter:
+    """The drawing of one image's shapes (see :func:`paint_all`)."""
 
-    Returns (the pixels it covers in the image, whether part of it lies outside the image).
-    """
-    height, width = canvas.shape
-    if shape.kind == "mask":
-        left, top = shape.origin
-        rows, cols = shape.patch.shape
-        inside = shape.patch[max(0, -top) : max(0, height - top), max(0, -left) : max(0, width - left)]
-        window = canvas[max(0, top) : max(0, top) + inside.shape[0], max(0, left) : max(0, left) + inside.shape[1]]
-        window |= inside
-        return int(inside.sum()), left < 0 or top < 0 or left + cols > width or top + rows > height
-    points = shape.points if shape.centres else shape.points - 0.5 * (shape.kind == "line")  # lines are drawn on centres
-    stroke = max(1, int((shape.width or line_width or 1) + 0.5)) if shape.kind == "line" else 0  # PIL draws whole px
-    low, high = (-0.5, np.array([width, height]) - 0.5) if shape.centres or shape.kind == "line" else (0.0, np.array([width, height]))
-    clipped = bool(len(points)) and bool((points - stroke / 2 < low).any() or (points + stroke / 2 > high).any())
-    if len(points) < (2 if shape.kind == "line" else 3) or not np.isfinite(points).all():
-        return 0, clipped
-    if shape.kind == "polygon" and not shape.centres:  # pycocotools: whole, or cut at the image's edges when too long to hold
-        too_long = clipped and _coco_steps(points) > COCO_STEP_LIMIT
-        pieces = [_clip_polygon(points, np.zeros(2), np.array([width, height], float))] if too_long else [points]
-    else:  # PIL: cut PIL_MARGIN px out, where the cut edges cover no pixel of the image and PIL still draws right
-        margin = PIL_MARGIN + stroke
+    def __init__(self, canvas: np.ndarray, line_width: float | None):
+        self.canvas, self.line_width = canvas, line_width
+        self.rles: list[dict] = []  # COCO RLEs and pycocotools' polygons, each of the whole image
+        self.picture: Image.Image | None = None  # PIL's drawing, made when the first PIL shape comes
+
+    def paint(self, shape: Shape) -> tuple[int, bool]:
+        height, width = self.canvas.shape
+        if shape.rle is not None:
+            if list(shape.rle["size"]) != [height, width]:
+                raise ValueError(f"a COCO RLE of another size than its {width}x{height} image")
+            return self._encoded(shape.rle), False
+        if shape.kind == "mask":
+            left, top = shape.origin
+            rows, cols = shape.patch.shape
+            inside = shape.patch[max(0, -top) : max(0, height - top), max(0, -left) : max(0, width - left)]
+            window = self.canvas[max(0, top) : max(0, top) + inside.shape[0], max(0, left) : max(0, left) + inside.shape[1]]
+            window |= inside
+            return int(inside.sum()), left < 0 or top < 0 or left + cols > width or top + rows > height
+        points = shape.points if shape.centres else shape.points - 0.5 * (shape.kind == "line")  # lines are drawn on centres
+        stroke = max(1, int((shape.width or self.line_width or 1) + 0.5)) if shape.kind == "line" else 0  # PIL draws whole px
+        low, high = (-0.5, np.array([width, height]) - 0.5) if shape.centres or shape.kind == "line" else (0.0, np.array([width, height]))
+        clipped = bool(len(points)) and bool((points - stroke / 2 < low).any() or (points + stroke / 2 > high).any())
+        if len(points) < (2 if shape.kind == "line" else 3) or not np.isfinite(points).all():
+            return 0, clipped
+        if shape.kind == "polygon" and not shape.centres:  # pycocotools: whole, or cut at the image's edges when too long to hold
+            too_long = clipped and _coco_steps(points) > COCO_STEP_LIMIT
+            piece = _clip_polygon(points, np.zeros(2), np.array([width, height], float)) if too_long else points
+            if len(piece) < 3:
+                return 0, clipped
+            masks = require("pycocotools.mask", "labels", "drawing polygons as pycocotools does")
+            return self._encoded(masks.frPyObjects([piece.ravel().tolist()], height, width)[0]), clipped
+        margin = PIL_MARGIN + stroke  # PIL: cut that far out, where the cut edges cover no pixel of the image and PIL draws right
         outer_low, outer_high = np.array([-margin, -margin], float), np.array([width + margin, height + margin], float)
-        far = bool((points < outer_low).any() or (points > outer_high).any())
-        if not far:
+        if not ((points < outer_low).any() or (points > outer_high).any()):
             pieces = [points]
         elif shape.kind == "polygon":
             pieces = [_clip_polygon(points, outer_low, outer_high)]
         else:
             pieces = _clip_polyline(points, outer_low, outer_high)
-    covered = 0
-    for piece in pieces:
-        covered += _raster(canvas, shape, piece, stroke)
-    return covered, clipped
+        return sum(self._drawn(shape, piece, stroke) for piece in pieces), clipped
 
+    def finish(self) -> None:
+        if self.rles:
+            masks = require("pycocotools.mask", "labels", "reading COCO RLE")
+            self.canvas |= masks.decode(masks.merge(self.rles)).astype(bool)
 
-def _raster(canvas: np.ndarray, shape: Shape, points: np.ndarray, stroke: int) -> int:
-    """Draw one polygon or polyline (coordinates within reach of the canvas) in its box; the pixels it covers."""
-    height, width = canvas.shape
-    if len(points) < (2 if shape.kind == "line" else 3):
-        return 0
-    x0, y0 = np.maximum(np.floor(points.min(axis=0)).astype(int) - stroke - 1, 0)
-    x1, y1 = np.minimum(np.ceil(points.max(axis=0)).astype(int) + stroke + 2, [width, height])
-    if x1 <= x0 or y1 <= y0:
-        return 0
-    local = points - [x0, y0]
-    if shape.kind == "polygon" and not shape.centres:
-        masks = require("pycocotools.mask", "labels", "drawing polygons as pycocotools does")
-        offset = np.array([x0, y0])  # a box cut off on an axis holds the whole outline along it, every vertex >= 1 px in
-        local = np.where(offset > 0, (_coco_grid(points) - COCO_GRID * offset) / COCO_GRID, points)  # snapped as in the image
-        drawn = masks.decode(masks.frPyObjects([local.ravel().tolist()], int(y1 - y0), int(x1 - x0)))[:, :, 0].astype(bool)
-    else:
-        picture = Image.new("L", (int(x1 - x0), int(y1 - y0)), 0)
-        xy = [tuple(point) for point in local.tolist()]
+    def _encoded(self, rle: dict) -> int:
+        masks = require("pycocotools.mask", "labels", "reading COCO RLE")
+        self.rles.append(rle)
+        return int(masks.area(rle))  # one by one: pycocotools 2.0.11 fails on lists over 255
+
+    def _drawn(self, shape: Shape, points: np.ndarray, stroke: int) -> int:
+        """Draw one PIL polygon or polyline (coordinates within reach of the image) on the image's picture, and read it
+        back in its box (cleared again for the next); the pixels it covers."""
+        height, width = self.canvas.shape
+        if len(points) < (2 if shape.kind == "line" else 3):
+            return 0
+        x0, y0 = np.maximum(np.floor(points.min(axis=0)).astype(int) - stroke - 1, 0)
+        x1, y1 = np.minimum(np.ceil(points.max(axis=0)).astype(int) + stroke + 2, [width, height])
+        if x1 <= x0 or y1 <= y0:
+            return 0
+        if self.picture is None:
+            self.picture = Image.new("L", (width, height), 0)
+        draw, xy = ImageDraw.Draw(self.picture), [tuple(point) for point in points.tolist()]
         if shape.kind == "polygon":
-            ImageDraw.Draw(picture).polygon(xy, outline=1, fill=1)  # labelme's shape_to_mask
+            draw.polygon(xy, outline=1, fill=1)  # labelme's shape_to_mask
         else:
-            ImageDraw.Draw(picture).line(xy, fill=1, width=stroke, joint=None if shape.centres else "curve")
-        drawn = np.asarray(picture, dtype=bool)
-    canvas[y0:y1, x0:x1] |= drawn
-    return int(drawn.sum())
-
-
-def _coco_grid(points: np.ndarray) -> np.ndarray:
-    """The vertices as pycocotools snaps them, in 1/COCO_GRID px: moving the box by whole px keeps them exactly."""
-    return np.trunc(COCO_GRID * points + 0.5)
+            draw.line(xy, fill=1, width=stroke, joint=None if shape.centres else "curve")
+        box = (int(x0), int(y0), int(x1), int(y1))
+        drawn = np.asarray(self.picture.crop(box), dtype=bool)
+        draw.rectangle((box[0], box[1], box[2] - 1, box[3] - 1), fill=0)
+        self.canvas[y0:y1, x0:x1] |= drawn
+        return int(drawn.sum())
 
 
 def _coco_steps(points: np.ndarray) -> int:
     """How many boundary points pycocotools lists for the outline: each edge's longer side on its grid, plus one."""
-    grid = _coco_grid(points)
+    grid = np.trunc(COCO_GRID * points + 0.5)
     return int((np.abs(grid - np.roll(grid, -1, axis=0)).max(axis=1) + 1).sum())
 
 
