@@ -61,6 +61,9 @@ class ComparisonFolder:
         self.vectors_format = vectors
         self.written: set[Path] = set()
         self._earlier: list[Path] = []  # outputs of an earlier compare found by prepare
+        # what a compare writes, listed before it writes it and removed once its tables are: a compare interrupted
+        # before its pairs.csv (Ctrl-C, a kill) leaves pictures and layers that are still compare's own
+        self.pending = self.root / ".crackseg-compare-pending.json"
 
     def prepare(self, overwrite: bool, layers: Iterable[str] = (), pairs: int = 0, report: bool = False) -> None:
         """Before any work, in the prepared staged folder (locked; an earlier compare's outputs in a store downloaded, see
@@ -74,7 +77,8 @@ class ComparisonFolder:
             self._refuse_files_for_folders(bool(layers) and self.vectors_format is not None, report and pairs > 0)
             earlier = self._earlier_pairs()
             self._earlier = [path for path in self._outputs_here() if self._claims(path, earlier)]
-            for path in self._planned(layers, pairs if report else None):
+            planned = self._planned(layers, pairs if report else None)
+            for path in planned:
                 if path.exists() and path not in self._earlier:
                     raise InputError(f"{self.staged.shown(path)} already exists and is not an earlier compare's output "
                                      "(--overwrite replaces only those); move it or choose another --out")
@@ -83,6 +87,8 @@ class ComparisonFolder:
             below = [path for sub in ("vectors", "report") for path in (self.root / sub, *(self.root / sub).rglob("*"))]
             for folder in [self.root, *(path for path in below if path.is_dir())]:
                 remove_orphan_temps(folder)
+            listed = sorted({path.relative_to(self.root).as_posix() for path in planned + self._earlier})
+            write_atomic(self.pending, json.dumps(listed) + "\n")
         except BaseException:
             self.staged.release()
             raise
@@ -119,6 +125,7 @@ class ComparisonFolder:
         for path in self._earlier:
             if path not in self.written:
                 path.unlink(missing_ok=True)
+        self.pending.unlink(missing_ok=True)
 
     def _planned(self, layers: list[str], pictures: int | None) -> list[Path]:
         """The paths this compare writes: its tables, each change layer's files, with a report (``pictures``: how many pairs
@@ -148,26 +155,32 @@ class ComparisonFolder:
             raise InputError(f"--register {self.register}: is {path.relative_to(self.root)}, a file this compare writes in --out; "
                              "give the register another name or keep it elsewhere")
 
-    def _earlier_pairs(self) -> tuple[set[str], set[str]]:
+    def _earlier_pairs(self) -> tuple[set[str], set[str], set[str]]:
         """(the names of the change layers, the numbers of the pairs) of the comparison in pairs.csv, whose files those
-        are; none from a table that cannot be read."""
+        are, and the files an interrupted compare listed as it began; none from a table that cannot be read."""
         try:
             rows = read_csv(self.pairs_csv, ("pair",)) if self.pairs_csv.is_file() else []
         except InputError:
             rows = []
-        return {row["name_after"] for row in rows if row.get("name_after")}, {row["pair"] for row in rows}
+        try:
+            interrupted = json.loads(self.pending.read_text()) if self.pending.is_file() else []
+        except (OSError, ValueError):
+            interrupted = []
+        listed = {str(name) for name in interrupted} if isinstance(interrupted, list) else set()
+        return {row["name_after"] for row in rows if row.get("name_after")}, {row["pair"] for row in rows}, listed
 
-    def _claims(self, path: Path, earlier: tuple[set[str], set[str]]) -> bool:
+    def _claims(self, path: Path, earlier: tuple[set[str], set[str], set[str]]) -> bool:
         """Whether ``path``, found where compare writes, is an earlier compare's output: a table, a layer or picture of a
-        pair the earlier pairs.csv lists (a user's own files in vectors/ and report/ are not), never the register, and a
-        GeoPackage only when it holds nothing but a change layer and its style (a register kept in vectors/ is the site's
-        history)."""
+        pair the earlier pairs.csv lists or that an interrupted compare listed as it began (a user's own files in vectors/
+        and report/ are not), never the register, and a GeoPackage only when it holds nothing but a change layer and its
+        style (a register kept in vectors/ is the site's history)."""
         if self.register is not None and path.resolve() == Path(self.register).resolve():
             return False
         below = PurePosixPath(path.relative_to(self.root).as_posix())
-        if below.parts[0] == "vectors" and str(PurePosixPath(*below.parts[1:]).with_suffix("")) not in earlier[0]:
+        interrupted = below.as_posix() in earlier[2]
+        if not interrupted and below.parts[0] == "vectors" and str(PurePosixPath(*below.parts[1:]).with_suffix("")) not in earlier[0]:
             return False
-        if below.parts[0] == "report" and _PICTURE.fullmatch(below.name)[1] not in earlier[1]:
+        if not interrupted and below.parts[0] == "report" and _PICTURE.fullmatch(below.name)[1] not in earlier[1]:
             return False
         if path.suffix.lower() != FORMATS["gpkg"][1]:
             return True

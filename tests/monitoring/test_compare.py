@@ -921,6 +921,31 @@ def test_a_file_of_the_users_where_compare_writes_is_refused_even_with_overwrite
         assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == mine
 
 
+def test_the_pictures_and_layers_of_an_interrupted_compare_are_its_own_to_replace(tmp_path, two_visits, monkeypatch, capsys):
+    import crackseg.monitoring.compare as compare
+
+    before = _copy_visit(two_visits[0], tmp_path / "v1", ["one", "two"])
+    after = _copy_visit(two_visits[1], tmp_path / "v2", ["one", "two"])
+    out, real = tmp_path / "out", compare.compare_pair
+
+    def interrupted(index, *args):
+        if index == 1:
+            raise KeyboardInterrupt
+        return real(index, *args)
+
+    monkeypatch.setattr(compare, "compare_pair", interrupted)
+    assert main(["compare", str(before), str(after), "--out", str(out), "--report", "--vectors", "geojson"]) == 130  # Ctrl-C
+    monkeypatch.undo()
+    assert (out / "report" / "pair0-before.jpg").is_file() and (out / "vectors" / "one.geojson").is_file()
+    assert not (out / "pairs.csv").exists()
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", str(before), str(after), "--out", str(out), "--report", "--vectors", "geojson"])
+    assert stop.value.code == 2 and "already exists; choose another --out or pass --overwrite" in capsys.readouterr().err
+    assert main(["compare", str(before), str(after), "--out", str(out), "--report", "--vectors", "geojson", "--overwrite"]) == 0
+    assert (out / "report" / "pair1-after.jpg").is_file() and (out / "vectors" / "two.geojson").is_file()
+    assert not list(out.glob(".*")), "a hidden file left in --out"
+
+
 @pytest.mark.parametrize("sub", ["report", "vectors"])
 def test_an_output_folder_that_is_a_file_is_one_line_before_any_work(tmp_path, two_visits, sub, capsys):
     out = tmp_path / "out"
