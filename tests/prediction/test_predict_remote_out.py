@@ -149,7 +149,7 @@ def test_a_failed_upload_leaves_no_object_and_is_listed_in_errors(s3, photos, tm
     assert predict_cli("--checkpoint", checkpoint, source, "--out", out, "--recursive") == 1
     assert "masks/b.png" not in _keys(s3, "survey/pred") and f"{LOCK_NAME}" not in _keys(s3, "survey/pred")
     errors = csv_rows(_download(s3, "survey/pred", tmp_path / "remote") / "errors.csv")
-    assert errors == [{"path": source + "b.jpg", "error": f"cannot write outputs: {out}masks/b.png: cannot connect to {s3.endpoint}: "
+    assert errors == [{"path": source + "b.jpg", "name": "b", "error": f"cannot write outputs: {out}masks/b.png: cannot connect to {s3.endpoint}: "
                        "check AWS_ENDPOINT_URL and the network"}]
     assert [row["mask"] for row in csv_rows(tmp_path / "remote" / "predictions.csv")] == [out + "masks/a.png", out + "masks/sub/c.png"]
 
