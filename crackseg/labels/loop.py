@@ -18,25 +18,24 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 import numpy as np
-from PIL import Image
 
 from crackseg.core.errors import InputError, require
 from crackseg.core.files import PendingFile, ensure_writable_folder, link_atomic, remove_orphan_temps, write_atomic, write_csv
 from crackseg.core.version import __version__
-from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, displayed_size, orientation, read_probability, stored_size
+from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, read_probability
 from crackseg.labels.formats.coco import coco_document
 from crackseg.labels.formats.cvat import cvat_document
-from crackseg.labels.formats.label_studio import labelstudio_document, stored_upload_name, upload_names
+from crackseg.labels.formats.label_studio import labelstudio_document
 from crackseg.labels.formats.labelme import embedded_photo, labelme_document
 from crackseg.labels.formats.reading import read_annotations
 from crackseg.labels.formats.shapes import LabelledImage, paint_all
+from crackseg.labels.photos import PhotoIndex, match_photos, photos_below, shown_size
 from crackseg.labels.options import ImportOptions
 from crackseg.prediction.outputs import PredictionsFolder, read_saved_mask
 from crackseg.prediction.uncertainty import uncertainty
@@ -58,12 +57,12 @@ def import_labels(annotations: Path, fmt: str, images: Path, out: Path, options:
     unmatched = sorted(wanted - known)
     if known and unmatched:
         raise InputError(f"--label {unmatched[0]} matches no label in {annotations} (its labels: {', '.join(sorted(found.labels))})")
-    photos = _photos(Path(images), Path(out))
-    matched = _match(found.images, _PhotoIndex(photos), annotations, Path(out))
+    photos = photos_below(Path(images), Path(out))
+    matched = match_photos(found.images, PhotoIndex(photos), annotations, Path(out))
     lines = sum(s.kind == "line" and s.width is None and s.label.lower() in wanted for image in matched.values() for s in image.shapes)
     if lines and options.line_width is None:
         raise InputError(f"{annotations} holds {lines} lines (polylines, linestrips): give --line-width PX, the crack width to draw them")
-    sizes = {photo: _size(photo, image, annotations) for photo, image in matched.items()}
+    sizes = {photo: shown_size(photo, image, annotations) for photo, image in matched.items()}
     earlier, made = _prepare(Path(out), options.overwrite)
     tally = {key: Counter() for key in ("shapes", "labels", "left_out", "not_drawn")} | {"clipped": 0, "zero_area": 0, "crack_free": 0}
     staged = []  # each mask under a temp name: no file of the dataset is replaced before every mask is drawn
@@ -82,16 +81,8 @@ def import_labels(annotations: Path, fmt: str, images: Path, out: Path, options:
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise
-    in_place = {photo for photo, image in matched.items()  # --images is OUT/images: the user's photo, not crackseg's to remove
-                if image.embedded_in is None and (Path(out) / "images" / photo.name).resolve() == photo.resolve()}
-    for photo, image in matched.items():
-        if image.embedded_in is None:
-            link_atomic(photo, Path(out) / "images" / photo.name)
-        else:
-            write_atomic(photo, embedded_photo(image))
     stems = sorted(photo.stem for photo in matched)
-    written = {f"masks/{stem}.png" for stem in stems}
-    written |= {f"images/{photo.name}" for photo in matched if photo not in in_place or f"images/{photo.name}" in earlier}
+    written = {f"masks/{stem}.png" for stem in stems} | _place_photos(matched, Path(out), earlier)
     kept = _remove_leftovers(Path(out), earlier, written, photos)
     listed = {photo.relative_to(Path(images)).as_posix() for photo, image in matched.items() if image.embedded_in is None}
     provenance = {
@@ -134,124 +125,17 @@ def import_summary(provenance: dict, out: Path) -> str:
     return "\n".join(lines + [f"details: {Path(out) / 'labels.json'}"])
 
 
-def _photos(folder: Path, out: Path) -> dict[str, Path]:
-    """Every image below ``folder`` by its path relative to it, but those of the dataset being written."""
-    if not folder.is_dir():
-        raise InputError(f"--images {folder}: not a folder")
-    written = {(out / "images").resolve(), (out / "masks").resolve()} - {folder.resolve()}  # --out inside --images
-    return {path.relative_to(folder).as_posix(): path for path in sorted(folder.rglob("*"))
-            if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and path.parent.resolve() not in written}
-
-
-class _PhotoIndex:
-    """--images' photos by path relative to it, file name, the name Label Studio stores an upload under, and stem."""
-
-    def __init__(self, photos: dict[str, Path]):
-        self.photos = photos
-        self.by_name: dict[str, list[str]] = {}
-        self.by_upload: dict[str, list[str]] = {}
-        self.by_stem: dict[str, list[str]] = {}
-        for key in photos:
-            name = PurePosixPath(key).name
-            self.by_name.setdefault(name, []).append(key)
-            self.by_upload.setdefault(stored_upload_name(name), []).append(key)
-            self.by_stem.setdefault(PurePosixPath(key).stem, []).append(key)
-
-    def find(self, name: str, source: Path) -> Path | None:
-        """The photo ``name`` refers to: the longest tail of its path, else the one photo of its file name (with and
-        without a Label Studio upload prefix), else the one whose name Label Studio stores as that upload, else, for a
-        name without an image suffix (CVAT's video frames: frame_000000), the one photo of that stem."""
-        names = upload_names(name)
-        for candidate in names:
-            parts = PurePosixPath(candidate.replace("\\", "/")).parts
-            for start in range(len(parts)):
-                if "/".join(parts[start:]) in self.photos:
-                    return self.photos["/".join(parts[start:])]
-            found = self._one(self.by_name, parts[-1] if parts else "", name, "give the folder the names are relative to", source)
-            if found is not None:
-                return found
-        if len(names) > 1:
-            advice = f"Label Studio stores an upload of each as {names[1]}: rename all but one"
-            found = self._one(self.by_upload, names[1], name, advice, source)
-            if found is not None:
-                return found
-        base = PurePosixPath(name.replace("\\", "/")).name
-        if PurePosixPath(base).suffix.lower() not in IMAGE_SUFFIXES:
-            return self._one(self.by_stem, base, name, "the name has no image suffix: keep one photo of that stem", source)
-        return None
-
-    def _one(self, index: dict[str, list[str]], key: str, name: str, advice: str, source: Path) -> Path | None:
-        same = index.get(key, [])
-        if len(same) > 1:
-            raise InputError(f"{source}: {name} could be any of {', '.join(same[:3])} in --images; {advice}")
-        return self.photos[same[0]] if same else None
-
-
-def _match(listed: list[LabelledImage], index: _PhotoIndex, source: Path, out: Path) -> dict[Path, LabelledImage]:
-    """Each listed image's photo (an image listed twice, under one name and at one size, gets the shapes of both; two
-    names finding one photo are an error, since one of them is another photo); a labelme image whose photo --images
-    lacks is the photo its file embeds, keyed by where it will be written (``out``/images/)."""
-    matched: dict[Path, LabelledImage] = {}
-    missing = []
-    for image in listed:
-        if not isinstance(image.name, str) or not image.name:
-            raise InputError(f"{source}: an image named {image.name!r}; a file names each image's file as text")
-        photo = index.find(image.name, source)
-        embedded_in = image.embedded_in if photo is None else None  # the photo itself, when there is one
-        if photo is None and embedded_in is not None:
-            photo = out / "images" / PurePosixPath(image.name).name
-            if photo.suffix.lower() not in IMAGE_SUFFIXES:
-                raise InputError(f"{embedded_in}: its photo {image.name} is only embedded (imageData), and crackseg datasets hold "
-                                 f"{', '.join(IMAGE_SUFFIXES)} files: give --images a folder holding the photo in one of those")
-            if photo in matched and matched[photo].name != image.name:
-                raise InputError(f"{source}: {matched[photo].name} and {image.name} embed photos of one name, {photo.name}, and "
-                                 "--images has neither; a dataset pairs masks by stem: give the folder holding them")
-        if photo is None:
-            missing.append(image.name)
-        elif photo in matched:
-            first = matched[photo]
-            if _listed_name(first.name) != _listed_name(image.name):
-                raise InputError(f"{source}: {first.name} and {image.name} both match {photo} in --images; give the folder "
-                                 "the names are relative to, holding each photo")
-            if first.size is not None and image.size is not None and tuple(first.size) != tuple(image.size):
-                raise InputError(f"{source}: {image.name} is listed at {first.size[0]}x{first.size[1]} px and at "
-                                 f"{image.size[0]}x{image.size[1]} px; one photo has one size")
-            first.shapes += image.shapes
-            first.size = first.size or image.size
+def _place_photos(matched: dict[Path, LabelledImage], out: Path, earlier: list[str]) -> set[str]:
+    """Each photo into ``out``/images/ (linked, or its labelme file's imageData written); returns those crackseg wrote
+    there: not a photo that lay there already (--images OUT/images), the user's, unless an earlier import wrote it."""
+    in_place = {photo for photo, image in matched.items()
+                if image.embedded_in is None and (out / "images" / photo.name).resolve() == photo.resolve()}
+    for photo, image in matched.items():
+        if image.embedded_in is None:
+            link_atomic(photo, out / "images" / photo.name)
         else:
-            matched[photo] = LabelledImage(image.name, image.size, list(image.shapes), embedded_in)
-    if missing:
-        raise InputError(f"{source} refers to {len(missing)} images that are not in --images (e.g. {missing[0]}); "
-                         "give the folder holding them")
-    stems = Counter(photo.stem for photo in matched)
-    twins = [photo for photo in matched if stems[photo.stem] > 1]
-    if twins:
-        raise InputError(f"{twins[0]} and {twins[1]} share the stem {twins[0].stem!r}; a dataset pairs masks by stem: rename one")
-    return matched
-
-
-def _listed_name(name: str) -> str:
-    """A listed name as the photo it names: / for \\, without ./ or doubled slashes."""
-    return PurePosixPath(name.replace("\\", "/")).as_posix()
-
-
-def _size(photo: Path, image: LabelledImage, source: Path) -> tuple[int, int]:
-    """The photo's (width, height) as shown, which must be the size the file states."""
-    shown_as = f"the photo in {image.embedded_in}'s imageData" if image.embedded_in is not None else str(photo)
-    try:
-        with Image.open(io.BytesIO(embedded_photo(image)) if image.embedded_in is not None else photo) as picture:
-            shown, stored, turn = displayed_size(picture), stored_size(picture), orientation(picture)
-    except DECODE_ERRORS as error:
-        raise InputError(f"{shown_as}: {describe_error(error)}") from None
-    if image.size is None or tuple(image.size) == shown:
-        return shown
-    message = f"{source}: {image.name} is {image.size[0]}x{image.size[1]} px there but {shown_as} is {shown[0]}x{shown[1]} as shown"
-    if turn != 1 and tuple(image.size) == stored:
-        message += (f"; its EXIF orientation tag ({turn}) explains it: it was labelled on the stored, unturned pixels "
-                    "(label the photo as viewers show it, or remove the tag)")
-    else:
-        message += f" (no EXIF orientation explains it{f'; tag {turn}' if turn != 1 else ''}): is it the same photo?"
-    raise InputError(message)
+            write_atomic(photo, embedded_photo(image))
+    return {f"images/{photo.name}" for photo in matched if photo not in in_place or f"images/{photo.name}" in earlier}
 
 
 def _prepare(out: Path, overwrite: bool) -> tuple[list[str], list[Path]]:

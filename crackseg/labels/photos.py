@@ -1,0 +1,141 @@
+"""Which photo of ``--images`` each image an annotation file lists is, and the size it is shown at.
+
+A listed name is matched by its path's longest tail, else its file name (also as Label Studio stores an upload), else
+its stem for a name without an image suffix; a name that fits two photos, two names that find one photo and one photo
+listed at two sizes are errors, since one of them would be drawn on another photo. A labelme image whose photo
+``--images`` lacks is the photo its file embeds.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from pathlib import Path, PurePosixPath
+
+from PIL import Image
+
+from crackseg.core.errors import InputError
+from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, displayed_size, orientation, stored_size
+from crackseg.labels.formats.label_studio import stored_upload_name, upload_names
+from crackseg.labels.formats.labelme import embedded_photo
+from crackseg.labels.formats.shapes import LabelledImage
+
+
+def photos_below(folder: Path, out: Path) -> dict[str, Path]:
+    """Every image below ``folder`` by its path relative to it, but those of the dataset being written."""
+    if not folder.is_dir():
+        raise InputError(f"--images {folder}: not a folder")
+    written = {(out / "images").resolve(), (out / "masks").resolve()} - {folder.resolve()}  # --out inside --images
+    return {path.relative_to(folder).as_posix(): path for path in sorted(folder.rglob("*"))
+            if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and path.parent.resolve() not in written}
+
+
+class PhotoIndex:
+    """--images' photos by path relative to it, file name, the name Label Studio stores an upload under, and stem."""
+
+    def __init__(self, photos: dict[str, Path]):
+        self.photos = photos
+        self.by_name: dict[str, list[str]] = {}
+        self.by_upload: dict[str, list[str]] = {}
+        self.by_stem: dict[str, list[str]] = {}
+        for key in photos:
+            name = PurePosixPath(key).name
+            self.by_name.setdefault(name, []).append(key)
+            self.by_upload.setdefault(stored_upload_name(name), []).append(key)
+            self.by_stem.setdefault(PurePosixPath(key).stem, []).append(key)
+
+    def find(self, name: str, source: Path) -> Path | None:
+        """The photo ``name`` refers to: the longest tail of its path, else the one photo of its file name (with and
+        without a Label Studio upload prefix), else the one whose name Label Studio stores as that upload, else, for a
+        name without an image suffix (CVAT's video frames: frame_000000), the one photo of that stem."""
+        names = upload_names(name)
+        for candidate in names:
+            parts = PurePosixPath(candidate.replace("\\", "/")).parts
+            for start in range(len(parts)):
+                if "/".join(parts[start:]) in self.photos:
+                    return self.photos["/".join(parts[start:])]
+            found = self._one(self.by_name, parts[-1] if parts else "", name, "give the folder the names are relative to", source)
+            if found is not None:
+                return found
+        if len(names) > 1:
+            advice = f"Label Studio stores an upload of each as {names[1]}: rename all but one"
+            found = self._one(self.by_upload, names[1], name, advice, source)
+            if found is not None:
+                return found
+        base = PurePosixPath(name.replace("\\", "/")).name
+        if PurePosixPath(base).suffix.lower() not in IMAGE_SUFFIXES:
+            return self._one(self.by_stem, base, name, "the name has no image suffix: keep one photo of that stem", source)
+        return None
+
+    def _one(self, index: dict[str, list[str]], key: str, name: str, advice: str, source: Path) -> Path | None:
+        same = index.get(key, [])
+        if len(same) > 1:
+            raise InputError(f"{source}: {name} could be any of {', '.join(same[:3])} in --images; {advice}")
+        return self.photos[same[0]] if same else None
+
+
+def match_photos(listed: list[LabelledImage], index: PhotoIndex, source: Path, out: Path) -> dict[Path, LabelledImage]:
+    """Each listed image's photo (an image listed twice, under one name and at one size, gets the shapes of both; two
+    names finding one photo are an error, since one of them is another photo); a labelme image whose photo --images
+    lacks is the photo its file embeds, keyed by where it will be written (``out``/images/)."""
+    matched: dict[Path, LabelledImage] = {}
+    missing = []
+    for image in listed:
+        if not isinstance(image.name, str) or not image.name:
+            raise InputError(f"{source}: an image named {image.name!r}; a file names each image's file as text")
+        photo = index.find(image.name, source)
+        embedded_in = image.embedded_in if photo is None else None  # the photo itself, when there is one
+        if photo is None and embedded_in is not None:
+            photo = out / "images" / PurePosixPath(image.name).name
+            if photo.suffix.lower() not in IMAGE_SUFFIXES:
+                raise InputError(f"{embedded_in}: its photo {image.name} is only embedded (imageData), and crackseg datasets hold "
+                                 f"{', '.join(IMAGE_SUFFIXES)} files: give --images a folder holding the photo in one of those")
+            if photo in matched and matched[photo].name != image.name:
+                raise InputError(f"{source}: {matched[photo].name} and {image.name} embed photos of one name, {photo.name}, and "
+                                 "--images has neither; a dataset pairs masks by stem: give the folder holding them")
+        if photo is None:
+            missing.append(image.name)
+        elif photo in matched:
+            first = matched[photo]
+            if _listed_name(first.name) != _listed_name(image.name):
+                raise InputError(f"{source}: {first.name} and {image.name} both match {photo} in --images; give the folder "
+                                 "the names are relative to, holding each photo")
+            if first.size is not None and image.size is not None and tuple(first.size) != tuple(image.size):
+                raise InputError(f"{source}: {image.name} is listed at {first.size[0]}x{first.size[1]} px and at "
+                                 f"{image.size[0]}x{image.size[1]} px; one photo has one size")
+            first.shapes += image.shapes
+            first.size = first.size or image.size
+        else:
+            matched[photo] = LabelledImage(image.name, image.size, list(image.shapes), embedded_in)
+    if missing:
+        raise InputError(f"{source} refers to {len(missing)} images that are not in --images (e.g. {missing[0]}); "
+                         "give the folder holding them")
+    stems = Counter(photo.stem for photo in matched)
+    twins = [photo for photo in matched if stems[photo.stem] > 1]
+    if twins:
+        raise InputError(f"{twins[0]} and {twins[1]} share the stem {twins[0].stem!r}; a dataset pairs masks by stem: rename one")
+    return matched
+
+
+def _listed_name(name: str) -> str:
+    """A listed name as the photo it names: / for \\, without ./ or doubled slashes."""
+    return PurePosixPath(name.replace("\\", "/")).as_posix()
+
+
+def shown_size(photo: Path, image: LabelledImage, source: Path) -> tuple[int, int]:
+    """The photo's (width, height) as shown, which must be the size the file states."""
+    shown_as = f"the photo in {image.embedded_in}'s imageData" if image.embedded_in is not None else str(photo)
+    try:
+        with Image.open(io.BytesIO(embedded_photo(image)) if image.embedded_in is not None else photo) as picture:
+            shown, stored, turn = displayed_size(picture), stored_size(picture), orientation(picture)
+    except DECODE_ERRORS as error:
+        raise InputError(f"{shown_as}: {describe_error(error)}") from None
+    if image.size is None or tuple(image.size) == shown:
+        return shown
+    message = f"{source}: {image.name} is {image.size[0]}x{image.size[1]} px there but {shown_as} is {shown[0]}x{shown[1]} as shown"
+    if turn != 1 and tuple(image.size) == stored:
+        message += (f"; its EXIF orientation tag ({turn}) explains it: it was labelled on the stored, unturned pixels "
+                    "(label the photo as viewers show it, or remove the tag)")
+    else:
+        message += f" (no EXIF orientation explains it{f'; tag {turn}' if turn != 1 else ''}): is it the same photo?"
+    raise InputError(message)
