@@ -143,6 +143,8 @@ class PredictionsFolder:
             if existing:
                 raise InputError(f"{len(existing)} outputs already exist in {staged.shown()} (e.g. {staged.shown(existing[0])}); "
                                  "pass --skip-existing to keep them and finish the rest, or --overwrite to replace them")
+            if skip_existing:
+                self._refuse_tables_of_other_inputs(outputs)
         except BaseException:
             staged.release()
             raise
@@ -150,6 +152,15 @@ class PredictionsFolder:
             remove_orphan_temps(folder)
         self.earlier_names = self._listed_names() if overwrite else set()
         return listed
+
+    def _refuse_tables_of_other_inputs(self, outputs: list[list[Path]]) -> None:
+        """--skip-existing finishes a batch: the tables it writes list this run's inputs, so an earlier predictions.csv
+        that lists others (whose rows they would drop, their masks left unlisted) is refused."""
+        others = sorted(self._listed_names() - {self.name_of(paths[0]) for paths in outputs})
+        if others:
+            raise InputError(f"{self.predictions_csv} lists {len(others)} images this run does not predict (e.g. {others[0]}); "
+                             "--skip-existing finishes a batch of the same inputs: give them too, choose another --out, or "
+                             "pass --overwrite to replace the earlier run")
 
     def _listed_names(self) -> set[str]:
         """The output names predictions.csv lists; none from a row (or a table) that cannot be read: it is replaced."""
@@ -172,8 +183,8 @@ class PredictionsFolder:
         write_csv(self.predictions_csv, rows)
         if spec.measure:
             write_csv(self.cracks_csv, cracks)
-        elif overwrite:
-            self.cracks_csv.unlink(missing_ok=True)  # it measured masks this run replaced
+        else:
+            self.cracks_csv.unlink(missing_ok=True)  # an earlier run's (--overwrite, --skip-existing): not this run's masks
         if records.errors or self.errors_csv.exists():
             write_csv(self.errors_csv, [records.errors[key] for key in sorted(records.errors)], ["path", "name", "error"])
         self.rank_csv.unlink(missing_ok=True)  # it ranked an earlier run's probabilities

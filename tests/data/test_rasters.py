@@ -224,6 +224,15 @@ def test_a_tiff_placed_by_ground_control_points_alone_is_a_warning(tmp_path, dar
     assert "ground control points" in json.loads((tmp_path / "out" / "summary.json").read_text())["warnings"][0]
 
 
+def test_resize_with_a_raster_is_one_line_before_any_photo_is_predicted(tmp_path, dark_checkpoint, capsys):
+    (tmp_path / "in").mkdir()
+    write_geotiff(tmp_path / "in" / "ortho.tif", pavement(200, 160))
+    Image.fromarray(pavement(64, 64).transpose(1, 2, 0)).save(tmp_path / "in" / "photo.png")
+    code, err = cli_result(["predict", "--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--resize", "64"])
+    assert code == 2 and err.count("\n") == 1 and "ortho.tif: --resize cannot be used with rasters" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_damaged_tile_is_one_line_naming_the_raster_and_the_rest_is_written(tmp_path, dark_checkpoint, capsys):
     (tmp_path / "in").mkdir()
     write_geotiff(tmp_path / "in" / "damaged.tif", pavement(1100, 900))

@@ -246,6 +246,21 @@ def test_existing_outputs_need_overwrite_or_skip_existing(tmp_path, checkpoint, 
     assert first.stat().st_mtime != 1
 
 
+def test_skip_existing_refuses_tables_of_inputs_it_does_not_predict_and_clears_a_stale_cracks_csv(tmp_path, checkpoint, capsys):
+    """The tables --skip-existing writes list this run's inputs: an earlier run's rows of other photos would be dropped."""
+    photos = _photos(tmp_path / "in", [(32, 32), (32, 48)])
+    out = tmp_path / "out"
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", out) == 0
+    tables = {name: (out / name).read_bytes() for name in ("predictions.csv", "cracks.csv", "summary.json")}
+    capsys.readouterr()
+    assert predict_cli("--checkpoint", checkpoint, photos[1], "--out", out, "--skip-existing") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "lists 1 images this run does not predict (e.g. img0)" in err
+    assert {name: (out / name).read_bytes() for name in tables} == tables
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", out, "--skip-existing", "--no-measure") == 0
+    assert not (out / "cracks.csv").exists(), "a cracks.csv left beside tables of a run that did not measure"
+
+
 def test_skip_existing_keeps_the_uncertainty_of_the_probabilities_it_keeps(tmp_path, checkpoint, capsys):
     """labels rank and a table sorted by uncertainty need the columns for every photo, kept or predicted again."""
     _photos(tmp_path / "in", [(32, 32), (32, 48), (40, 40)])
