@@ -26,9 +26,12 @@ def overlay_jpeg(photo: np.ndarray, cracks_mask: np.ndarray, cracks: list[CrackM
         font = ImageFont.load_default(size=max(10, min(picture.size) // 40))
         for crack in cracks:
             row, col = crack.anchor
-            box = draw.textbbox((col + 3, row + 3), str(crack.id), font=font)
-            draw.rectangle((box[0] - 2, box[1] - 1, box[2] + 2, box[3] + 1), fill=(255, 255, 255))
-            draw.text((col + 3, row + 3), str(crack.id), fill=(180, 0, 0), font=font)
+            left, top, right, bottom = draw.textbbox((0, 0), str(crack.id), font=font)
+            # beside the crack, moved inside the picture where the crack runs near its right or bottom edge
+            x = max(2 - left, min(col + 3, picture.width - 3 - right))
+            y = max(1 - top, min(row + 3, picture.height - 2 - bottom))
+            draw.rectangle((x + left - 2, y + top - 1, x + right + 2, y + bottom + 1), fill=(255, 255, 255))
+            draw.text((x, y), str(crack.id), fill=(180, 0, 0), font=font)
     buffer = io.BytesIO()
     picture.save(buffer, "JPEG", quality=90)
     return buffer.getvalue()

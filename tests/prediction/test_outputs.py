@@ -74,6 +74,23 @@ def test_overlay_writes_each_id_beside_its_crack():
         assert (patch.min(axis=2) > 230).any() and np.abs(patch - without[row + 3 : row + 15, col + 3 : col + 12]).max() > 100
 
 
+def test_overlay_ids_of_cracks_along_the_right_and_bottom_edges_stay_whole_inside_the_picture():
+    from scipy import ndimage
+
+    from crackseg.cracks.measure import find_cracks
+
+    image = np.full((64, 96, 3), 90, dtype=np.uint8)
+    mask = np.zeros((64, 96), bool)
+    mask[60:63, 10:50] = True  # along the bottom edge
+    mask[10:50, 92:95] = True  # along the right edge
+    _, cracks = find_cracks(mask, 0, 10)
+    assert len(cracks) == 2
+    white = np.asarray(Image.open(__import__("io").BytesIO(overlay_jpeg(image, mask, cracks)))).min(axis=2) > 230
+    labels, count = ndimage.label(white)
+    boxes = [(rows.stop - rows.start, cols.stop - cols.start) for rows, cols in ndimage.find_objects(labels)]
+    assert count == 2 and all(height >= 10 and width >= 7 for height, width in boxes), boxes  # each id's box drawn whole
+
+
 def test_summary_totals_the_run_by_the_graded_width(tmp_path):
     spec = OutputSpec(px_size=0.5, join_gap_px=8, min_length_px=10, width_classes=WidthClasses.parse("aci224"))
     image = torch.zeros((3, 120, 200), dtype=torch.uint8)
