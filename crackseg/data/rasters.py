@@ -69,6 +69,20 @@ def gdal_reason(error: Exception) -> str:
     return scrubbed(str(error).splitlines()[0][:300]) if str(error) else type(error).__name__
 
 
+def unreadable_raster(path: Path) -> str | None:
+    """Why the local GeoTIFF ``path`` cannot be read whole (GDAL's words), block by block; None when it can."""
+    rio = rasterio()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rio.errors.NotGeoreferencedWarning)  # a mask of a raster without a CRS
+            with rio.open(path) as raster:
+                for _, window in raster.block_windows(1):
+                    raster.read(1, window=window)
+    except (rio.errors.RasterioError, OSError) as error:
+        return gdal_reason(error)
+    return None
+
+
 def _gdal_cause(error: Exception) -> Exception:
     while error.__cause__ is not None or error.__context__ is not None:
         error = error.__cause__ or error.__context__

@@ -39,7 +39,7 @@ class LocalEngine:
     def run(self, job: Job) -> None:
         plan, env = job.plan, job.env
         _predict_photos(job)
-        kept = distributed.broadcast_from_main({raster.key for raster in plan.rasters if plan.kept(raster.key)} if env.is_main else None)
+        kept = distributed.broadcast_from_main({raster.key for raster in plan.rasters if plan.kept_raster(raster.key)} if env.is_main else None)
         predict_rasters(plan.rasters, job.run, env, job.records, kept, plan.upload, plan.staged)
 
 

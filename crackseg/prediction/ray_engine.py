@@ -273,7 +273,7 @@ def _pool_size(ray, options: PredictOptions, choice: RuntimeChoice) -> tuple[int
 
 def _unfinished(plan: Plan, run: RasterRun, work: list[Work], records: Records) -> list[Work]:
     """The items to predict; the inputs whose outputs ``--skip-existing`` keeps get their rows now, as locally."""
-    kept = {raster.key for raster in plan.rasters if plan.kept(raster.key)}
+    kept = {raster.key for raster in plan.rasters if plan.kept_raster(raster.key)}
     for item in work:
         rows = plan.kept_rows(item.key, item.path, item.name, run.threshold) if item.band is None else None
         if rows is not None:

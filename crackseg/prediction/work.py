@@ -20,6 +20,7 @@ from crackseg.core.errors import InputError
 from crackseg.core.staging import OutFailed, StagedFolder
 from crackseg.core.storage import RemoteFile, StorageError
 from crackseg.data.images import DECODE_ERRORS, describe_error, read_probability
+from crackseg.data.rasters import unreadable_raster
 from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, summarize_existing
 from crackseg.prediction.uncertainty import uncertainty
 from crackseg.prediction.streamed import Raster, RasterRun
@@ -49,6 +50,19 @@ class Plan:
         """Whether ``--skip-existing`` keeps an input's outputs of an earlier run: all of them in the folder, or on the
         store when this run began (the first ``read`` of them, the mask first, are then fetched, to be read as local files)."""
         return self.skip_existing and self.staged.fetch(self.outputs[key], read)
+
+    def kept_raster(self, key: int) -> bool:
+        """Whether ``--skip-existing`` keeps a raster's outputs: :meth:`kept`, and its mask readable whole, since it is
+        measured from it (a damaged one is said on stderr, and the raster predicted again)."""
+        if not self.kept(key):
+            return False
+        raster = next(raster for raster in self.rasters if raster.key == key)
+        mask = self.folder.mask(raster.name, raster=True)
+        reason = unreadable_raster(mask)
+        if reason is not None:
+            tqdm.write(f"crackseg: warning: {self.staged.shown(mask)}: the mask an earlier run wrote is not readable "
+                       f"({reason}); predicting {raster.path} again", file=sys.stderr)
+        return reason is None
 
     def kept_rows(self, key: int, path: Path | RemoteFile, name: str, threshold: float) -> tuple[dict, list[dict]] | None:
         """The table rows of a photo whose outputs ``--skip-existing`` keeps, read from its saved mask (and probabilities,

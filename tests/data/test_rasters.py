@@ -233,6 +233,21 @@ def test_resize_with_a_raster_is_one_line_before_any_photo_is_predicted(tmp_path
     assert not (tmp_path / "out").exists()
 
 
+def test_skip_existing_predicts_a_raster_again_whose_saved_mask_is_damaged(tmp_path, dark_checkpoint, capsys):
+    (tmp_path / "in").mkdir()
+    write_geotiff(tmp_path / "in" / "ortho.tif", pavement(200, 160))
+    out = tmp_path / "out"
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", out) == 0
+    whole = (out / "masks" / "ortho.tif").read_bytes()
+    (out / "masks" / "ortho.tif").write_bytes(whole[: len(whole) // 2])  # cut short by a crash or a full disk
+    capsys.readouterr()
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", out, "--skip-existing") == 0
+    err = capsys.readouterr().err
+    assert "ortho.tif: the mask an earlier run wrote is not readable" in err and "Warning" not in err, err
+    assert (out / "masks" / "ortho.tif").read_bytes() == whole
+    assert [row["status"] for row in csv.DictReader(open(out / "predictions.csv"))] == ["ok"]
+
+
 def test_a_damaged_tile_is_one_line_naming_the_raster_and_the_rest_is_written(tmp_path, dark_checkpoint, capsys):
     (tmp_path / "in").mkdir()
     write_geotiff(tmp_path / "in" / "damaged.tif", pavement(1100, 900))
