@@ -6,7 +6,8 @@ Definitions (pixels; :func:`crackseg.cracks.widths.in_mm` multiplies them by the
   Smeulders (1982), ``0.980 n_orthogonal + 1.406 n_diagonal - 0.091 n_corners``, within
   about 2% for digital lines at any angle (plain 1 / sqrt(2) step counting is up to 8% off),
   plus the half-width at each skeleton end, which thinning cuts off.
-- **mean width**: area / length, the mean full width of a crack of any shape.
+- **mean width**: area / length, the mean full width of a crack of any shape; at most the max width, which
+  the length estimator's shortfall along the pixel grid would otherwise let it pass on a uniform crack.
 - **max width**: the largest full width along the skeleton, from the distance to the
   background: ``2 d - 1`` where the distance ridge is one pixel wide (odd widths) and
   ``2 d`` where it is two pixels wide (even widths).
@@ -112,8 +113,8 @@ def crack_measure(number: int, length: float, gap: float, area: int, max_width: 
     """A CrackMeasure from a crack's sums (of one mask, or of several bands of one), anchored at its box's top-left corner."""
     if length <= 0:  # a speck whose skeleton is one pixel: take the bounding extent
         length = float(max(box[2] - box[0], box[3] - box[1]))
-    seen = max(length - gap, 1.0)
-    return CrackMeasure(number, length, area / seen, max(max_width, 1.0), area, box, box[:2], fragments)
+    seen, widest = max(length - gap, 1.0), max(max_width, 1.0)
+    return CrackMeasure(number, length, min(area / seen, widest), widest, area, box, box[:2], fragments)
 
 
 def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(None)) -> CrackParts:

@@ -49,6 +49,14 @@ def test_length_and_widths_within_ten_percent(shape_of, width):
     assert crack.area_px == mask.sum()
 
 
+@pytest.mark.parametrize("width", [3, 4, 6])
+def test_the_mean_width_of_a_uniform_crack_along_the_pixel_grid_is_never_above_its_max(width):
+    mask = np.zeros((40, 160), bool)
+    mask[10 : 10 + width, 20:120] = True
+    (crack,) = find_cracks(mask)[1]
+    assert crack.max_width_px == width and width * 0.97 <= crack.mean_width_px <= crack.max_width_px
+
+
 @pytest.mark.parametrize("degrees", [44.5, 45.0, 135.0])
 @pytest.mark.parametrize("width", [3, 4, 6])
 @pytest.mark.parametrize("offset", [(0.5, 0.0), (0.0, 0.5), (0.7, 0.2)], ids=str)
