@@ -64,6 +64,14 @@ def find_cracks(mask: np.ndarray, join_gap: float = 0.0, min_length: float = 0.0
     whatever lies near it. The joined length includes the gap; area and widths are the
     mask's own pixels. Cracks shorter than ``min_length`` px are dropped (id 0).
     """
+    labels, cracks, _ = find_cracks_with_skeleton(mask, join_gap, min_length)
+    return labels, cracks
+
+
+def find_cracks_with_skeleton(mask: np.ndarray, join_gap: float = 0.0, min_length: float = 0.0
+                              ) -> tuple[np.ndarray, list[CrackMeasure], np.ndarray]:
+    """:func:`find_cracks`, and (H, W) int32 each crack's id on the skeleton its length was measured on, through the
+    gaps the join bridged (0 elsewhere): its centreline, drawn as one line where it was measured as one."""
     mask = np.asarray(mask, bool)
     parts = crack_parts(mask, join_gap)
     numbers = np.flatnonzero(parts.area[1:]) + 1
@@ -79,7 +87,7 @@ def find_cracks(mask: np.ndarray, join_gap: float = 0.0, min_length: float = 0.0
     labels = np.zeros(mask.shape, np.int32)
     crack = np.flatnonzero(mask)  # the ids go on the mask's pixels only, not on the bridges across gaps
     labels.reshape(-1)[crack] = renumber[parts.labels.reshape(-1)[crack]]
-    return labels, cracks
+    return labels, cracks, np.where(parts.skeleton, renumber[parts.labels], 0).astype(np.int32)
 
 
 @dataclass

@@ -30,8 +30,7 @@ from tqdm import tqdm
 from crackseg.core.errors import InputError
 from crackseg.core.files import read_csv, remove_orphan_temps, write_atomic, write_csv
 from crackseg.core.urls import is_url
-from crackseg.cracks.measure import CrackMeasure, find_cracks
-from crackseg.cracks.pixel_sets import thinned
+from crackseg.cracks.measure import CrackMeasure, find_cracks, find_cracks_with_skeleton
 from crackseg.cracks.vectors import FORMATS, centrelines, layer_files, skeleton_links, write_vectors
 from crackseg.cracks.widths import WidthClasses, in_mm
 from crackseg.data.images import DECODE_ERRORS, crack_mask, describe_error
@@ -301,12 +300,12 @@ def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image:
         levels = probability_levels(prob, spec.save_prob)
         write_png(folder.probabilities(name), levels, probabilities=True)
         counts |= uncertainty(levels.astype(np.float32) / float(np.iinfo(levels.dtype).max), threshold)  # as rank reads the file
-    labels, cracks = find_cracks(mask, spec.join_gap_px, spec.min_length_px) if spec.measure else (None, [])
+    labels, cracks, skeleton = find_cracks_with_skeleton(mask, spec.join_gap_px, spec.min_length_px) if spec.measure else (None, [], None)
     if spec.overlay:
         write_atomic(folder.overlay(name), overlay_jpeg(np.asarray(image).transpose(1, 2, 0), mask if labels is None else labels > 0, cracks))
     row, crack_rows = table_rows(path, mask_path, counts, cracks, spec, "ok")
     if spec.vectors:
-        lines = centrelines(skeleton_links(thinned(labels > 0), labels))
+        lines = centrelines(skeleton_links(skeleton > 0, skeleton))
         write_vectors(folder.vectors(name, spec.vectors), crack_rows, lines, None, spec.width_classes)
     return row, crack_rows
 

@@ -248,6 +248,26 @@ def test_skip_existing_predicts_a_raster_again_whose_saved_mask_is_damaged(tmp_p
     assert [row["status"] for row in csv.DictReader(open(out / "predictions.csv"))] == ["ok"]
 
 
+def test_a_crack_joined_across_a_gap_is_one_centreline_in_a_photos_layer_as_in_a_rasters(tmp_path, dark_checkpoint):
+    """The layer draws the skeleton the length was measured on, bridges included, for photos as for rasters."""
+    image = np.full((3, 64, 160), 200, np.uint8)
+    image[:, 30:34, 20:70] = 20
+    image[:, 30:34, 76:140] = 20  # a 6 px gap, which the join bridges
+    (tmp_path / "in").mkdir()
+    Image.fromarray(image.transpose(1, 2, 0)).save(tmp_path / "in" / "photo.png")
+    write_geotiff(tmp_path / "in" / "ortho.tif", image, transform=utm_transform(0.001))
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--vectors", "geojson",
+                         "--join-gap", "10") == 0
+    rows = {row["path"].rsplit("/", 1)[-1]: row for row in csv.DictReader(open(tmp_path / "out" / "cracks.csv"))}
+    assert rows["photo.png"]["fragments"] == rows["ortho.tif"]["fragments"] == "2"
+    lines = {}
+    for name, unit in (("photo", 1.0), ("ortho", 1000.0)):  # px; m of 1 mm pixels
+        (feature,) = json.loads((tmp_path / "out" / "vectors" / f"{name}.geojson").read_text())["features"]
+        line = shapely.geometry.shape(feature["geometry"])
+        lines[name] = (len(getattr(line, "geoms", [line])), round(line.length * unit, 6))
+    assert lines["photo"] == lines["ortho"] and lines["photo"][0] == 1, lines
+
+
 def test_a_damaged_tile_is_one_line_naming_the_raster_and_the_rest_is_written(tmp_path, dark_checkpoint, capsys):
     (tmp_path / "in").mkdir()
     write_geotiff(tmp_path / "in" / "damaged.tif", pavement(1100, 900))
