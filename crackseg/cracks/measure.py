@@ -53,6 +53,7 @@ class CrackMeasure:
     bbox: tuple[int, int, int, int]  # top, left, bottom, right (exclusive)
     anchor: tuple[int, int]  # (row, col) of a skeleton pixel near the crack's middle: where to write its id
     fragments: int  # connected pieces of the mask joined into this crack
+    gap_px: float = 0.0  # of its length, the faint stretches the join bridged (no pixels of the mask)
 
 
 def find_cracks(mask: np.ndarray, join_gap: float = 0.0, min_length: float = 0.0) -> tuple[np.ndarray, list[CrackMeasure]]:
@@ -122,7 +123,7 @@ def crack_measure(number: int, length: float, gap: float, area: int, max_width: 
     if length <= 0:  # a speck whose skeleton is one pixel: take the bounding extent
         length = float(max(box[2] - box[0], box[3] - box[1]))
     seen, widest = max(length - gap, 1.0), max(max_width, 1.0)
-    return CrackMeasure(number, length, min(area / seen, widest), widest, area, box, box[:2], fragments)
+    return CrackMeasure(number, length, min(area / seen, widest), widest, area, box, box[:2], fragments, gap)
 
 
 def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(None)) -> CrackParts:

@@ -283,12 +283,6 @@ def _stacked(points: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([points[i] for i in ids]).astype(np.float64), np.repeat(ids, [len(points[i]) for i in ids])
 
 
-def _bridged(crack: CrackMeasure) -> float:
-    """px of the faint stretches the join bridged inside ``crack``: its length less that of its own pixels (its mean
-    width is its area over that length)."""
-    return crack.length_px - crack.area_px / crack.mean_width_px
-
-
 def _gap_between(pieces: list[tuple[np.ndarray, float]]) -> float:
     """px of the gaps that would join ``pieces`` ((N, 2) centreline, mean width) into one crack: the shortest tree of
     edge-to-edge distances between them (centrelines apart less half of each one's width), as the join measures a gap."""
@@ -317,7 +311,7 @@ def _growth(olds: list[CrackMeasure], news: list[CrackMeasure], scales: dict[int
     old_widths = np.array([c.mean_width_px * scales[c.id] for c in olds])
     new_lengths = np.array([c.length_px * seen_share["after", c.id] for c in news])
     new_widths = np.array([c.mean_width_px for c in news])
-    bridged_before, bridged_after = sum(_bridged(c) * scales[c.id] for c in olds), sum(_bridged(c) for c in news)
+    bridged_before, bridged_after = sum(c.gap_px * scales[c.id] for c in olds), sum(c.gap_px for c in news)
     unjoined_before = min(_gap_between([(centrelines["before", c.id], c.mean_width_px * scales[c.id]) for c in olds]), bridged_after)
     unjoined_after = min(_gap_between([(centrelines["after", c.id], c.mean_width_px) for c in news]), bridged_before)
     return (float(new_lengths.sum() + unjoined_after - old_lengths.sum() - unjoined_before),
