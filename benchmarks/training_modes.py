@@ -21,12 +21,13 @@ from pathlib import Path
 
 import torch
 
-from crackseg.data.datasets import Sample, open_dataset
+from crackseg.data.datasets import open_dataset
 from crackseg.data.images import load_image, load_mask
+from crackseg.data.pairing import Sample
 
-from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
-from crackseg.model.distributed import resolve_amp
 from crackseg.data.synth import write_dataset
+from crackseg.model.distributed import resolve_amp
+from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
 from crackseg.training.transforms import DeviceGeometry, PhotometricJitter, train_transform, window_transform
 from harness import compute_figures, device_sync, flops_per_image, median_rates, peak_memory_mb, window_count
 

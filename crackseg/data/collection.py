@@ -7,7 +7,8 @@ import dataclasses
 import hashlib
 from pathlib import PurePosixPath
 
-from crackseg.data.datasets import Folder, Sample, Scan
+from crackseg.data.datasets import Scan
+from crackseg.data.pairing import Folder, Sample
 
 
 def dataset_names(roots: list[Folder | None]) -> list[str]:

@@ -1,8 +1,8 @@
-"""Crack datasets on disk: pairing by file stem, validation, crack pixel weight; no torch (splits: :mod:`crackseg.data.splits`).
+"""Crack datasets on disk: validation, crack pixel weight; no torch (pairing: :mod:`crackseg.data.pairing`, splits:
+:mod:`crackseg.data.splits`).
 
 A dataset is a folder of photos and a folder of masks whose files share stems
-(``images/001.jpg`` <-> ``masks/001.png``). Pairs are made by stem, never by position
-in a listing. :func:`scan` decodes every file once before training (in parallel threads;
+(``images/001.jpg`` <-> ``masks/001.png``). :func:`scan` decodes every file once before training (in parallel threads;
 JPEGs at 1/8 scale, which still decodes their whole stream, so truncation is caught)
 and reads the crack pixel counts that :func:`crack_pixel_weight` needs.
 
@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections import Counter
-from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,12 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from crackseg.core.errors import InputError
-from crackseg.core.storage import RemoteFile, list_files
 from crackseg.core.urls import display_url, is_url
 from crackseg.data.images import (
     CRACK_THRESHOLD,
     DECODE_ERRORS,
-    IMAGE_SUFFIXES,
     crack_mask,
     describe_error,
     displayed_size,
@@ -41,27 +37,10 @@ from crackseg.data.images import (
     orientation,
     stored_size,
 )
+from crackseg.data.pairing import File, Folder, Problem, Sample, files_in, find_samples
 from crackseg.data.splits import SPLITS, read_stems
 
 NEGATIVES_FILE = "negatives.txt"  # stems of crack-free photos in ROOT/images/, masks optional (and empty)
-Folder = Path | str  # a local folder, or an s3:// prefix as text (Path would fold s3:// into s3:/)
-File = Path | RemoteFile
-
-
-@dataclass(frozen=True)
-class Sample:
-    stem: str
-    image: File
-    mask: File | None  # None: a crack-free photo without a mask file (all background)
-
-
-@dataclass(frozen=True)
-class Problem:
-    path: File | Folder
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -109,93 +88,6 @@ def _remote_folder(root: str, name: str) -> str:
     if display_url(root) != root:
         raise InputError(f"{display_url(root)}: give credentials through AWS_PROFILE, AWS_ACCESS_KEY_ID or ~/.aws, not in the URL")
     return f"{root.rstrip('/')}/{name}"
-
-
-def _files_in(folder: Folder) -> list[File]:
-    """The files right in a local folder, or right below an s3:// prefix (a missing one is a StorageError naming it), sorted."""
-    if is_url(str(folder)):
-        return [file for file, _ in list_files(str(folder).rstrip("/") + "/", (*IMAGE_SUFFIXES, ".txt"))]
-    return sorted(path for path in Path(folder).iterdir() if path.is_file())
-
-
-def find_samples(
-    images: Folder, masks: Folder, mask_pattern: str = "{stem}", crack_free: Collection[str] = ()
-) -> tuple[list[Sample], list[Problem]]:
-    """Pair every image with the mask named ``mask_pattern.format(stem=...)`` plus any image suffix.
-
-    Returns the pairs sorted by stem, and one problem per unmatched file. Two files with
-    one stem in a folder (``001.png`` and ``001.bmp``) are a problem naming both, and that
-    stem is not paired at all: crackseg never guesses which one was meant. Images whose stem
-    is in ``crack_free`` need no mask: they follow the pairs, with their mask file or None.
-    """
-    for folder, flag in ((images, "--images"), (masks, "--masks")):
-        if not is_url(str(folder)) and not Path(folder).is_dir():
-            raise InputError(f"{folder} is not a folder ({flag})")
-    if "{stem}" not in mask_pattern:
-        raise InputError(f"--mask-pattern must contain {{stem}}, got {mask_pattern!r}")
-    same = str(images) == str(masks) if is_url(str(images)) else Path(images).resolve() == Path(masks).resolve()
-    if same and mask_pattern == "{stem}":
-        raise InputError(f"--images and --masks are one folder ({images}): every photo would be its own mask; give the masks' "
-                         "folder, or a --mask-pattern such as {stem}_mask")
-    prefix, suffix = mask_pattern.split("{stem}", 1)
-    mask_name = re.compile(re.escape(prefix) + "(?P<stem>.+)" + re.escape(suffix) + "$")
-
-    image_files, image_twins = _by_stem(images, lambda stem: stem)
-    mask_files, mask_twins = _by_stem(masks, lambda stem: (m := mask_name.match(stem)) and m["stem"])
-    if same:  # the masks beside the photos are no photos
-        image_files = {stem: path for stem, path in image_files.items() if not mask_name.match(stem)}
-        image_twins = {stem: paths for stem, paths in image_twins.items() if not mask_name.match(stem)}
-    problems = [Problem(paths[0], _twins_message(paths)) for paths in [*image_twins.values(), *mask_twins.values()]]
-    problems += _unread_subfolders(images, masks) + ([] if same else _unread_subfolders(masks, images))
-    ambiguous = image_twins.keys() | mask_twins.keys()
-    crack_free = set(crack_free)
-    for stem in sorted(image_files.keys() - mask_files.keys() - ambiguous - crack_free):
-        problems.append(Problem(image_files[stem], f"no mask for this image in {masks}"))
-    for stem in sorted(mask_files.keys() - image_files.keys() - ambiguous):
-        problems.append(Problem(mask_files[stem], f"no image for this mask in {images}"))
-    paired = (image_files.keys() & mask_files.keys()) - crack_free
-    samples = [Sample(stem, image_files[stem], mask_files[stem]) for stem in sorted(paired)]
-    samples += [Sample(stem, image_files[stem], mask_files.get(stem)) for stem in sorted(image_files.keys() & crack_free)]
-    return samples, problems
-
-
-def _unread_subfolders(folder: Folder, other: Folder) -> list[Problem]:
-    """A local folder's subfolders that hold images (hidden ones aside, and the other folder of the pairs, which is
-    read): pairing reads only the files right in it. An s3:// prefix is read as its objects right below it, unchecked."""
-    if is_url(str(folder)):
-        return []
-    problems, read = [], Path(other).resolve()
-    for sub in sorted(path for path in Path(folder).iterdir() if path.is_dir() and not path.name.startswith(".")):
-        if read.is_relative_to(sub.resolve()):
-            continue
-        count = sum(path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() for path in sub.rglob("*"))
-        if count:
-            problems.append(Problem(sub, f"{count} image{'s' * (count != 1)} in a subfolder, which crackseg does not read (it pairs the files "
-                                         f"right in {folder}); move them up, or make each site a dataset of its own (train takes --data once per dataset)"))
-    return problems
-
-
-def files_by_stem(folder: Path) -> dict[str, Path]:
-    """Every image file of ``folder`` by stem; two files with one stem are an error naming both."""
-    found, twins = _by_stem(Path(folder), lambda stem: stem)
-    if twins:
-        paths = next(iter(twins.values()))
-        raise InputError(f"{paths[0]}: {_twins_message(paths)}" + (f" ({len(twins)} such stems)" if len(twins) > 1 else ""))
-    return found
-
-
-def _by_stem(folder: Folder, stem_of) -> tuple[dict[str, File], dict[str, list[File]]]:
-    """Unambiguous files by stem, and the stems that several files share (left out of the first)."""
-    every: dict[str, list[File]] = {}
-    for path in _files_in(folder):
-        if path.suffix.lower() in IMAGE_SUFFIXES and (stem := stem_of(path.stem)):
-            every.setdefault(stem, []).append(path)
-    unique = {stem: paths[0] for stem, paths in every.items() if len(paths) == 1}
-    return unique, {stem: paths for stem, paths in every.items() if len(paths) > 1}
-
-
-def _twins_message(paths: list[File]) -> str:
-    return f"shares its stem with {', '.join(p.name for p in paths[1:])}: cannot tell which to use; rename or remove one"
 
 
 def decoding_threads() -> int:
@@ -320,7 +212,7 @@ def open_dataset(
     and the crack-free photos that ``ROOT/negatives.txt`` lists (kept out of the split)."""
     image_dir, mask_dir = resolve_folders(root, images, masks)
     named = {NEGATIVES_FILE, *(f"{name}.txt" for name in SPLITS)}
-    root_files = {file.name: file for file in _files_in(root) if file.name in named} if root is not None else {}
+    root_files = {file.name: file for file in files_in(root) if file.name in named} if root is not None else {}
     negatives_file = root_files.get(NEGATIVES_FILE)
     crack_free = set(read_stems(negatives_file)) if negatives_file is not None else set()
     found_files, problems = find_samples(image_dir, mask_dir, mask_pattern, crack_free)

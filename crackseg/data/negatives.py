@@ -15,8 +15,9 @@ import hashlib
 from pathlib import Path
 
 from crackseg.core.errors import InputError
-from crackseg.data.datasets import Problem, Sample, Scan, check_crack_free, files_by_stem
+from crackseg.data.datasets import Scan, check_crack_free
 from crackseg.data.images import IMAGE_SUFFIXES
+from crackseg.data.pairing import Problem, Sample, files_by_stem
 
 
 def folder_negatives(folder: Path) -> list[Sample]:

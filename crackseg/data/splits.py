@@ -19,7 +19,7 @@ from crackseg.core.files import decoded_text, write_atomic
 from crackseg.core.storage import RemoteFile
 
 if TYPE_CHECKING:
-    from crackseg.data.datasets import File
+    from crackseg.data.pairing import File
 
 SPLITS = ("train", "val", "test")
 CRACK_FREE_ENTRIES = ("negatives", "negative_files")  # split.json: negatives.txt's stems, --negatives' file names

@@ -14,8 +14,9 @@ from pathlib import Path
 from crackseg.core.errors import InputError
 from crackseg.core.staging import StagedFolder, location
 from crackseg.core.urls import display_url, shown_location
-from crackseg.data.datasets import Folder, files_by_stem, open_dataset
+from crackseg.data.datasets import open_dataset
 from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, load_image, load_mask, read_probability
+from crackseg.data.pairing import Folder, files_by_stem
 from crackseg.data.splits import read_stems
 from crackseg.evaluation.options import EvaluateOptions, Scoring
 from crackseg.evaluation.report import format_table, prepare_report_folder, write_report

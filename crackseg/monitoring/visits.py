@@ -89,7 +89,7 @@ def read_visit(folder: Path, flag: str) -> Visit:
 def _dataset_shots(folder: Path) -> tuple[list[Shot], list[LeftOut]]:
     """A dataset's shots, measured with predict's defaults, and what the dataset reader could not pair (a subfolder's
     images by their paths below it, as a predictions folder names them)."""
-    from crackseg.data.datasets import find_samples  # data loads torch, which compare needs for dataset folders only
+    from crackseg.data.pairing import find_samples  # data loads torch, which compare needs for dataset folders only
 
     samples, problems = find_samples(folder / "images", folder / "masks")
     shots = [Shot(sample.stem, sample.mask, sample.image, JOIN_GAP.value, MIN_LENGTH.value) for sample in samples]

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from crackseg.core.errors import InputError
-from crackseg.data.datasets import Sample, decoding_threads
+from crackseg.data.datasets import decoding_threads
 from crackseg.data.images import DECODE_ERRORS, describe_error, displayed_size, load_image, load_mask, open_picture
+from crackseg.data.pairing import Sample
 from crackseg.model import distributed
 
 log = logging.getLogger("crackseg.train.cache")  # into train.log, by the run folder's handlers

@@ -18,7 +18,7 @@ from torchvision import tv_tensors
 
 from crackseg.core.workers import quiet_when_parent_stops
 from crackseg.data.collection import dataset_of
-from crackseg.data.datasets import Sample
+from crackseg.data.pairing import Sample
 from crackseg.training.image_cache import Decoded, decode_sample, decoded_samples
 from crackseg.training.seeding import mix_seed
 from crackseg.training.transforms import train_transform, window_transform

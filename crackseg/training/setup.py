@@ -16,8 +16,9 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from crackseg.core.errors import InputError
 from crackseg.core.version import __version__
 from crackseg.data.collection import combine, dataset_checksum, dataset_names, dataset_of, named
-from crackseg.data.datasets import Sample, Scan, crack_pixel_weight, open_dataset, usable_samples
+from crackseg.data.datasets import Scan, crack_pixel_weight, open_dataset, usable_samples
 from crackseg.data.negatives import negative_pool
+from crackseg.data.pairing import Sample
 from crackseg.data.splits import SPLITS, make_split
 from crackseg.model import distributed
 from crackseg.model.architectures import OFFLINE_IMAGENET_ENCODERS, implied_encoder, scaling_name

@@ -13,14 +13,10 @@ from PIL import Image
 from crackseg.cli.main import main
 from crackseg.core.errors import InputError
 from crackseg.data import datasets as data
-from crackseg.data.datasets import (
-    crack_pixel_weight,
-    find_samples,
-    open_dataset,
-    usable_samples,
-)
-from crackseg.data.splits import load_split, make_split, save_split
+from crackseg.data.datasets import crack_pixel_weight, open_dataset, usable_samples
 from crackseg.data.images import load_image, load_mask, read_probability
+from crackseg.data.pairing import find_samples
+from crackseg.data.splits import load_split, make_split, save_split
 
 
 def _dataset(root: Path, stems, size=(24, 32), mask_suffix=".png", mask_pattern="{stem}") -> Path:

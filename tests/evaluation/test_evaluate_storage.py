@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import S3_KEY_ID, S3_SECRET, cli_result
 
+from crackseg.data.datasets import open_dataset
+from crackseg.data.pairing import find_samples
 from crackseg.model.checkpoint import save_model
 
 
@@ -57,6 +59,23 @@ def test_a_missing_bucket_or_prefix_is_one_line_naming_the_url(model, dataset, s
         if "no-such-bucket" in url:  # as predict words it
             assert "no such bucket 'crackseg-no-such-bucket'" in err, err
     assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_images_under_sub_prefixes_are_a_problem_as_in_a_local_subfolder(dataset, s3):
+    photo, mask = sorted((dataset / "images").iterdir())[0], sorted((dataset / "masks").iterdir())[0]
+    for kind, source in (("images", photo), ("masks", mask)):
+        for folder in ("siteB", "siteB/2024", ".thumbnails"):
+            (dataset / kind / folder).mkdir(parents=True)
+            shutil.copyfile(source, dataset / kind / folder / source.name)
+    url = s3.upload(dataset, "surveys/data")
+    remote, local = open_dataset(url), open_dataset(dataset)
+    assert [s.stem for s in remote.samples] == [s.stem for s in local.samples]
+    assert [str(p) for p in remote.problems] == [
+        f"{url}{kind}/siteB: 2 images in a subfolder, which crackseg does not read (it pairs the files right in {url}{kind}); "
+        "move them up, or make each site a dataset of its own (train takes --data once per dataset)" for kind in ("images", "masks")]
+    assert [str(p) for p in local.problems] == [str(p).replace(url, f"{dataset}/") for p in remote.problems]
+    _, problems = find_samples(f"{url}images", f"{url}images/siteB")  # the masks' own prefix is read, not reported
+    assert [str(p.path) for p in problems if "subfolder" in p.message] == [f"{url}images/siteB/2024"]
 
 
 def test_a_report_goes_to_the_store_whole_and_is_not_replaced_unless_asked(model, dataset, s3, tmp_path, staging):

@@ -6,7 +6,8 @@ import os
 
 import torch
 
-from crackseg.data.datasets import Sample, open_dataset
+from crackseg.data.datasets import open_dataset
+from crackseg.data.pairing import Sample
 from crackseg.training import image_cache
 from crackseg.training.image_cache import decode_sample, decoded_samples
 

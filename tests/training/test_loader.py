@@ -7,7 +7,8 @@ import torch
 from PIL import Image
 from torchvision import tv_tensors
 
-from crackseg.data.datasets import Sample, open_dataset
+from crackseg.data.datasets import open_dataset
+from crackseg.data.pairing import Sample
 from crackseg.training.image_cache import decoded_samples
 from crackseg.training.loader import CrackDataset, EpochSampler, make_loader
 from crackseg.training.transforms import DeviceGeometry, PhotometricJitter, gaussian_blur, train_transform, window_side, window_transform

@@ -13,11 +13,11 @@ import torch
 from PIL import Image
 
 from crackseg.cli.main import main
-from crackseg.training.options import TrainConfig, check_same_run
 from crackseg.core.errors import InputError
-from crackseg.data.datasets import Sample
+from crackseg.data.pairing import Sample
 from crackseg.training import image_cache
 from crackseg.training.loader import CrackDataset, NegativeMixSampler, negatives_per_epoch
+from crackseg.training.options import TrainConfig, check_same_run
 from crackseg.training.transforms import train_transform
 
 TINY_FLAGS = ["--encoder", "mobilenet_v2", "--encoder-weights", "none", "--crop-size", "64", "--batch-size", "2",

@@ -15,7 +15,7 @@ import torch
 
 from crackseg.cli.main import main
 from crackseg.data.collection import dataset_checksum, dataset_names
-from crackseg.data.datasets import Sample
+from crackseg.data.pairing import Sample
 from crackseg.data.synth import write_dataset
 from crackseg.model.checkpoint import read_checkpoint
 from crackseg.training.engine import Validation
