@@ -11,7 +11,7 @@ A task's image URL comes from whoever can create tasks, so it is not trusted:
 - **Credentials**: ``LABEL_STUDIO_API_KEY`` goes only to Label Studio's exact origin (scheme, host and port), never to
   the same host over plain http or another port, and never across a redirect to another origin.
 - **How far**: the body is read no further than ``--max-image-mb``, and the whole fetch, redirects and response headers
-  included, ends at ``--fetch-timeout``: a host that sends a byte at a time holds a task slot no longer.
+  included, and the exchange of a personal access token it may need, ends at ``--fetch-timeout``: a host that sends a byte at a time holds a task slot no longer.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class ImageFetcher:
         for _ in range(MAX_REDIRECTS + 1):
             _check_url(url, where)
             self._check_host(url, where)
-            headers = self._authorization(where, renew) if self.own(url) else {}
+            headers = self._authorization(where, deadline, renew) if self.own(url) else {}
             status, content, location = self._get(url, headers, where, deadline)
             if location is None:
                 return status, content
@@ -160,7 +160,7 @@ class ImageFetcher:
         if peer and not self.trusted(url) and not public_address(str(peer[0])):
             raise HttpError(403, f"{where}: {origin(url)[1]} connected to a non-public address ({peer[0]})")
 
-    def _authorization(self, where: str, renew: bool = False) -> dict:
+    def _authorization(self, where: str, deadline: _Deadline, renew: bool = False) -> dict:
         key = self._key
         if not key:
             raise HttpError(403, f"{where} is served by Label Studio; set LABEL_STUDIO_API_KEY (Account & Settings > Access Token)")
@@ -168,15 +168,16 @@ class ImageFetcher:
             return {"Authorization": f"{'Bearer' if _jwt_claims(key) else 'Token'} {key}"}
         with self._lock:
             if self._access is None or renew:
-                self._access = self._exchanged(key)
+                self._access = self._exchanged(key, deadline)
             return {"Authorization": f"Bearer {self._access}"}
 
-    def _exchanged(self, refresh: str) -> str:
-        """The access token Label Studio gives for a personal access token."""
+    def _exchanged(self, refresh: str, deadline: _Deadline) -> str:
+        """The access token Label Studio gives for a personal access token, within the deadline of the fetch that needs it."""
         url = self._url.rstrip("/") + _REFRESH_PATH
         try:
-            response = self._client.post(url, json={"refresh": refresh})
+            response = self._client.post(url, json={"refresh": refresh}, extensions={"trace": deadline.trace})
         except httpx.HTTPError as error:
+            deadline.check()
             raise HttpError(502, f"cannot reach {url} to exchange LABEL_STUDIO_API_KEY: {type(error).__name__}") from None
         access = response.json().get("access") if response.status_code == 200 and _is_json(response) else None
         if not isinstance(access, str) or not access:

@@ -3,6 +3,7 @@ clients that never finish a request, JSON nested thousands deep. Real HTTP serve
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -308,6 +309,21 @@ def test_the_fetch_deadline_covers_headers_and_bodies_a_host_sends_a_byte_at_a_t
             fetcher.fetch(f"{scheme}://{host}/slow.png", "task 1")
         assert refused.value.status_code == 504 and refused.value.detail == "task 1: the image did not arrive within 1 s"
         assert time.monotonic() - started < 5  # the trickle alone lasts 4 to 10 s, the server holds on after
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_the_fetch_deadline_covers_the_exchange_of_a_personal_access_token():
+    claims = base64.urlsafe_b64encode(json.dumps({"token_type": "refresh"}).encode()).decode().rstrip("=")
+    host, stop, listener = _trickling_server(b"", b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" * 10, 0.1)
+    try:
+        fetcher = ImageFetcher(f"http://{host}", f"header.{claims}.signature", (), 1 << 20, 1.0)
+        started = time.monotonic()
+        with pytest.raises(HttpError) as refused:
+            fetcher.fetch(f"http://{host}/data/upload/1/a.png", "task 1")  # Label Studio's own: the token is exchanged first
+        assert refused.value.status_code == 504 and refused.value.detail == "task 1: the image did not arrive within 1 s"
+        assert time.monotonic() - started < 5
     finally:
         stop.set()
         listener.close()
