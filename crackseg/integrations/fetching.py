@@ -10,8 +10,9 @@ A task's image URL comes from whoever can create tasks, so it is not trusted:
   :data:`MAX_REDIRECTS`, and every hop is checked the same way; the address the connection reached is checked again.
 - **Credentials**: ``LABEL_STUDIO_API_KEY`` goes only to Label Studio's exact origin (scheme, host and port), never to
   the same host over plain http or another port, and never across a redirect to another origin.
-- **How far**: the body is read no further than ``--max-image-mb``, and the whole fetch, redirects and response headers
-  included, and the exchange of a personal access token it may need, ends at ``--fetch-timeout``: a host that sends a byte at a time holds a task slot no longer.
+- **How far**: the body is read no further than ``--max-image-mb``, and the whole fetch (redirects, response headers
+  and the exchange of a personal access token included) ends at ``ServerSettings.fetch_timeout_s``: a host that sends
+  a byte at a time holds a task slot no longer.
 """
 
 from __future__ import annotations
