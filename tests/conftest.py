@@ -155,6 +155,32 @@ def csv_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(file))
 
 
+def save_maps(folder: Path, arrays: dict[str, np.ndarray], bits: int = 8) -> None:
+    """Maps in [0, 1] as ``folder/<stem>.png``, 8- or 16-bit grey, as predict writes masks and probabilities."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for stem, array in arrays.items():
+        if bits == 16:
+            Image.fromarray((array * 65535).round().astype(np.uint16)).save(folder / f"{stem}.png")
+        else:
+            Image.fromarray((array * 255).round().astype(np.uint8)).save(folder / f"{stem}.png")
+
+
+def predict_photos_named(names: list[str], folder: Path, checkpoint: Path, out: Path, monkeypatch) -> None:
+    """A light 60x40 photo with one dark line under each of ``names`` in ``folder``, predicted as ``predict .`` from
+    there, so that each name starts its row's path in predictions.csv."""
+    from PIL import Image
+
+    folder.mkdir()
+    for name in names:
+        photo = np.full((40, 60, 3), 200, np.uint8)
+        photo[20:23, 5:55] = 20
+        Image.fromarray(photo).save(folder / name)
+    monkeypatch.chdir(folder)
+    assert predict_cli("--checkpoint", checkpoint, ".", "--out", out) == 0
+
+
 # GeoTIFFs. rasterio is imported only when these run: the modules that call them skip without it (pytest.importorskip).
 
 

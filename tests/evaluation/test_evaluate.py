@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import save_maps
 from PIL import Image
 
 from crackseg.model.checkpoint import save_model
@@ -18,13 +19,6 @@ from crackseg.evaluation.options import Scoring
 from crackseg.model.networks import build_model
 
 
-def _masks(folder, arrays: dict[str, np.ndarray], bits: int = 8):
-    folder.mkdir(parents=True, exist_ok=True)
-    for stem, array in arrays.items():
-        if bits == 16:
-            Image.fromarray((array * 65535).round().astype(np.uint16)).save(folder / f"{stem}.png")
-        else:
-            Image.fromarray((array * 255).round().astype(np.uint8)).save(folder / f"{stem}.png")
 
 
 def _truth():
@@ -37,8 +31,8 @@ def _truth():
 
 def test_perfect_masks_score_one_and_report_files_are_written(tmp_path):
     truth = _truth()
-    _masks(tmp_path / "gt", truth)
-    _masks(tmp_path / "pred", truth)
+    save_maps(tmp_path / "gt", truth)
+    save_maps(tmp_path / "pred", truth)
     report = evaluate_files(tmp_path / "pred", tmp_path / "gt")
     assert report["images"] == 3
     for value in [*report["dataset"].values(), *report["per_image_mean"].values(), report["ods"]["f1"], report["ois"]["f1"], report["ap"]]:
@@ -52,8 +46,8 @@ def test_perfect_masks_score_one_and_report_files_are_written(tmp_path):
 def test_a_crack_free_test_set_has_no_ap_rather_than_an_ap_of_0_for_every_model(tmp_path, capsys):
     """Without a true crack pixel recall is undefined: a perfect prediction's curve has no area either."""
     empty = {stem: np.zeros((20, 30)) for stem in ("a", "b")}
-    _masks(tmp_path / "gt", empty)
-    _masks(tmp_path / "pred", empty)
+    save_maps(tmp_path / "gt", empty)
+    save_maps(tmp_path / "pred", empty)
     report = evaluate_files(tmp_path / "pred", tmp_path / "gt")
     assert report["ap"] is None and report["ods"]["f1"] == pytest.approx(1.0)
     assert main(["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt"), "--out", str(tmp_path / "r")]) == 0
@@ -66,8 +60,8 @@ def test_cli_report_matches_the_api_and_lists_worst_first(tmp_path):
     rng = np.random.default_rng(0)
     probs = {stem: np.clip(0.6 * t + 0.5 * rng.random(t.shape), 0, 1) for stem, t in truth.items()}
     probs["b"] = np.roll(probs["b"], 2, axis=1)  # misplaced: the worst image
-    _masks(tmp_path / "gt", truth)
-    _masks(tmp_path / "pred", probs, bits=16)
+    save_maps(tmp_path / "gt", truth)
+    save_maps(tmp_path / "pred", probs, bits=16)
     (tmp_path / "split.txt").write_text("a\nb\n")
     api = evaluate_files(tmp_path / "pred", tmp_path / "gt", tmp_path / "split.txt", tolerance=1.0, threshold=0.6)
     code = main(["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt"), "--split", str(tmp_path / "split.txt"),
@@ -84,8 +78,8 @@ def test_cli_report_matches_the_api_and_lists_worst_first(tmp_path):
 
 def test_tolerance_helps_a_one_pixel_offset(tmp_path):
     truth = _truth()
-    _masks(tmp_path / "gt", truth)
-    _masks(tmp_path / "pred", {stem: np.roll(t, 1, axis=0) for stem, t in truth.items()})
+    save_maps(tmp_path / "gt", truth)
+    save_maps(tmp_path / "pred", {stem: np.roll(t, 1, axis=0) for stem, t in truth.items()})
     strict = evaluate_files(tmp_path / "pred", tmp_path / "gt")
     relaxed = evaluate_files(tmp_path / "pred", tmp_path / "gt", tolerance=2)
     assert relaxed["dataset"]["f1"] > 0.9 > 0.7 > strict["dataset"]["f1"]
@@ -95,17 +89,17 @@ def test_tolerance_helps_a_one_pixel_offset(tmp_path):
 
 def test_missing_predictions_and_size_mismatches_are_errors(tmp_path):
     truth = _truth()
-    _masks(tmp_path / "gt", truth)
-    _masks(tmp_path / "pred", {"a": truth["a"], "b": truth["b"]})
+    save_maps(tmp_path / "gt", truth)
+    save_maps(tmp_path / "pred", {"a": truth["a"], "b": truth["b"]})
     with pytest.raises(InputError, match="1 ground-truth masks have no prediction"):
         evaluate_files(tmp_path / "pred", tmp_path / "gt")
-    _masks(tmp_path / "pred", {"empty": np.zeros((10, 10))})
+    save_maps(tmp_path / "pred", {"empty": np.zeros((10, 10))})
     with pytest.raises(InputError, match="empty.png: prediction is"):
         evaluate_files(tmp_path / "pred", tmp_path / "gt")
 
 
 def test_pred_and_gt_that_are_no_folders_are_named(tmp_path):
-    _masks(tmp_path / "gt", _truth())
+    save_maps(tmp_path / "gt", _truth())
     (tmp_path / "model.pt").write_bytes(b"a file")
     with pytest.raises(InputError, match=r"^--pred .*nowhere: no such folder \(a folder of masks\)$"):
         evaluate_files(tmp_path / "nowhere", tmp_path / "gt")
@@ -116,7 +110,7 @@ def test_pred_and_gt_that_are_no_folders_are_named(tmp_path):
 
 
 def test_inference_flags_without_a_checkpoint_are_refused_not_ignored(tmp_path, capsys):
-    _masks(tmp_path / "gt", _truth())
+    save_maps(tmp_path / "gt", _truth())
     with pytest.raises(SystemExit) as exit:
         main(["evaluate", "--pred", str(tmp_path / "gt"), "--gt", str(tmp_path / "gt"), "--tta", "flip", "--device", "cpu"])
     err = capsys.readouterr().err
@@ -125,7 +119,7 @@ def test_inference_flags_without_a_checkpoint_are_refused_not_ignored(tmp_path, 
 
 def test_existing_report_is_not_overwritten(tmp_path, capsys):
     truth = _truth()
-    _masks(tmp_path / "gt", truth)
+    save_maps(tmp_path / "gt", truth)
     args = ["evaluate", "--pred", str(tmp_path / "gt"), "--gt", str(tmp_path / "gt"), "--out", str(tmp_path / "r")]
     assert main(args) == 0
     with pytest.raises(SystemExit) as exit:
@@ -154,8 +148,8 @@ def test_checkpoint_mode_predicts_the_split_and_scores_it(synth_root, tmp_path):
 @pytest.mark.parametrize("threshold", ["0.99999", "1"])
 def test_masks_at_the_highest_thresholds_still_mark_their_cracks(tmp_path, threshold):
     truth = _truth()
-    _masks(tmp_path / "gt", truth)
-    _masks(tmp_path / "pred", truth)
+    save_maps(tmp_path / "gt", truth)
+    save_maps(tmp_path / "pred", truth)
     assert main(["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt"), "--threshold", threshold,
                  "--out", str(tmp_path / "eval")]) == 0
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
@@ -164,7 +158,7 @@ def test_masks_at_the_highest_thresholds_still_mark_their_cracks(tmp_path, thres
 
 def test_zero_one_ground_truth_scores_like_zero_255(tmp_path):
     truth = _truth()
-    _masks(tmp_path / "pred", truth)
+    save_maps(tmp_path / "pred", truth)
     (tmp_path / "gt01").mkdir()
     for stem, array in truth.items():
         Image.fromarray(array.astype(np.uint8)).save(tmp_path / "gt01" / f"{stem}.png")  # values 0 and 1
@@ -175,7 +169,7 @@ def test_zero_one_ground_truth_scores_like_zero_255(tmp_path):
 def test_a_zero_one_mask_saved_as_jpeg_is_refused_not_read_as_crack_free(tmp_path, capsys):
     truth = {"a": np.zeros((64, 64))}
     truth["a"][30:34, 5:60] = truth["a"][10:50, 20:22] = 1
-    _masks(tmp_path / "pred", truth)
+    save_maps(tmp_path / "pred", truth)
     (tmp_path / "gt").mkdir()
     Image.fromarray(truth["a"].astype(np.uint8)).save(tmp_path / "gt" / "a.jpg", quality=95)  # 0/1 and JPEG noise
     assert np.asarray(Image.open(tmp_path / "gt" / "a.jpg")).max() > 1
@@ -188,8 +182,8 @@ def test_a_zero_one_mask_saved_as_jpeg_is_refused_not_read_as_crack_free(tmp_pat
 
 def test_duplicate_stems_empty_folders_and_bad_split_files_are_refused(tmp_path):
     truth = _truth()
-    _masks(tmp_path / "gt", truth)
-    _masks(tmp_path / "pred", truth)
+    save_maps(tmp_path / "gt", truth)
+    save_maps(tmp_path / "pred", truth)
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no ground-truth masks"):
         evaluate_files(tmp_path / "pred", tmp_path / "empty")
@@ -217,12 +211,12 @@ def test_tiles_smaller_than_the_default_overlap_work_with_evaluates_own_overlap(
 
 def test_probability_maps_in_float_16_and_8_bits_score_alike(tmp_path):
     truth = _truth()["a"]
-    _masks(tmp_path / "gt", {"a": truth})
+    save_maps(tmp_path / "gt", {"a": truth})
     prob = np.where(truth > 0, 0.875, 0.125).astype(np.float32)  # exact in 8 and 16 bits too
     (tmp_path / "float").mkdir()
     Image.fromarray(prob).save(tmp_path / "float" / "a.tif")  # mode F, as many tools write probabilities
-    _masks(tmp_path / "p16", {"a": prob}, bits=16)
-    _masks(tmp_path / "p8", {"a": prob})
+    save_maps(tmp_path / "p16", {"a": prob}, bits=16)
+    save_maps(tmp_path / "p8", {"a": prob})
     reports = [evaluate_files(tmp_path / kind, tmp_path / "gt") for kind in ("float", "p16", "p8")]
     assert reports[0]["dataset"]["f1"] == 1.0
     assert all(report["dataset"] == reports[0]["dataset"] and report["ods"]["f1"] == 1.0 for report in reports)
@@ -230,7 +224,7 @@ def test_probability_maps_in_float_16_and_8_bits_score_alike(tmp_path):
 
 def test_colour_ground_truth_and_floats_outside_zero_one_are_refused_naming_them(tmp_path, capsys):
     truth = _truth()["a"]
-    _masks(tmp_path / "pred", {"a": truth})
+    save_maps(tmp_path / "pred", {"a": truth})
     (tmp_path / "gt").mkdir()
     colour = np.zeros((*truth.shape, 3), np.uint8)
     colour[truth > 0] = (0, 200, 0)  # a crack drawn green, whose grey level (117) is below 128
@@ -240,7 +234,7 @@ def test_colour_ground_truth_and_floats_outside_zero_one_are_refused_naming_them
     error = capsys.readouterr().err
     assert exit.value.code == 2
     assert error.count("\n") == 1 and "a.png" in error and "rgb(0, 200, 0)" in error
-    _masks(tmp_path / "gt", {"a": truth})
+    save_maps(tmp_path / "gt", {"a": truth})
     (tmp_path / "pred" / "a.png").unlink()
     Image.fromarray((truth * 255).astype(np.float32)).save(tmp_path / "pred" / "a.tif")  # 0..255 floats: not probabilities
     with pytest.raises(SystemExit) as exit:
@@ -263,8 +257,8 @@ def _crack_free_case(tmp_path):
     pred["free2"][20, 5:10] = 1
     pred["free3"][20, 5:12] = 1
     pred["free3"][20, 15:22] = 1
-    _masks(tmp_path / "gt", truth)
-    _masks(tmp_path / "pred", pred)
+    save_maps(tmp_path / "gt", truth)
+    save_maps(tmp_path / "pred", pred)
     return shape
 
 
@@ -294,8 +288,8 @@ def test_every_figure_of_a_report_marks_the_pixels_of_one_threshold(tmp_path, th
     truth, pred = {name: np.zeros((20, 40)) for name in ("crack", "free")}, {name: np.zeros((20, 40)) for name in ("crack", "free")}
     truth["crack"][5, 5:35] = pred["crack"][5, 5:35] = 1
     pred["free"][10, 5:35] = 102 / 255
-    _masks(tmp_path / "gt", truth)
-    _masks(tmp_path / "pred", pred)
+    save_maps(tmp_path / "gt", truth)
+    save_maps(tmp_path / "pred", pred)
     report = evaluate_files(tmp_path / "pred", tmp_path / "gt", threshold=threshold)
     assert (report["threshold"] <= 102 / 255) == counted
     false_pixels = 30 if counted else 0
@@ -345,7 +339,7 @@ def test_every_protocol_scores_a_checkpoint_and_saved_files_and_names_itself(syn
 
 def test_tolerance_belongs_to_the_crackseg_protocol(tmp_path, capsys):
     truth = _truth()
-    _masks(tmp_path / "gt", truth)
+    save_maps(tmp_path / "gt", truth)
     with pytest.raises(SystemExit) as exit:
         main(["evaluate", "--pred", str(tmp_path / "gt"), "--gt", str(tmp_path / "gt"), "--protocol", "scsegamba", "--tolerance", "2"])
     error = capsys.readouterr().err

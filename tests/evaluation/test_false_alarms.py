@@ -6,7 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import csv_rows, predict_cli
+from conftest import csv_rows, predict_cli, save_maps
 from PIL import Image
 
 from crackseg.cli.main import main
@@ -19,13 +19,6 @@ from crackseg.evaluation.scoring import build_report, score_one
 from crackseg.evaluation.metrics import counts_by_threshold, threshold_histograms, threshold_index
 
 
-def _save(folder, arrays: dict[str, np.ndarray], bits: int = 8) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    for stem, array in arrays.items():
-        if bits == 16:
-            Image.fromarray((array * 65535).round().astype(np.uint16)).save(folder / f"{stem}.png")
-        else:
-            Image.fromarray((array * 255).round().astype(np.uint8)).save(folder / f"{stem}.png")
 
 
 def _alarm_case(tmp_path):
@@ -48,8 +41,8 @@ def _alarm_case(tmp_path):
     pred["crack"][38, 97] = 1
     pred["free"][5, 0:10] = 1
     pred["clean"][28, 10:90] = 1
-    _save(tmp_path / "gt", truth)
-    _save(tmp_path / "pred", pred)
+    save_maps(tmp_path / "gt", truth)
+    save_maps(tmp_path / "pred", pred)
 
 
 def test_far_alarms_and_crack_free_tiles_are_counted_exactly(tmp_path):
@@ -91,8 +84,8 @@ def test_at_the_tolerance_far_alarms_are_the_false_positives_of_precision(tmp_pa
     truth["b"][5:45, 30:33] = 1
     rng = np.random.default_rng(1)
     probs = {stem: np.clip(0.55 * t + 0.55 * rng.random(t.shape), 0, 1) for stem, t in truth.items()}
-    _save(tmp_path / "gt", truth)
-    _save(tmp_path / "pred", probs, bits=16)
+    save_maps(tmp_path / "gt", truth)
+    save_maps(tmp_path / "pred", probs, bits=16)
     report = evaluate_files(tmp_path / "pred", tmp_path / "gt", tolerance=2, threshold=0.523, scoring=Scoring(alarm_distance=2))
     histograms = sum(threshold_histograms(read_probability(tmp_path / "pred" / f"{stem}.png"),
                                           load_mask(tmp_path / "gt" / f"{stem}.png")[0].bool(), tolerance=2) for stem in truth)
@@ -167,10 +160,10 @@ def test_checkpoint_and_saved_masks_give_the_same_false_alarms(synth_root, dark_
 
 
 def test_an_image_without_crack_is_all_far(tmp_path):
-    _save(tmp_path / "gt", {"a": np.zeros((10, 10))})
+    save_maps(tmp_path / "gt", {"a": np.zeros((10, 10))})
     pred = np.zeros((10, 10))
     pred[0, :] = pred[9, :] = 1
-    _save(tmp_path / "pred", {"a": pred})
+    save_maps(tmp_path / "pred", {"a": pred})
     block = evaluate_files(tmp_path / "pred", tmp_path / "gt", scoring=Scoring(alarm_tile=3))["false_alarms"]
     assert block["far_pixels"] == 20 and block["far_pixels_per_mp"] == pytest.approx(2e5)
     assert (block["crack_free_tiles"], block["crack_free_tiles_with_alarm"]) == (16, 8)  # 4 x 4 tiles, the last ones 1 px wide

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
-from conftest import predict_cli
+from conftest import predict_photos_named
 from crackseg.core.errors import InputError
 from crackseg.monitoring.visits import Shot, pair_shots, read_visit
 
@@ -63,13 +61,7 @@ def test_a_predictions_folder_gives_the_photos_predict_was_given_under_names_tha
         tmp_path, monkeypatch, dark_checkpoint):
     """predictions.csv holds '=x.jpg (a spreadsheet must not run it): the inspection's photo is =x.jpg."""
     names = ["=x.jpg", "+1.jpg"]
-    (tmp_path / "in").mkdir()
-    for name in names:
-        photo = np.full((40, 60, 3), 200, np.uint8)
-        photo[20:23, 5:55] = 20
-        Image.fromarray(photo).save(tmp_path / "in" / name)
-    monkeypatch.chdir(tmp_path / "in")  # predict . from there: each name starts its row's path
-    assert predict_cli("--checkpoint", dark_checkpoint, ".", "--out", tmp_path / "pred") == 0
+    predict_photos_named(names, tmp_path / "in", dark_checkpoint, tmp_path / "pred", monkeypatch)
     shots = read_visit(tmp_path / "pred", "BEFORE").shots
     assert sorted((shot.name, str(shot.photo)) for shot in shots) == [("+1", "+1.jpg"), ("=x", "=x.jpg")]
     assert all(shot.photo.is_file() and shot.mask.is_file() for shot in shots)

@@ -24,6 +24,7 @@ from conftest import (
     needs_browser,
     pavement,
     predict_cli,
+    predict_photos_named,
     predict_tiled,
     utm_transform,
     write_geotiff,
@@ -314,13 +315,7 @@ def test_the_report_names_and_pictures_photos_whose_names_look_like_formulas(tmp
     from crackseg.prediction.report import write_report
 
     names = ["=x.jpg", "+1.jpg", "plain.jpg"]
-    (tmp_path / "in").mkdir()
-    for name in names:
-        photo = np.full((40, 60, 3), 200, np.uint8)
-        photo[20:23, 5:55] = 20
-        Image.fromarray(photo).save(tmp_path / "in" / name)
-    monkeypatch.chdir(tmp_path / "in")  # predict . from there: each name starts its row's path
-    assert predict_cli("--checkpoint", dark_checkpoint, ".", "--out", tmp_path / "pred") == 0
+    predict_photos_named(names, tmp_path / "in", dark_checkpoint, tmp_path / "pred", monkeypatch)
     page = write_report(tmp_path / "pred").read_text(encoding="utf-8")
     images = json.loads(page.split("const DATA = ", 1)[1].split(";\nconst PAGE_ROWS", 1)[0])["images"]
     assert sorted(image["path"] for image in images) == sorted(names)
