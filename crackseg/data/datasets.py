@@ -29,6 +29,7 @@ from crackseg.core.urls import display_url, is_url
 from crackseg.data.images import (
     CRACK_THRESHOLD,
     DECODE_ERRORS,
+    check_photo_pixels,
     crack_mask,
     describe_error,
     displayed_size,
@@ -164,6 +165,7 @@ def _decode_image(path: File) -> tuple[tuple[int, int], tuple[int, int], int]:
         if image.format == "JPEG":
             image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
         image.load()
+        check_photo_pixels(image)
     return stored, shown, turn
 
 

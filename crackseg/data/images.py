@@ -10,6 +10,8 @@
   marked as such. A mask in colour (channels more than COLOUR_SPREAD apart) is refused,
   naming its colours, rather than read as grey levels that would hide a red or green crack.
   A mask with transparency is read as shown over black (a crack painted on a transparent layer).
+- **Photo depth**: 8- and 16-bit photos are read; floating-point ones and 32-bit ones beyond 16 bits are refused naming
+  their pixels, as rasters of them are, rather than clipped by Pillow's conversion to black or white.
 - **Size limit**: Pillow refuses images over its decompression-bomb limit
   (twice ``Image.MAX_IMAGE_PIXELS``, past which it only warns); that is reported as a one-line error naming the file and
   how to convert it for prediction (large TIFFs are read by windows, crackseg.data.rasters).
@@ -39,6 +41,7 @@ CRACK_THRESHOLD = 127  # mask grey levels above this are crack
 FAINT_LEVELS = 16  # a mask brightest below this, yet above 1, is a lossy 0/1 mask or class numbers, not 0/255
 COLOUR_SPREAD = 32  # levels between a pixel's channels beyond which a mask is in colour (JPEG noise stays below)
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+_CONVERT = "(convert with gdal_translate -ot Byte -scale IN OUT.tif)"
 _TIFF_WIDTH, _TIFF_LENGTH = 256, 257  # the TIFF tags of the stored pixels' size
 # What Pillow raises for a file it cannot decode; SyntaxError is its "broken PNG file" and the like
 DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError)
@@ -54,7 +57,7 @@ def describe_error(error: Exception) -> str:
         limit = 2 * (Image.MAX_IMAGE_PIXELS or 0) / 1e6  # where Pillow raises
         return (f"over the limit of {limit:.0f} megapixels for an image decoded whole (to predict it, convert it to a tiled "
                 "GeoTIFF, which predict reads by windows: gdal_translate -co TILED=YES -co COMPRESS=DEFLATE IN OUT.tif)")
-    if isinstance(error, MaskValueError):
+    if isinstance(error, PixelValueError):
         return str(error)
     return f"cannot decode: {error}"
 
@@ -106,8 +109,9 @@ def _upright(image: Image.Image) -> Image.Image:
     return ImageOps.exif_transpose(image) if orientation(image) != 1 else image
 
 
-class MaskValueError(ValueError):
-    """A mask or probability map whose values crackseg will not guess at (colours, floats out of [0, 1])."""
+class PixelValueError(ValueError):
+    """A photo, mask or probability map whose values crackseg will not guess at (a photo's floats, a mask's colours,
+    probabilities out of [0, 1])."""
 
 
 def _grey_levels(image: Image.Image) -> np.ndarray:
@@ -127,7 +131,7 @@ def _unit_floats(image: Image.Image) -> np.ndarray:
     values = np.asarray(image, dtype=np.float32)
     low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
     if not (np.isfinite(low) and np.isfinite(high)) or low < 0.0 or high > 1.0:
-        raise MaskValueError(f"floating-point values from {low:g} to {high:g}; crackseg reads them as probabilities in [0, 1]")
+        raise PixelValueError(f"floating-point values from {low:g} to {high:g}; crackseg reads them as probabilities in [0, 1]")
     return values
 
 
@@ -148,7 +152,7 @@ def _refuse_colours(image: Image.Image) -> None:
     coloured = rgb.max(axis=1) - rgb.min(axis=1) > COLOUR_SPREAD
     if coloured.any():
         found = ", ".join(f"rgb{tuple(int(v) for v in colour)}" for colour in np.unique(rgb[coloured], axis=0)[:4])
-        raise MaskValueError(f"a colour mask (colours {found}); crackseg reads grey masks (0 = background, above "
+        raise PixelValueError(f"a colour mask (colours {found}); crackseg reads grey masks (0 = background, above "
                              f"{CRACK_THRESHOLD} = crack): save the crack colour as white on black")
 
 
@@ -164,11 +168,23 @@ def picture_pixels(image: Image.Image) -> np.ndarray:
     """:func:`image_pixels` of an image already opened (one an annotation tool hands over). 16-bit grey is scaled from
     its bit depth (:func:`eight_bit_factor`), as rasters are."""
     image = _upright(image)
+    check_photo_pixels(image)
     if image.mode.startswith("I"):
         values = np.asarray(image).astype(np.float32)
         grey = np.clip(values * eight_bit_factor(float(values.max(initial=0))) + 0.5, 0, 255).astype(np.uint8)
         return np.repeat(grey[..., None], 3, axis=2)
     return np.asarray(image.convert("RGB")).copy()
+
+
+def check_photo_pixels(image: Image.Image) -> None:
+    """Refuse a photo of floating-point or 32-bit pixels beyond 16 bits, which Pillow's conversion would clip (a photo
+    in [0, 1] to black), as the raster reader refuses them."""
+    if image.mode == "F":
+        raise PixelValueError(f"floating-point pixels; crackseg reads 8- and 16-bit photos {_CONVERT}")
+    if image.mode.startswith("I"):
+        low, high = image.getextrema()
+        if low < 0 or high > 65535:
+            raise PixelValueError(f"32-bit pixels from {low} to {high}; crackseg reads 8- and 16-bit photos {_CONVERT}")
 
 
 def eight_bit_factor(largest: float) -> float:
@@ -195,7 +211,7 @@ def mask_levels(path: Path | RemoteFile) -> np.ndarray:
         levels = _grey_levels(image)
     top = int(levels.max(initial=0))
     if 1 < top < FAINT_LEVELS:
-        raise MaskValueError(f"a mask whose brightest level is {top}: neither 0/255 nor 0/1 (a 0/1 mask saved as JPEG, "
+        raise PixelValueError(f"a mask whose brightest level is {top}: neither 0/255 nor 0/1 (a 0/1 mask saved as JPEG, "
                              "or class numbers?), which would read as crack-free; save it as a 0/255 or 0/1 PNG")
     if is_zero_one(levels):
         levels = levels * np.uint8(255)

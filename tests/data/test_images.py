@@ -15,7 +15,7 @@ from PIL import Image, ImageOps
 
 from crackseg.cli.main import main
 from crackseg.data.datasets import open_dataset
-from crackseg.data.images import MaskValueError, displayed_size, load_image, load_mask, read_probability, stored_size
+from crackseg.data.images import PixelValueError, displayed_size, load_image, load_mask, read_probability, stored_size
 from crackseg.evaluation.evaluate import evaluate_files
 from crackseg.prediction.pictures import write_png
 from crackseg.training.loader import CrackDataset
@@ -124,7 +124,7 @@ def test_sixteen_bit_class_numbers_are_refused_as_eight_bit_ones_are(tmp_path, l
         for row, level in enumerate(levels):
             mask[row] = level
         Image.fromarray(mask).save(tmp_path / "classes.png")
-        with pytest.raises(MaskValueError, match=f"a mask whose brightest level is {max(levels)}: neither 0/255 nor 0/1"):
+        with pytest.raises(PixelValueError, match=f"a mask whose brightest level is {max(levels)}: neither 0/255 nor 0/1"):
             load_mask(tmp_path / "classes.png")
 
 
@@ -232,3 +232,52 @@ def test_a_photo_too_large_to_decode_whole_says_how_to_convert_it(tmp_path, dark
     (row,) = csv.DictReader(open(tmp_path / "out" / "errors.csv"))
     assert row["path"].endswith("huge.png") and "tiled GeoTIFF" in row["error"] and "gdal_translate" in row["error"]
     assert "gdal_translate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pixels, reason", [
+    (np.linspace(0, 1, 40 * 60, dtype=np.float32).reshape(40, 60), "floating-point pixels"),  # Pillow would clip it black
+    (np.arange(40 * 60, dtype=np.int32).reshape(40, 60) * 1000, "32-bit pixels from 0 to 2399000"),  # it would clip it white
+])
+def test_a_photo_beyond_16_bits_is_refused_naming_its_pixels_not_read_clipped(tmp_path, dark_checkpoint, pixels, reason):
+    (tmp_path / "in").mkdir()
+    Image.fromarray(pixels).save(tmp_path / "in" / "deep.tif")
+    Image.fromarray(_photo_with_line(40, 60, 20)).save(tmp_path / "in" / "plain.png")
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--no-measure") == 1
+    (row,) = csv.DictReader(open(tmp_path / "out" / "errors.csv"))
+    assert row["path"].endswith("deep.tif") and row["error"].startswith(reason) and "8- and 16-bit photos" in row["error"]
+    assert (tmp_path / "out" / "masks" / "plain.png").is_file() and not (tmp_path / "out" / "masks" / "deep.png").exists()
+
+
+def test_a_dataset_photo_of_floating_point_pixels_is_a_problem_before_training(tmp_path, capsys):
+    """Not a failure in some later epoch, when the loader first draws it, blamed on a file changed since the check."""
+    for sub in ("images", "masks"):
+        (tmp_path / sub).mkdir()
+    photo = _photo_with_line(32, 32, 16)
+    for stem in ("a", "b", "c"):
+        Image.fromarray(photo).save(tmp_path / "images" / f"{stem}.png")
+        Image.fromarray(np.where(photo[..., 0] < 100, 255, 0).astype(np.uint8)).save(tmp_path / "masks" / f"{stem}.png")
+    (tmp_path / "images" / "c.png").unlink()
+    Image.fromarray(np.full((32, 32), 0.8, np.float32)).save(tmp_path / "images" / "c.tif")
+    assert main(["inspect", str(tmp_path)]) == 1
+    assert f"problem: {tmp_path / 'images' / 'c.tif'}: floating-point pixels" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--data", str(tmp_path), "--run", str(tmp_path / "run"), "--device", "cpu", "--epochs", "1"])
+    assert stopped.value.code == 2 and "c.tif: floating-point pixels" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_a_32_bit_photo_within_16_bits_is_read_as_the_16_bit_photo():
+    values = np.array([[0, 4095, 2048, 1]], np.uint16)
+    wide, narrow = (Image.fromarray(values.astype(dtype)) for dtype in (np.int32, np.uint16))
+    assert wide.mode == "I"
+    assert torch.equal(load_image(_saved(wide)), load_image(_saved(narrow)))
+    assert load_image(_saved(wide))[:, 0, 1].tolist() == [255, 255, 255]  # 12 bits at full scale
+
+
+def _saved(image: Image.Image):
+    import io
+
+    data = io.BytesIO()
+    image.save(data, format="TIFF")
+    data.seek(0)
+    return data
