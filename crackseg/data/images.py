@@ -153,7 +153,7 @@ def _refuse_colours(image: Image.Image) -> None:
     if coloured.any():
         found = ", ".join(f"rgb{tuple(int(v) for v in colour)}" for colour in np.unique(rgb[coloured], axis=0)[:4])
         raise PixelValueError(f"a colour mask (colours {found}); crackseg reads grey masks (0 = background, above "
-                             f"{CRACK_THRESHOLD} = crack): save the crack colour as white on black")
+                              f"{CRACK_THRESHOLD} = crack): save the crack colour as white on black")
 
 
 def image_pixels(path: Path | RemoteFile | BinaryIO) -> np.ndarray:
@@ -212,7 +212,7 @@ def mask_levels(path: Path | RemoteFile) -> np.ndarray:
     top = int(levels.max(initial=0))
     if 1 < top < FAINT_LEVELS:
         raise PixelValueError(f"a mask whose brightest level is {top}: neither 0/255 nor 0/1 (a 0/1 mask saved as JPEG, "
-                             "or class numbers?), which would read as crack-free; save it as a 0/255 or 0/1 PNG")
+                              "or class numbers?), which would read as crack-free; save it as a 0/255 or 0/1 PNG")
     if is_zero_one(levels):
         levels = levels * np.uint8(255)
     return levels

@@ -1,8 +1,9 @@
-"""Photos and masks as viewers show them: EXIF orientation, 0/1 masks, Pillow's size limit."""
+"""Photos and masks as viewers show them: EXIF orientation, 0/1 masks, photos beyond 16 bits, Pillow's size limit."""
 
 from __future__ import annotations
 
 import csv
+import io
 import struct
 import zlib
 from pathlib import Path
@@ -254,9 +255,9 @@ def test_a_dataset_photo_of_floating_point_pixels_is_a_problem_before_training(t
         (tmp_path / sub).mkdir()
     photo = _photo_with_line(32, 32, 16)
     for stem in ("a", "b", "c"):
-        Image.fromarray(photo).save(tmp_path / "images" / f"{stem}.png")
         Image.fromarray(np.where(photo[..., 0] < 100, 255, 0).astype(np.uint8)).save(tmp_path / "masks" / f"{stem}.png")
-    (tmp_path / "images" / "c.png").unlink()
+    for stem in ("a", "b"):
+        Image.fromarray(photo).save(tmp_path / "images" / f"{stem}.png")
     Image.fromarray(np.full((32, 32), 0.8, np.float32)).save(tmp_path / "images" / "c.tif")
     assert main(["inspect", str(tmp_path)]) == 1
     assert f"problem: {tmp_path / 'images' / 'c.tif'}: floating-point pixels" in capsys.readouterr().out
@@ -274,9 +275,7 @@ def test_a_32_bit_photo_within_16_bits_is_read_as_the_16_bit_photo():
     assert load_image(_saved(wide))[:, 0, 1].tolist() == [255, 255, 255]  # 12 bits at full scale
 
 
-def _saved(image: Image.Image):
-    import io
-
+def _saved(image: Image.Image) -> io.BytesIO:
     data = io.BytesIO()
     image.save(data, format="TIFF")
     data.seek(0)
