@@ -156,15 +156,14 @@ def csv_rows(path: Path) -> list[dict]:
 
 
 def save_maps(folder: Path, arrays: dict[str, np.ndarray], bits: int = 8) -> None:
-    """Maps in [0, 1] as ``folder/<stem>.png``, 8- or 16-bit grey, as predict writes masks and probabilities."""
+    """Maps in [0, 1] as ``folder/<stem>.png``, 8- or 16-bit grey without predict's probability mark, as other tools
+    write masks and probability maps."""
     from PIL import Image
 
     folder.mkdir(parents=True, exist_ok=True)
+    top, dtype = (65535, np.uint16) if bits == 16 else (255, np.uint8)
     for stem, array in arrays.items():
-        if bits == 16:
-            Image.fromarray((array * 65535).round().astype(np.uint16)).save(folder / f"{stem}.png")
-        else:
-            Image.fromarray((array * 255).round().astype(np.uint8)).save(folder / f"{stem}.png")
+        Image.fromarray((array * top).round().astype(dtype)).save(folder / f"{stem}.png")
 
 
 def predict_photos_named(names: list[str], folder: Path, checkpoint: Path, out: Path, monkeypatch) -> None:
