@@ -28,6 +28,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numba import njit
@@ -85,10 +86,10 @@ def find_cracks_with_skeleton(mask: np.ndarray, join_gap: float = 0.0, min_lengt
     renumber = np.zeros(len(parts.area), np.int32)
     renumber[found] = np.arange(1, len(found) + 1)
     cracks = [parts.measure(int(old), new_id) for new_id, old in enumerate(found, 1)]
-    labels = np.zeros(mask.shape, np.int32)
-    crack = np.flatnonzero(mask)  # the ids go on the mask's pixels only, not on the bridges across gaps
-    labels.reshape(-1)[crack] = renumber[parts.labels.reshape(-1)[crack]]
-    return labels, cracks, np.where(parts.skeleton, renumber[parts.labels], 0).astype(np.int32)
+    joined, skeleton = parts.pixels, parts.skeleton_pixels
+    ids = renumber[parts.pixel_labels]
+    on_mask = mask[joined.points[:, 0], joined.points[:, 1]]  # the ids go on the mask's pixels only, not on the bridges across gaps
+    return joined.image(np.where(on_mask, ids, 0), np.int32), cracks, skeleton.image(ids[skeleton.in_parent], np.int32)
 
 
 @dataclass
@@ -97,9 +98,9 @@ class CrackParts:
 
     Index 0 of every array is the background. Lengths are the skeleton's links that start in
     the counted rows plus the caps of the ends there; bounding boxes cover counted pixels.
+    The joined cracks are held as pixel sets: images of them are made only when asked for.
     """
 
-    labels: np.ndarray  # (H, W) int32: the joined cracks, before any is dropped
     length: np.ndarray
     gap: np.ndarray
     area: np.ndarray
@@ -107,7 +108,19 @@ class CrackParts:
     box: np.ndarray  # (n + 1, 4) top, left, bottom, right (exclusive); top = H where no counted pixel
     fragments: np.ndarray
     anchors: dict[int, tuple[int, int]]
-    skeleton: np.ndarray  # (H, W) bool, of the joined cracks
+    pixels: Pixels  # the joined cracks: the mask's pixels and the bridges across gaps
+    pixel_labels: np.ndarray  # the label of each of them, before any crack is dropped
+    skeleton_pixels: Pixels  # a subset of ``pixels``: the skeleton of the joined cracks
+
+    @cached_property
+    def labels(self) -> np.ndarray:
+        """(H, W) int32: the joined cracks' labels."""
+        return self.pixels.image(self.pixel_labels, np.int32)
+
+    @cached_property
+    def skeleton(self) -> np.ndarray:
+        """(H, W) bool: the joined cracks' skeleton."""
+        return self.skeleton_pixels.image(True, bool)
 
     def measure(self, number: int, crack_id: int) -> CrackMeasure:
         """Label ``number`` as CrackMeasure ``crack_id``, anchored on its skeleton where it has one."""
@@ -159,8 +172,8 @@ def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(
     owners = labels[joined.find(cracks.index[first[1:]])]
     fragments = np.bincount(owners[rows[cracks.points[first[1:], 0]]], minlength=total + 1)
     area = np.bincount(mine[joined.find(cracks.index)], minlength=total + 1)
-    return CrackParts(joined.image(labels, np.int32), length, gap, area, max_width, box, fragments,
-                      _anchors(skeleton, labels[skeleton.in_parent], total), skeleton.image(True, bool))
+    return CrackParts(length, gap, area, max_width, box, fragments, _anchors(skeleton, labels[skeleton.in_parent], total),
+                      joined, labels, skeleton)
 
 
 def _ends(skeleton: Pixels) -> np.ndarray:
@@ -342,42 +355,52 @@ def _max_width_by_label(cracks: Pixels, distance: np.ndarray, skeleton: Pixels, 
     off the ridge is as far from the background (even widths). ndimage.maximum_filter found that
     neighbour before; its 'reflect' border only repeats pixels of the neighbourhood.
     """
-    at = cracks.find(skeleton.index)
-    on_mask = at >= 0
-    at = at[on_mask]
-    depth, owner = distance[at], labels[on_mask]
-    on_ridge = np.zeros(len(cracks.index) + 1, bool)  # the last one stands for -1, no crack pixel
-    on_ridge[at] = True
-    around = cracks.neighbours[at]
-    twin = np.where((around >= 0) & ~on_ridge[around], distance[around], 0.0).max(axis=1, initial=0.0)
-    widths = 2.0 * depth - 1.0 + (np.abs(twin - depth) <= 1e-8 + 1e-5 * depth)  # np.isclose, without its overhead
-    result = np.zeros(count + 1)
-    np.maximum.at(result, owner, 2.0 * depth - 1.0)
     joined = skeleton.parent  # the pixels it was thinned from: the mask's, and the bridges'
     is_end = np.zeros(len(joined.index) + 1, np.bool_)  # by slot: 1 + position among the joined pixels
     is_end[skeleton.in_parent[ends] + 1] = True
-    rows, cols = skeleton.points[on_mask].T
-    away = _far_from_ends(rows, cols, depth, joined.slots, is_end, joined.stride)  # near an end the cap distorts the width
-    np.maximum.at(result, owner[away], widths[away])
-    return result[1:]
+    rows, cols = skeleton.points.T
+    return _max_widths(cracks.find(skeleton.index), distance, cracks.neighbours, labels, rows, cols, joined.slots, is_end,
+                       joined.stride, count)[1:]
 
 
 @njit(cache=True, nogil=True)
-def _far_from_ends(rows, cols, depth, slots, is_end, stride):
-    """Whether each pixel lies farther than its depth + 1 from every skeleton end (the ends within that reach are all
-    in the square of that half-side around it), compared as a k-d tree's distances would be."""
+def _max_widths(at, distance, neighbours, labels, rows, cols, slots, is_end, stride, count):
+    """Per label, the largest 2d - 1 over its skeleton pixels on the mask (``at``: their positions among the mask's
+    pixels, -1 on a bridge), and the largest full width over those farther than d + 1 from every skeleton end."""
+    on_ridge = np.zeros(len(distance), np.bool_)
+    for pixel in at:
+        if pixel >= 0:
+            on_ridge[pixel] = True
+    result = np.zeros(count + 1)
+    for k in range(len(at)):
+        pixel, label = at[k], labels[k]
+        if pixel < 0:
+            continue
+        depth = distance[pixel]
+        result[label] = max(result[label], 2.0 * depth - 1.0)
+        if _near_an_end(rows[k], cols[k], depth + 1, slots, is_end, stride):  # near an end the cap distorts the width
+            continue
+        twin = 0.0
+        for place in range(8):
+            other = neighbours[pixel, place]
+            if other >= 0 and not on_ridge[other]:
+                twin = max(twin, distance[other])
+        even = abs(twin - depth) <= 1e-8 + 1e-5 * depth  # np.isclose
+        result[label] = max(result[label], 2.0 * depth - 1.0 + (1.0 if even else 0.0))
+    return result
+
+
+@njit(cache=True, nogil=True)
+def _near_an_end(row, col, reach, slots, is_end, stride):
+    """Whether a skeleton end lies within ``reach`` of the pixel (all such ends are in the square of that half-side
+    around it), compared as a k-d tree's distances would be."""
     height, width = len(slots) // stride - 2, stride - 2
-    away = np.ones(len(rows), np.bool_)
-    for pixel in range(len(rows)):
-        reach = depth[pixel] + 1
-        side = int(reach)
-        nearest = -1
-        for row in range(max(rows[pixel] - side, 0), min(rows[pixel] + side, height - 1) + 1):
-            for col in range(max(cols[pixel] - side, 0), min(cols[pixel] + side, width - 1) + 1):
-                if is_end[slots[(row + 1) * stride + col + 1]]:
-                    squared = (row - rows[pixel]) ** 2 + (col - cols[pixel]) ** 2
-                    if nearest < 0 or squared < nearest:
-                        nearest = squared
-        if nearest >= 0 and not np.sqrt(np.float64(nearest)) > reach:
-            away[pixel] = False
-    return away
+    side = int(reach)
+    nearest = -1
+    for other_row in range(max(row - side, 0), min(row + side, height - 1) + 1):
+        for other_col in range(max(col - side, 0), min(col + side, width - 1) + 1):
+            if is_end[slots[(other_row + 1) * stride + other_col + 1]]:
+                squared = (other_row - row) ** 2 + (other_col - col) ** 2
+                if nearest < 0 or squared < nearest:
+                    nearest = squared
+    return nearest >= 0 and not np.sqrt(np.float64(nearest)) > reach

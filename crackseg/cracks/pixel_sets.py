@@ -211,9 +211,15 @@ def _distances(neighbours, rows, cols, slots, stride, height, width):
 
 @njit(cache=True, nogil=True)
 def _thinned(neighbours: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Which pixels stay (see thin)."""
+    """Which pixels stay (see thin). Each pixel's neighbourhood code is kept up to date as its neighbours go, so
+    looking at a pixel again costs one lookup."""
     count = len(neighbours)
     present = np.ones(count, np.bool_)
+    code = np.zeros(count, np.int64)
+    for pixel in range(count):
+        for place in range(8):
+            if neighbours[pixel, place] >= 0:
+                code[pixel] |= 1 << place
     due = [np.arange(count), np.arange(count)]
     due_count = [count, count]
     stamp = np.zeros(count, np.int64)
@@ -227,27 +233,24 @@ def _thinned(neighbours: np.ndarray, table: np.ndarray) -> np.ndarray:
                 pixel = looked[k]
                 if not present[pixel]:
                     continue
-                code = 0
-                for place in range(8):
-                    other = neighbours[pixel, place]
-                    if other >= 0 and present[other]:
-                        code |= 1 << place
-                kind = table[code]
+                kind = table[code[pixel]]
                 if kind == 3 or kind == sub_pass + 1:
                     removed[gone] = pixel
                     gone += 1
-            for k in range(gone):
-                present[removed[k]] = False
             stamps += 1
             beside = np.empty(8 * gone, np.int64)
             found = 0
             for k in range(gone):
+                pixel = removed[k]
+                present[pixel] = False
                 for place in range(8):
-                    other = neighbours[removed[k], place]
-                    if other >= 0 and stamp[other] != stamps:
-                        stamp[other] = stamps
-                        beside[found] = other
-                        found += 1
+                    other = neighbours[pixel, place]
+                    if other >= 0:
+                        code[other] &= ~(1 << ((place + 4) % 8))  # the pixel is the other's neighbour on the opposite side
+                        if stamp[other] != stamps:
+                            stamp[other] = stamps
+                            beside[found] = other
+                            found += 1
             other_pass = 1 - sub_pass
             stamps += 1
             merged = np.empty(due_count[other_pass] + found, np.int64)

@@ -12,6 +12,7 @@ from skimage.draw import line as draw_line
 from skimage.morphology import thin
 
 from crackseg.cracks.measure import CORNER, DIAGONAL, ORTHOGONAL, CrackMeasure, CrackParts, crack_parts, find_cracks
+from crackseg.cracks.pixel_sets import Pixels
 
 
 def _stroke(shape, centreline: np.ndarray, width: float) -> np.ndarray:
@@ -167,8 +168,10 @@ def _random_mask(seed: int) -> np.ndarray:
 
 
 def _assert_same_parts(got: CrackParts, want: CrackParts) -> None:
-    for field in dataclasses.fields(CrackParts):
-        a, b = getattr(got, field.name), getattr(want, field.name)
+    """Every sum, and the images of the labels and the skeleton in place of the pixel sets they are made from."""
+    held = {"pixels", "pixel_labels", "skeleton_pixels"}
+    for name in [field.name for field in dataclasses.fields(CrackParts) if field.name not in held] + ["labels", "skeleton"]:
+        a, b = getattr(got, name), getattr(want, name)
         if isinstance(b, np.ndarray):
             assert a.dtype == b.dtype and np.array_equal(a, b), field.name
         else:
@@ -277,8 +280,8 @@ def _whole_image_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice =
     first_rows = np.array([found[0].start for found in ndimage.find_objects(pieces)], int)
     owners = ndimage.maximum(labels, pieces, np.arange(1, count + 1)).astype(int) if count else np.zeros(0, int)
     fragments = np.bincount(owners[rows[first_rows]], minlength=total + 1)
-    return CrackParts(labels.astype(np.int32), length, gap, np.bincount(mine[mask], minlength=total + 1), max_width, box,
-                      fragments, _whole_image_anchors(skeleton, labels, total), skeleton)
+    return CrackParts(length, gap, np.bincount(mine[mask], minlength=total + 1), max_width, box, fragments,
+                      _whole_image_anchors(skeleton, labels, total), Pixels.of(labels > 0), labels[labels > 0], Pixels.of(skeleton))
 
 
 _EIGHT = np.ones((3, 3), bool)
