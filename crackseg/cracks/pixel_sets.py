@@ -35,7 +35,9 @@ class Pixels:
     @classmethod
     def of(cls, mask: np.ndarray) -> Pixels:
         rows, cols = np.divmod(np.flatnonzero(mask), mask.shape[1])
-        return cls(mask.shape, (rows + 1) * (mask.shape[1] + 2) + cols + 1)
+        pixels = cls(mask.shape, (rows + 1) * (mask.shape[1] + 2) + cols + 1)
+        pixels.points = np.stack([rows, cols], axis=1)  # known here: no division to find them again
+        return pixels
 
     def index_of(self, rows, cols):
         return (rows + 1) * self.stride + cols + 1
@@ -43,6 +45,8 @@ class Pixels:
     @cached_property
     def points(self) -> np.ndarray:
         """(n, 2) row, col in the image, as np.argwhere gives them."""
+        if self.parent is not None:
+            return self.parent.points[self.in_parent]
         rows, cols = np.divmod(self.index, self.stride)
         return np.stack([rows - 1, cols - 1], axis=1)
 
@@ -133,7 +137,7 @@ def thin(pixels: Pixels) -> Pixels:
     outside the image being background as there. Not skeletonize (Zhang and Suen's): that erases stretches of
     bands near 45 degrees, up to half of a straight diagonal crack (scikit-image issue 7704).
 
-    A sub-pass looks again only at the pixels beside one removed since that sub-pass last looked:
+    A sub-pass looks again only at the pixels beside one removed since a sub-pass of its kind last looked:
     the others, with the same neighbours, would stay again.
     """
     return pixels.subset(_thinned(pixels.neighbours, _THINNING))
@@ -211,56 +215,51 @@ def _distances(neighbours, rows, cols, slots, stride, height, width):
 
 @njit(cache=True, nogil=True)
 def _thinned(neighbours: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Which pixels stay (see thin). Each pixel's neighbourhood code is kept up to date as its neighbours go, so
-    looking at a pixel again costs one lookup."""
+    """Which pixels stay (see thin). Each pixel's neighbourhood code is kept up to date as its neighbours go, and
+    a sub-pass looks only at the pixels waiting for one of its kind: at first those beside the background (a pixel
+    with all eight neighbours stays), then those beside a pixel removed since that kind last looked."""
     count = len(neighbours)
     present = np.ones(count, np.bool_)
-    code = np.zeros(count, np.int64)
+    code = np.zeros(count, np.uint8)
     for pixel in range(count):
         for place in range(8):
             if neighbours[pixel, place] >= 0:
-                code[pixel] |= 1 << place
-    due = [np.arange(count), np.arange(count)]
-    due_count = [count, count]
-    stamp = np.zeros(count, np.int64)
-    stamps = 0
+                code[pixel] |= np.uint8(1 << place)
+    due = np.empty((2, count), np.int64)
+    due_count = np.zeros(2, np.int64)
+    waiting = np.zeros((2, count), np.bool_)
+    for pixel in range(count):
+        if code[pixel] != 255:
+            for kind in range(2):
+                due[kind, due_count[kind]] = pixel
+                due_count[kind] += 1
+                waiting[kind, pixel] = True
     removed = np.empty(count, np.int64)
-    while due_count[0] or due_count[1]:
-        for sub_pass in range(2):
-            gone = 0
-            looked = due[sub_pass]
-            for k in range(due_count[sub_pass]):
-                pixel = looked[k]
-                if not present[pixel]:
-                    continue
-                kind = table[code[pixel]]
-                if kind == 3 or kind == sub_pass + 1:
+    sub_pass, idle = 0, 0
+    while idle < 2:  # until a sub-pass of each kind removed nothing
+        gone = 0
+        for k in range(due_count[sub_pass]):
+            pixel = due[sub_pass, k]
+            waiting[sub_pass, pixel] = False
+            if present[pixel]:
+                goes = table[code[pixel]]
+                if goes == 3 or goes == sub_pass + 1:
                     removed[gone] = pixel
                     gone += 1
-            stamps += 1
-            beside = np.empty(8 * gone, np.int64)
-            found = 0
-            for k in range(gone):
-                pixel = removed[k]
-                present[pixel] = False
-                for place in range(8):
-                    other = neighbours[pixel, place]
-                    if other >= 0:
-                        code[other] &= ~(1 << ((place + 4) % 8))  # the pixel is the other's neighbour on the opposite side
-                        if stamp[other] != stamps:
-                            stamp[other] = stamps
-                            beside[found] = other
-                            found += 1
-            other_pass = 1 - sub_pass
-            stamps += 1
-            merged = np.empty(due_count[other_pass] + found, np.int64)
-            size = 0
-            for values, length in ((due[other_pass], due_count[other_pass]), (beside, found)):
-                for k in range(length):
-                    if stamp[values[k]] != stamps:
-                        stamp[values[k]] = stamps
-                        merged[size] = values[k]
-                        size += 1
-            due[sub_pass], due_count[sub_pass] = beside, found
-            due[other_pass], due_count[other_pass] = merged, size
+        due_count[sub_pass] = 0
+        for k in range(gone):
+            present[removed[k]] = False
+        for k in range(gone):
+            for place in range(8):
+                other = neighbours[removed[k], place]
+                if other >= 0:
+                    code[other] &= ~np.uint8(1 << ((place + 4) % 8))  # the removed pixel is the other's opposite neighbour
+                    if present[other]:
+                        for kind in range(2):
+                            if not waiting[kind, other]:
+                                waiting[kind, other] = True
+                                due[kind, due_count[kind]] = other
+                                due_count[kind] += 1
+        idle = 0 if gone else idle + 1
+        sub_pass = 1 - sub_pass
     return present

@@ -11,6 +11,7 @@ from scipy.spatial import cKDTree
 from skimage.draw import line as draw_line
 from skimage.morphology import thin
 
+from crackseg.cracks import measure
 from crackseg.cracks.measure import CORNER, DIAGONAL, ORTHOGONAL, CrackMeasure, CrackParts, crack_parts, find_cracks
 from crackseg.cracks.pixel_sets import Pixels
 
@@ -219,6 +220,22 @@ def test_a_gap_to_two_equally_near_targets_is_bridged_as_before(flip):
         mask[30 - arm : 30 + arm + 1, 70] = True
         mask = mask[:: flip[0], :: flip[1]]
         _assert_same_parts(crack_parts(mask, JOIN_GAP), _whole_image_parts(mask, JOIN_GAP))
+
+
+@pytest.mark.parametrize("degrees, bridged", [(30.0, None), (29.0, True), (31.0, False)])  # None: handed back
+def test_an_angle_within_rounding_of_30_degrees_is_left_to_numpys_dot_product(degrees, bridged):
+    """The compiled search decides an angle only where rounding cannot: exactly at 30 degrees it hands the end back
+    (the k-d tree path then takes the dot product as NumPy does); inside it bridges, outside it does not."""
+    points = np.array([[5, 5], [5, 6]])  # an end, and a pixel of another piece one step along the columns
+    owner, depth = np.array([1, 2]), np.array([1.0, 1.0])
+    turn = math.radians(degrees)
+    direction = np.array([[math.sin(turn), math.cos(turn)]]) if degrees != 30.0 else np.array([[0.5, measure._COS_30]])
+    order, cell_starts, columns = measure._grid(points, 16, (20, 20))
+    target, gaps = np.full(1, -1, np.int64), np.zeros(1)
+    head = measure._targets(points, owner, depth, np.array([0]), direction, JOIN_GAP, np.arange(3), order, cell_starts,
+                            columns, 16, 0, target, gaps)
+    assert head == (0 if bridged is None else 1)
+    assert target[0] == (1 if bridged else -1)
 
 
 def test_a_crack_on_a_large_photo_is_measured_as_in_its_own_box():
