@@ -33,7 +33,7 @@ from numba import njit
 from scipy.spatial import cKDTree
 from skimage.draw import line as draw_line
 
-from crackseg.cracks.pixel_sets import Pixels, components, distances, thin
+from crackseg.cracks.pixel_sets import Pixels, components, distances, thin_grown, thinning
 
 ORTHOGONAL, DIAGONAL, CORNER = 0.980, 1.406, 0.091
 _COS_30 = math.cos(math.radians(30))
@@ -144,12 +144,12 @@ def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(
     cracks = Pixels.of(mask)
     pieces = components(cracks)
     distance = distances(cracks)
-    skeleton = thin(cracks)
+    skeleton, removed_at = thinning(cracks)
     bridges = _join_pieces(cracks, pieces, distance, skeleton, join_gap) if join_gap > 0 and len(cracks.index) else []
     joined, labels = cracks, pieces
     if bridges:
         joined = cracks.union(np.concatenate([pixels for _, _, pixels in bridges]))
-        labels, skeleton = components(joined), thin(joined)
+        labels, skeleton = components(joined), thin_grown(joined, cracks, removed_at)
     total = int(labels.max(initial=0))
     mine = np.where(rows[joined.points[:, 0]], labels, 0)  # labels of the counted rows only: other pixels add to the background
     skeleton_mine = mine[skeleton.in_parent]  # the skeleton was thinned from the joined pixels

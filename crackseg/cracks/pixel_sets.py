@@ -3,7 +3,8 @@
 A :class:`Pixels` holds pixels as flat indices into the image padded with background, so a neighbour is a fixed
 offset away and no image-sized array is made per operation. :func:`components`, :func:`distances` and :func:`thin`
 give, bit for bit, scipy.ndimage's 8-connected labels and Euclidean distance transform and scikit-image's
-thin (Guo and Hall's thinning, with scikit-image's tables). Kept apart from :mod:`crackseg.cracks.measure`,
+thin (Guo and Hall's thinning, with scikit-image's tables); :func:`thin_grown` thins a set grown by a few pixels
+(the bridges of a join) from the thinning of the set it grew from. Kept apart from :mod:`crackseg.cracks.measure`,
 which builds lengths, widths and joins on them, because they are the pixel morphology, not the crack measures.
 
 Their loops over pixels are compiled by numba (cached on disk after the first call of a machine): vectorized NumPy
@@ -140,7 +141,23 @@ def thin(pixels: Pixels) -> Pixels:
     A sub-pass looks again only at the pixels beside one removed since a sub-pass of its kind last looked:
     the others, with the same neighbours, would stay again.
     """
-    return pixels.subset(_thinned(pixels.neighbours, _THINNING))
+    return thinning(pixels)[0]
+
+
+def thinning(pixels: Pixels) -> tuple[Pixels, np.ndarray]:
+    """:func:`thin`, and the sub-pass in which each pixel went (-1: it stays), from which :func:`thin_grown` goes on."""
+    removed_at = _thinned(pixels.neighbours, _THINNING)
+    return pixels.subset(removed_at < 0), removed_at
+
+
+def thin_grown(grown: Pixels, base: Pixels, removed_at: np.ndarray) -> Pixels:
+    """:func:`thin` of ``grown``, ``base`` and a few pixels more, bit for bit, from ``removed_at`` of thinning ``base``.
+
+    A pixel's fate in a sub-pass depends on itself and its eight neighbours alone, so ``grown`` is thinned as ``base``
+    was wherever neither differs: only the pixels that differ from ``base``'s at that sub-pass (at first the added
+    ones) and their neighbours are looked at.
+    """
+    return grown.subset(_thinned_again(grown.neighbours, base.find(grown.index), removed_at, _THINNING))
 
 
 @njit(cache=True, nogil=True)
@@ -215,11 +232,12 @@ def _distances(neighbours, rows, cols, slots, stride, height, width):
 
 @njit(cache=True, nogil=True)
 def _thinned(neighbours: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Which pixels stay (see thin). Each pixel's neighbourhood code is kept up to date as its neighbours go, and
-    a sub-pass looks only at the pixels waiting for one of its kind: at first those beside the background (a pixel
-    with all eight neighbours stays), then those beside a pixel removed since that kind last looked."""
+    """The sub-pass in which each pixel goes, -1 for those that stay (see thin). Each pixel's neighbourhood code is
+    kept up to date as its neighbours go, and a sub-pass looks only at the pixels waiting for one of its kind: at
+    first those beside the background (a pixel with all eight neighbours stays), then those beside a pixel removed
+    since that kind last looked."""
     count = len(neighbours)
-    present = np.ones(count, np.bool_)
+    removed_at = np.full(count, -1, np.int64)
     code = np.zeros(count, np.uint8)
     for pixel in range(count):
         for place in range(8):
@@ -235,31 +253,97 @@ def _thinned(neighbours: np.ndarray, table: np.ndarray) -> np.ndarray:
                 due_count[kind] += 1
                 waiting[kind, pixel] = True
     removed = np.empty(count, np.int64)
-    sub_pass, idle = 0, 0
+    step, idle = 0, 0
     while idle < 2:  # until a sub-pass of each kind removed nothing
+        sub_pass = step % 2
         gone = 0
         for k in range(due_count[sub_pass]):
             pixel = due[sub_pass, k]
             waiting[sub_pass, pixel] = False
-            if present[pixel]:
+            if removed_at[pixel] < 0:
                 goes = table[code[pixel]]
                 if goes == 3 or goes == sub_pass + 1:
                     removed[gone] = pixel
                     gone += 1
         due_count[sub_pass] = 0
         for k in range(gone):
-            present[removed[k]] = False
+            removed_at[removed[k]] = step
         for k in range(gone):
             for place in range(8):
                 other = neighbours[removed[k], place]
                 if other >= 0:
                     code[other] &= ~np.uint8(1 << ((place + 4) % 8))  # the removed pixel is the other's opposite neighbour
-                    if present[other]:
+                    if removed_at[other] < 0:
                         for kind in range(2):
                             if not waiting[kind, other]:
                                 waiting[kind, other] = True
                                 due[kind, due_count[kind]] = other
                                 due_count[kind] += 1
         idle = 0 if gone else idle + 1
-        sub_pass = 1 - sub_pass
-    return present
+        step += 1
+    return removed_at
+
+
+@njit(cache=True, nogil=True)
+def _in_base(pixel, step, base, removed_at):
+    """Whether a pixel of the grown set is one of the base set's still there at the start of sub-pass ``step``."""
+    at = base[pixel]
+    return at >= 0 and (removed_at[at] < 0 or removed_at[at] >= step)
+
+
+@njit(cache=True, nogil=True)
+def _thinned_again(neighbours: np.ndarray, base: np.ndarray, removed_at: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Which pixels of the grown set stay (see thin_grown): ``base`` holds each one's position in the base set, -1 for
+    an added one; ``removed_at``, the base pixels' sub-passes."""
+    count = len(neighbours)
+    last = removed_at.max() if len(removed_at) else -1
+    differs = np.zeros(count, np.bool_)  # present in one set and not the other, at the start of the sub-pass
+    listed = np.empty(count, np.int64)
+    listed_count = 0
+    for pixel in range(count):
+        if base[pixel] < 0:
+            differs[pixel] = True
+            listed[listed_count] = pixel
+            listed_count += 1
+    stamp = np.zeros(count, np.int64)
+    looked = np.empty(count, np.int64)
+    goes = np.zeros(count, np.bool_)
+    step, idle = 0, 0
+    while idle < 2:  # until a sub-pass of each kind removed nothing, here or (up to its last) in the base set
+        looked_count = 0
+        for k in range(listed_count):  # the differing pixels and their neighbours
+            pixel = listed[k]
+            for place in range(9):
+                other = pixel if place == 8 else neighbours[pixel, place]
+                if other >= 0 and stamp[other] != step + 1:
+                    stamp[other] = step + 1
+                    looked[looked_count] = other
+                    looked_count += 1
+        gone = 0
+        for k in range(looked_count):
+            pixel = looked[k]
+            goes[k] = False
+            if _in_base(pixel, step, base, removed_at) != differs[pixel]:
+                code = 0
+                for place in range(8):
+                    other = neighbours[pixel, place]
+                    if other >= 0 and _in_base(other, step, base, removed_at) != differs[other]:
+                        code |= 1 << place
+                kind = table[code]
+                if kind == 3 or kind == step % 2 + 1:
+                    goes[k] = True
+                    gone += 1
+        listed_count = 0
+        for k in range(looked_count):
+            pixel = looked[k]
+            here = (_in_base(pixel, step, base, removed_at) != differs[pixel]) and not goes[k]
+            differs[pixel] = here != _in_base(pixel, step + 1, base, removed_at)
+            if differs[pixel]:
+                listed[listed_count] = pixel
+                listed_count += 1
+        idle = 0 if gone or step <= last else idle + 1
+        step += 1
+    stays = np.empty(count, np.bool_)
+    for pixel in range(count):
+        stays[pixel] = _in_base(pixel, step, base, removed_at) != differs[pixel]
+    return stays

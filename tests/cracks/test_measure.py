@@ -13,7 +13,7 @@ from skimage.morphology import thin
 
 from crackseg.cracks import measure
 from crackseg.cracks.measure import CORNER, DIAGONAL, ORTHOGONAL, CrackMeasure, CrackParts, crack_parts, find_cracks
-from crackseg.cracks.pixel_sets import Pixels
+from crackseg.cracks.pixel_sets import Pixels, thin_grown, thinning
 
 
 def _stroke(shape, centreline: np.ndarray, width: float) -> np.ndarray:
@@ -236,6 +236,22 @@ def test_an_angle_within_rounding_of_30_degrees_is_left_to_numpys_dot_product(de
                             columns, 16, 0, target, gaps)
     assert head == (0 if bridged is None else 1)
     assert target[0] == (1 if bridged else -1)
+
+
+def test_thinning_a_grown_set_from_the_base_history_equals_thinning_it_whole():
+    """Bridges, strokes as wide as the cracks and specks added to a mask: thinning them from the thinning of the mask
+    gives scikit-image's thin of the whole, whatever the additions change far from themselves."""
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        mask = _random_mask(seed)
+        grown = mask.copy()
+        for _ in range(rng.integers(1, 4)):
+            grown |= _segment(mask.shape, rng.uniform(0, mask.shape), rng.uniform(0, mask.shape), rng.choice([1.0, 3.0, 9.0]))
+        rows, cols = rng.integers(0, mask.shape, (20, 2)).T
+        grown[rows, cols] = True
+        base = Pixels.of(mask)
+        _, removed_at = thinning(base)
+        assert np.array_equal(thin_grown(Pixels.of(grown), base, removed_at).image(True, bool), thin(grown)), seed
 
 
 def test_a_crack_on_a_large_photo_is_measured_as_in_its_own_box():
