@@ -163,7 +163,7 @@ def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(
         if rows[row]:
             gap[labels[joined.find(joined.index_of(row, col))]] += size
     max_width = np.concatenate([[0.0], _max_width_by_label(cracks, distance, skeleton, ends, skeleton_mine, total)])
-    box = _boxes(joined.points[mine > 0], mine[mine > 0], mask.shape, total)
+    box = _boxes(joined.points, mine, mask.shape, total)
     first = np.full(int(pieces.max(initial=0)) + 1, len(pieces))
     np.minimum.at(first, pieces, np.arange(len(pieces)))  # each piece's first pixel in scan order
     owners = labels[joined.find(cracks.index[first[1:]])]
@@ -377,11 +377,14 @@ def _middles(labels: np.ndarray, count: int) -> np.ndarray:
 
 @njit(cache=True, nogil=True)
 def _boxes(points: np.ndarray, labels: np.ndarray, shape: tuple[int, int], count: int) -> np.ndarray:
-    """ndimage.find_objects of labelled points as (count + 1, 4) top, left, bottom, right; (H, W, 0, 0) for a label without points."""
+    """ndimage.find_objects of labelled points as (count + 1, 4) top, left, bottom, right; (H, W, 0, 0) for a label
+    without points and for label 0, the background."""
     box = np.zeros((count + 1, 4), np.int64)
     box[:, 0], box[:, 1] = shape[0], shape[1]
     for k in range(len(labels)):
         label, row, col = labels[k], points[k, 0], points[k, 1]
+        if label == 0:
+            continue
         box[label, 0], box[label, 1] = min(box[label, 0], row), min(box[label, 1], col)
         box[label, 2], box[label, 3] = max(box[label, 2], row + 1), max(box[label, 3], col + 1)
     return box

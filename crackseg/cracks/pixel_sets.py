@@ -76,7 +76,7 @@ class Pixels:
     def neighbours(self) -> np.ndarray:
         """(n, 8) positions of each pixel's neighbours, in _RING order, -1 where a neighbour is not in the set."""
         if self.parent is not None:
-            return self.from_parent[self.parent.neighbours[self.in_parent]]
+            return _subset_neighbours(self.parent.neighbours, self.in_parent, self.from_parent)
         return _neighbour_table(self.index, self.slots, _RING[:, 0] * self.stride + _RING[:, 1])
 
     def subset(self, keep: np.ndarray) -> Pixels:
@@ -167,6 +167,17 @@ def _neighbour_table(index: np.ndarray, slots: np.ndarray, offsets: np.ndarray) 
     for pixel in range(len(index)):
         for place in range(len(offsets)):
             table[pixel, place] = slots[index[pixel] + offsets[place]] - 1
+    return table
+
+
+@njit(cache=True, nogil=True)
+def _subset_neighbours(parent_neighbours: np.ndarray, in_parent: np.ndarray, from_parent: np.ndarray) -> np.ndarray:
+    """Pixels.neighbours of a subset, from its parent's."""
+    table = np.empty((len(in_parent), parent_neighbours.shape[1]), from_parent.dtype)
+    for pixel in range(len(in_parent)):
+        for place in range(parent_neighbours.shape[1]):
+            other = parent_neighbours[in_parent[pixel], place]
+            table[pixel, place] = from_parent[other] if other >= 0 else -1
     return table
 
 
