@@ -18,27 +18,22 @@ cost. The results are, bit for bit, those of the whole-image operations they sta
 scipy.ndimage's 8-connected labels and Euclidean distance transform, and scikit-image's
 thin (Guo and Hall's thinning, with scikit-image's tables), done on pixel sets
 (:mod:`crackseg.cracks.pixel_sets`).
-Pieces that one crack joins are tracked by a union-find forest (across raster bands, by scipy's DisjointSet).
+Pieces of one crack are joined across short gaps by :mod:`crackseg.cracks.joins`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 from numba import njit
-from scipy.spatial import cKDTree
-from skimage.draw import line as draw_line
 
-from crackseg.cracks.pixel_sets import Pixels, components, distances, thin_grown, thinning
+from crackseg.cracks.joins import join_pieces
+from crackseg.cracks.pixel_sets import Pixels, components, distances, skeleton_ends, thin_grown, thinning
 
 ORTHOGONAL, DIAGONAL, CORNER = 0.980, 1.406, 0.091
-_COS_30 = math.cos(math.radians(30))
-_SLACK = 1e-6  # px: far more than rounding, far less than a pixel
-_CELL = 16  # px: the least side of the join's grid cells, which bounds the grid to 1 / 256 of the image
 
 
 @dataclass(frozen=True)
@@ -145,7 +140,7 @@ def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(
     pieces = components(cracks)
     distance = distances(cracks)
     skeleton, removed_at = thinning(cracks)
-    bridges = _join_pieces(cracks, pieces, distance, skeleton, join_gap) if join_gap > 0 and len(cracks.index) else []
+    bridges = join_pieces(cracks, pieces, distance, skeleton, join_gap) if join_gap > 0 and len(cracks.index) else []
     joined, labels = cracks, pieces
     if bridges:
         joined = cracks.union(np.concatenate([pixels for _, _, pixels in bridges]))
@@ -153,7 +148,7 @@ def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(
     total = int(labels.max(initial=0))
     mine = np.where(rows[joined.points[:, 0]], labels, 0)  # labels of the counted rows only: other pixels add to the background
     skeleton_mine = mine[skeleton.in_parent]  # the skeleton was thinned from the joined pixels
-    ends = _ends(skeleton)
+    ends = skeleton_ends(skeleton)
     length = np.concatenate([[0.0], _chain_length_by_label(skeleton, skeleton_mine, total)])
     end_at = cracks.find(skeleton.index[ends])
     end_depth = np.where(end_at >= 0, distance[end_at], 0.0)  # a bridge's pixels lie on the background
@@ -171,184 +166,6 @@ def crack_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(
     area = np.bincount(mine[joined.find(cracks.index)], minlength=total + 1)
     return CrackParts(length, gap, area, max_width, box, fragments, _anchors(skeleton, labels[skeleton.in_parent], total),
                       joined, labels, skeleton)
-
-
-def _ends(skeleton: Pixels) -> np.ndarray:
-    """Whether each skeleton pixel has exactly one skeleton neighbour."""
-    return _one_neighbour(skeleton.neighbours)
-
-
-@njit(cache=True, nogil=True)
-def _one_neighbour(neighbours):
-    ends = np.zeros(len(neighbours), np.bool_)
-    for pixel in range(len(neighbours)):
-        degree = 0
-        for place in range(8):
-            degree += neighbours[pixel, place] >= 0
-        ends[pixel] = degree == 1
-    return ends
-
-
-def _join_pieces(cracks: Pixels, pieces: np.ndarray, distance: np.ndarray, skeleton: Pixels,
-                 join_gap: float) -> list[tuple[tuple[int, int], float, np.ndarray]]:
-    """A one-pixel bridge across each gap a skeleton end points over: (row, col) of its start, the gap, its pixels' padded indices.
-
-    Each end in scan order, its direction from its own piece's skeleton within 10 px to the end and its neighbour
-    (a thinning spur at the tip tilts it half as much as from the end alone), bridges to the nearest skeleton pixel
-    of a piece not yet joined to its own (gaps between their edges) that lies within 30 degrees of that direction.
-    Candidates are found by a grid of cells a gap's reach wide. Where two are equally near, or an angle too near
-    30 degrees to call on rounding alone, the end is settled as it always was: over scipy's k-d tree of the skeleton,
-    the last of equal gaps in the tree's order winning, by the dot product NumPy takes.
-    """
-    points, owner, depth = skeleton.points, pieces[skeleton.in_parent], distance[skeleton.in_parent]
-    ends, direction = _pointing_ends(skeleton, owner)
-    deepest = float(depth.max(initial=0.0))
-    cell = max(_CELL, math.ceil(join_gap + 2 * deepest + 2 * _SLACK))  # at least the farthest a candidate may lie
-    order, cell_starts, columns = _grid(points, cell, skeleton.shape)
-    roots = np.arange(int(pieces.max(initial=0)) + 1)  # the pieces joined so far: one bridge per pair, none around a loop
-    target, gaps = np.full(len(ends), -1, np.int64), np.zeros(len(ends))
-    tree, head = None, 0
-    while head < len(ends):
-        head = _targets(points, owner, depth, ends, direction, join_gap, roots, order, cell_starts, columns, cell,
-                        head, target, gaps)
-        if head < len(ends):  # an end the compiled search could not settle on its own
-            tree = cKDTree(points) if tree is None else tree
-            found = tree.query_ball_point(points[ends[head]], join_gap + depth[ends[head]] + deepest + _SLACK, return_sorted=False)
-            _settle_by_tree(found, points, owner, depth, ends[head], direction[head], join_gap, roots, target, gaps, head)
-            head += 1
-    bridges = []
-    for end, best, best_gap in zip(ends[target >= 0], target[target >= 0], gaps[target >= 0]):
-        (row, col), (best_row, best_col) = points[end], points[best]
-        line_rows, line_cols = draw_line(int(row), int(col), int(best_row), int(best_col))
-        bridges.append(((int(row), int(col)), max(float(best_gap), 0.0), cracks.index_of(line_rows, line_cols)))
-    return bridges
-
-
-def _pointing_ends(skeleton: Pixels, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The skeleton ends that point somewhere, and each one's unit direction."""
-    points, cracks = skeleton.points, skeleton.parent
-    ends = np.flatnonzero(_ends(skeleton))
-    tip_sums, tip_count, sums, count = _own_sums(points[ends, 0], points[ends, 1], owner[ends], cracks.slots,
-                                                 skeleton.from_parent, owner, cracks.stride)
-    # the sums are of integers, exact in any order: np.mean's values
-    direction = tip_sums / tip_count[:, None] - sums / count[:, None]
-    size = np.hypot(direction[:, 0], direction[:, 1])
-    pointing = size >= 0.5
-    return ends[pointing], direction[pointing] / size[pointing, None]
-
-
-def _settle_by_tree(found: list[int], points: np.ndarray, owner: np.ndarray, depth: np.ndarray, end: int,
-                    direction: np.ndarray, join_gap: float, roots: np.ndarray, target: np.ndarray, gaps: np.ndarray,
-                    head: int) -> None:
-    """Settle one end over ``found``, the skeleton pixels within reach in the k-d tree's order, as :func:`_targets`
-    would but with NumPy's own dot product, the last of equal gaps winning."""
-    piece, best, best_gap = _root(roots, owner[end]), -1, join_gap
-    for i in found:
-        if _root(roots, owner[i]) == piece:
-            continue
-        step = points[i] - points[end]
-        span = np.hypot(*step)
-        gap = span - (depth[end] - 0.5) - (depth[i] - 0.5)
-        if gap <= best_gap and step @ direction >= span * _COS_30:
-            best, best_gap = i, gap
-    if best >= 0:
-        roots[_root(roots, owner[best])] = piece
-        target[head], gaps[head] = best, best_gap
-
-
-@njit(cache=True, nogil=True)
-def _grid(points, cell, shape):
-    """The points sorted by the cell of side ``cell`` they lie in (row-major cells), where each cell's points start
-    in that order (and the last end), and the number of cells per row."""
-    columns = shape[1] // cell + 1
-    cells = (shape[0] // cell + 1) * columns
-    where = (points[:, 0] // cell) * columns + points[:, 1] // cell
-    cell_starts = np.zeros(cells + 1, np.int64)
-    for k in range(len(where)):
-        cell_starts[where[k] + 1] += 1
-    for k in range(cells):
-        cell_starts[k + 1] += cell_starts[k]
-    filled = cell_starts[:-1].copy()
-    order = np.empty(len(where), np.int64)
-    for k in range(len(where)):
-        order[filled[where[k]]] = k
-        filled[where[k]] += 1
-    return order, cell_starts, columns
-
-
-@njit(cache=True, nogil=True)
-def _targets(points, owner, depth, ends, direction, join_gap, roots, order, cell_starts, columns, cell, head, target, gaps):
-    """Settle the ends from ``head`` on in turn (their targets and gaps into ``target`` and ``gaps``, each bridge
-    joining two pieces in ``roots``); return where one needs the k-d tree (two equally near candidates, or an angle
-    within rounding of 30 degrees), or the number of ends."""
-    rows = (len(cell_starts) - 1) // columns
-    for head in range(head, len(ends)):
-        end = ends[head]
-        row, col = points[end, 0], points[end, 1]
-        piece = _root(roots, owner[end])
-        best, best_gap, ties = -1, join_gap, 0
-        for cell_row in range(max(row // cell - 1, 0), min(row // cell + 1, rows - 1) + 1):
-            for cell_col in range(max(col // cell - 1, 0), min(col // cell + 1, columns - 1) + 1):
-                at = cell_row * columns + cell_col
-                for k in range(cell_starts[at], cell_starts[at + 1]):
-                    i = order[k]
-                    step_row, step_col = points[i, 0] - row, points[i, 1] - col
-                    span = math.hypot(step_row, step_col)
-                    gap = span - (depth[end] - 0.5) - (depth[i] - 0.5)  # each edge half a pixel beyond its last crack pixel
-                    if gap > best_gap:
-                        continue
-                    along, least = step_row * direction[head, 0] + step_col * direction[head, 1], span * _COS_30
-                    if along < least - _SLACK or _root(roots, owner[i]) == piece:
-                        continue
-                    if along - least <= _SLACK:
-                        return head
-                    if gap == best_gap and best >= 0:
-                        ties += 1
-                    else:
-                        best, best_gap, ties = i, gap, 0
-        if ties:
-            return head
-        if best >= 0:
-            roots[_root(roots, owner[best])] = piece
-            target[head], gaps[head] = best, best_gap
-    return len(ends)
-
-
-@njit(cache=True, nogil=True)
-def _root(roots, piece):
-    while roots[piece] != piece:
-        roots[piece] = roots[roots[piece]]
-        piece = roots[piece]
-    return piece
-
-
-@njit(cache=True, nogil=True)
-def _own_sums(rows, cols, owners, slots, in_skeleton, owner, stride):
-    """Per end: the sums of the rows and of the columns of its own piece's skeleton pixels within 1.5 px (itself and
-    its neighbour) and their count, then the same within 10 px."""
-    height, width = len(slots) // stride - 2, stride - 2
-    tip_sums = np.zeros((len(rows), 2))
-    tip_count = np.zeros(len(rows), np.int64)
-    sums = np.zeros((len(rows), 2))
-    count = np.zeros(len(rows), np.int64)
-    for end in range(len(rows)):
-        for row in range(max(rows[end] - 10, 0), min(rows[end] + 10, height - 1) + 1):
-            for col in range(max(cols[end] - 10, 0), min(cols[end] + 10, width - 1) + 1):
-                if (row - rows[end]) ** 2 + (col - cols[end]) ** 2 > 100:
-                    continue
-                slot = slots[(row + 1) * stride + col + 1]
-                if slot == 0:
-                    continue
-                pixel = in_skeleton[slot - 1]
-                if pixel >= 0 and owner[pixel] == owners[end]:
-                    sums[end, 0] += row
-                    sums[end, 1] += col
-                    count[end] += 1
-                    if (row - rows[end]) ** 2 + (col - cols[end]) ** 2 <= 2:
-                        tip_sums[end, 0] += row
-                        tip_sums[end, 1] += col
-                        tip_count[end] += 1
-    return tip_sums, tip_count, sums, count
 
 
 def _anchors(skeleton: Pixels, labels: np.ndarray, count: int) -> dict[int, tuple[int, int]]:
@@ -436,15 +253,16 @@ def _max_width_by_label(cracks: Pixels, distance: np.ndarray, skeleton: Pixels, 
     joined = skeleton.parent  # the pixels it was thinned from: the mask's, and the bridges'
     is_end = np.zeros(len(joined.index) + 1, np.bool_)  # by slot: 1 + position among the joined pixels
     is_end[skeleton.in_parent[ends] + 1] = True
-    rows, cols = skeleton.points.T
-    return _max_widths(cracks.find(skeleton.index), distance, cracks.neighbours, labels, rows, cols, joined.slots, is_end,
-                       joined.stride, count)[1:]
+    return _max_widths(cracks.find(skeleton.index), distance, cracks.neighbours, labels, skeleton.points,
+                       (joined.slots, is_end, joined.stride), count)[1:]
 
 
 @njit(cache=True, nogil=True)
-def _max_widths(at, distance, neighbours, labels, rows, cols, slots, is_end, stride, count):
+def _max_widths(at, distance, neighbours, labels, points, ends, count):
     """Per label, the largest 2d - 1 over its skeleton pixels on the mask (``at``: their positions among the mask's
-    pixels, -1 on a bridge), and the largest full width over those farther than d + 1 from every skeleton end."""
+    pixels, -1 on a bridge), and the largest full width over those farther than d + 1 from every skeleton end
+    (``ends``: the joined pixels' slots, whether each slot is an end, the stride)."""
+    slots, is_end, stride = ends
     on_ridge = np.zeros(len(distance), np.bool_)
     for pixel in at:
         if pixel >= 0:
@@ -456,7 +274,7 @@ def _max_widths(at, distance, neighbours, labels, rows, cols, slots, is_end, str
             continue
         depth = distance[pixel]
         result[label] = max(result[label], 2.0 * depth - 1.0)
-        if _near_an_end(rows[k], cols[k], depth + 1, slots, is_end, stride):  # near an end the cap distorts the width
+        if _near_an_end(points[k, 0], points[k, 1], depth + 1, slots, is_end, stride):  # near an end the cap distorts the width
             continue
         twin = 0.0
         for place in range(8):

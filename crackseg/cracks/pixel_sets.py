@@ -160,6 +160,22 @@ def thin_grown(grown: Pixels, base: Pixels, removed_at: np.ndarray) -> Pixels:
     return grown.subset(_thinned_again(grown.neighbours, base.find(grown.index), removed_at, _THINNING))
 
 
+def skeleton_ends(skeleton: Pixels) -> np.ndarray:
+    """Whether each pixel of a skeleton has exactly one neighbour in it."""
+    return _one_neighbour(skeleton.neighbours)
+
+
+@njit(cache=True, nogil=True)
+def _one_neighbour(neighbours):
+    ends = np.zeros(len(neighbours), np.bool_)
+    for pixel in range(len(neighbours)):
+        degree = 0
+        for place in range(8):
+            degree += neighbours[pixel, place] >= 0
+        ends[pixel] = degree == 1
+    return ends
+
+
 @njit(cache=True, nogil=True)
 def _neighbour_table(index: np.ndarray, slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Pixels.neighbours of a whole set: each pixel's slot, at each offset of the ring, less one."""
@@ -272,8 +288,8 @@ def _thinned(neighbours: np.ndarray, table: np.ndarray) -> np.ndarray:
             pixel = due[sub_pass, k]
             waiting[sub_pass, pixel] = False
             if removed_at[pixel] < 0:
-                goes = table[code[pixel]]
-                if goes == 3 or goes == sub_pass + 1:
+                verdict = table[code[pixel]]
+                if verdict == 3 or verdict == sub_pass + 1:
                     removed[gone] = pixel
                     gone += 1
         due_count[sub_pass] = 0
@@ -340,8 +356,8 @@ def _thinned_again(neighbours: np.ndarray, base: np.ndarray, removed_at: np.ndar
                     other = neighbours[pixel, place]
                     if other >= 0 and _in_base(other, step, base, removed_at) != differs[other]:
                         code |= 1 << place
-                kind = table[code]
-                if kind == 3 or kind == step % 2 + 1:
+                verdict = table[code]
+                if verdict == 3 or verdict == step % 2 + 1:
                     goes[k] = True
                     gone += 1
         listed_count = 0

@@ -11,7 +11,7 @@ from scipy.spatial import cKDTree
 from skimage.draw import line as draw_line
 from skimage.morphology import thin
 
-from crackseg.cracks import measure
+from crackseg.cracks import joins
 from crackseg.cracks.measure import CORNER, DIAGONAL, ORTHOGONAL, CrackMeasure, CrackParts, crack_parts, find_cracks
 from crackseg.cracks.pixel_sets import Pixels, thin_grown, thinning
 
@@ -229,11 +229,10 @@ def test_an_angle_within_rounding_of_30_degrees_is_left_to_numpys_dot_product(de
     points = np.array([[5, 5], [5, 6]])  # an end, and a pixel of another piece one step along the columns
     owner, depth = np.array([1, 2]), np.array([1.0, 1.0])
     turn = math.radians(degrees)
-    direction = np.array([[math.sin(turn), math.cos(turn)]]) if degrees != 30.0 else np.array([[0.5, measure._COS_30]])
-    order, cell_starts, columns = measure._grid(points, 16, (20, 20))
+    direction = np.array([[math.sin(turn), math.cos(turn)]]) if degrees != 30.0 else np.array([[0.5, joins._COS_30]])
     target, gaps = np.full(1, -1, np.int64), np.zeros(1)
-    head = measure._targets(points, owner, depth, np.array([0]), direction, JOIN_GAP, np.arange(3), order, cell_starts,
-                            columns, 16, 0, target, gaps)
+    head = joins._targets((points, owner, depth), np.array([0]), direction, JOIN_GAP, (*joins._grid(points, 16, (20, 20)), 16),
+                          (np.arange(3), target, gaps), 0)
     assert head == (0 if bridged is None else 1)
     assert target[0] == (1 if bridged else -1)
 
