@@ -36,7 +36,8 @@ def join_pieces(cracks: Pixels, pieces: np.ndarray, distance: np.ndarray, skelet
     points, owner, depth = skeleton.points, pieces[skeleton.in_parent], distance[skeleton.in_parent]
     ends, direction = _pointing_ends(skeleton, owner)
     deepest = float(depth.max(initial=0.0))
-    cell = max(_CELL, math.ceil(join_gap + 2 * deepest + 2 * _SLACK))  # at least the farthest a candidate may lie
+    reach = join_gap + 2 * deepest + 2 * _SLACK  # the farthest a candidate may lie; one cell past the image holds it all
+    cell = max(_CELL, math.ceil(min(reach, max(skeleton.shape) + 1)))
     grid = (*_grid(points, cell, skeleton.shape), cell)
     roots = np.arange(int(pieces.max(initial=0)) + 1)  # the pieces joined so far: one bridge per pair, none around a loop
     settled = (roots, np.full(len(ends), -1, np.int64), np.zeros(len(ends)))  # and each end's target and gap

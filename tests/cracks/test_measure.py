@@ -113,6 +113,13 @@ def test_pieces_of_one_crack_are_joined_across_short_gaps_along_their_direction(
     assert len(find_cracks(mask, join_gap=7)[1]) == 2  # the 8 px gap stays open
 
 
+@pytest.mark.parametrize("join_gap", [1e3, 1e20, math.inf])
+def test_a_join_gap_beyond_the_image_joins_as_one_across_it_does(join_gap):
+    mask = _broken_line([(60, 160)])
+    (labels, cracks), (want_labels, want_cracks) = find_cracks(mask, join_gap), find_cracks(mask, 150.0)
+    assert np.array_equal(labels, want_labels) and cracks == want_cracks and len(cracks) == 1
+
+
 def test_joining_follows_the_crack_not_whatever_lies_near():
     mask = _broken_line([(140, 260)], length=220)  # one piece ending at column 140
     mask[70:100, 146:149] = True  # a separate mark beside the end, across the crack's direction
