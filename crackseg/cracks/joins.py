@@ -9,7 +9,8 @@ those of testing every skeleton pixel a k-d tree of the skeleton finds within re
 Candidates are found on a grid of cells a gap's reach wide, in one compiled loop. Where two candidates are equally
 near, or an angle lies within rounding of 30 degrees, that loop cannot settle an end bit for bit: the tree's order
 picks the last of equal gaps, and NumPy's dot product (which BLAS may take with a fused multiply-add) decides the
-angle. Such an end is settled over scipy's k-d tree, built for it then.
+angle. Such an end is settled over scipy's k-d tree, built for it then. Everywhere else the loop's figures are
+NumPy's: its spans are the C library's hypot, which np.hypot calls too, and its gaps take no product.
 """
 
 from __future__ import annotations
@@ -112,15 +113,15 @@ def _grid(points, cell, shape):
 
 
 @njit(cache=True, nogil=True)
-def _targets(skeleton, ends, direction, join_gap, grid, settled, head):
-    """Settle the ends from ``head`` on in turn (``skeleton``: its pixels' points, pieces and depths; ``grid``: the
+def _targets(skeleton, ends, direction, join_gap, grid, settled, first):
+    """Settle the ends from ``first`` on in turn (``skeleton``: its pixels' points, pieces and depths; ``grid``: the
     points in cell order, where each cell starts, cells per row, the cell's side; ``settled``: the pieces' union-find
     forest, each bridge joining two, and each end's target (-1: none) and gap, filled in here); return where an
     end needs the k-d tree (two equally near candidates, or an angle within rounding of 30 degrees), or the number
     of ends."""
     (points, owner, depth), (order, cell_starts, columns, cell), (roots, target, gaps) = skeleton, grid, settled
     rows = (len(cell_starts) - 1) // columns
-    for head in range(head, len(ends)):
+    for head in range(first, len(ends)):
         end = ends[head]
         row, col = points[end, 0], points[end, 1]
         piece = _root(roots, owner[end])

@@ -37,7 +37,7 @@ class Pixels:
     def of(cls, mask: np.ndarray) -> Pixels:
         rows, cols = np.divmod(np.flatnonzero(mask), mask.shape[1])
         pixels = cls(mask.shape, (rows + 1) * (mask.shape[1] + 2) + cols + 1)
-        pixels.points = np.stack([rows, cols], axis=1)  # known here: no division to find them again
+        pixels.points = np.stack([rows, cols], axis=1)  # known here: set in place of the cached property's division
         return pixels
 
     def index_of(self, rows, cols):
@@ -151,13 +151,17 @@ def thinning(pixels: Pixels) -> tuple[Pixels, np.ndarray]:
 
 
 def thin_grown(grown: Pixels, base: Pixels, removed_at: np.ndarray) -> Pixels:
-    """:func:`thin` of ``grown``, ``base`` and a few pixels more, bit for bit, from ``removed_at`` of thinning ``base``.
+    """:func:`thin` of ``grown``, every pixel of ``base`` and a few more, bit for bit, from ``removed_at`` of thinning
+    ``base``.
 
     A pixel's fate in a sub-pass depends on itself and its eight neighbours alone, so ``grown`` is thinned as ``base``
     was wherever neither differs: only the pixels that differ from ``base``'s at that sub-pass (at first the added
     ones) and their neighbours are looked at.
     """
-    return grown.subset(_thinned_again(grown.neighbours, base.find(grown.index), removed_at, _THINNING))
+    in_base = base.find(grown.index)
+    if np.count_nonzero(in_base >= 0) != len(base.index):
+        raise ValueError("thin_grown: the grown set lacks pixels of the base set")
+    return grown.subset(_thinned_again(grown.neighbours, in_base, removed_at, _THINNING))
 
 
 def skeleton_ends(skeleton: Pixels) -> np.ndarray:

@@ -181,9 +181,9 @@ def _assert_same_parts(got: CrackParts, want: CrackParts) -> None:
     for name in [field.name for field in dataclasses.fields(CrackParts) if field.name not in held] + ["labels", "skeleton"]:
         a, b = getattr(got, name), getattr(want, name)
         if isinstance(b, np.ndarray):
-            assert a.dtype == b.dtype and np.array_equal(a, b), field.name
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
         else:
-            assert a == b, field.name
+            assert a == b, name
 
 
 def test_find_cracks_equals_the_whole_image_computation_bit_for_bit():
@@ -258,6 +258,16 @@ def test_thinning_a_grown_set_from_the_base_history_equals_thinning_it_whole():
         base = Pixels.of(mask)
         _, removed_at = thinning(base)
         assert np.array_equal(thin_grown(Pixels.of(grown), base, removed_at).image(True, bool), thin(grown)), seed
+
+
+def test_thinning_a_set_that_lacks_pixels_of_the_base_is_refused():
+    mask = _broken_line([])
+    base = Pixels.of(mask)
+    _, removed_at = thinning(base)
+    shrunk = mask.copy()
+    shrunk[60, 100] = False
+    with pytest.raises(ValueError, match="lacks pixels of the base"):
+        thin_grown(Pixels.of(shrunk), base, removed_at)
 
 
 def test_a_crack_on_a_large_photo_is_measured_as_in_its_own_box():
