@@ -133,10 +133,13 @@ def bench_predict(args: argparse.Namespace) -> list[dict]:
     common = {"encoder": args.encoder, "size": size, "batch": args.batch_size, "amp": args.amp, "channels_last": args.channels_last}
     rows.append({"mode": "predict", "path": "model only (forward + threshold)", **common, "images_per_s": round(model_rate, 2),
                  **compute_figures(flops, model_rate, device, args.amp, args.peak_tflops)})
+    # each round runs the two back to back, so their ratio within a round is spared the drift between rounds
+    of_no_measure = statistics.median(kept / bare for kept, bare in zip(rates[True][1], rates[False][1]))
     for measure, rate in end_rates.items():
         what = "JPEG files to PNG masks + measurements" if measure else "JPEG files to PNG masks (--no-measure)"
         rows.append({"mode": "predict", "path": f"crackseg predict, {what}, {args.workers} workers", **common,
-                     "images_per_s": round(rate, 2), "efficiency": round(rate / model_rate, 3)})
+                     "images_per_s": round(rate, 2), "efficiency": round(rate / model_rate, 3),
+                     **({"of_no_measure_paired": round(of_no_measure, 3)} if measure else {})})
     if "workers decode" in rates:
         rows.append({"mode": "predict", "path": f"crackseg predict, JPEG files to PNG masks (--no-measure --decode workers), "
                      f"{args.workers} workers", **common, "images_per_s": round(rates["workers decode"][0], 2),
