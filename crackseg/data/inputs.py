@@ -12,6 +12,10 @@ from crackseg.core.storage import RemoteFile, list_files
 from crackseg.core.urls import display_url, is_url
 from crackseg.data.images import IMAGE_SUFFIXES
 
+# photo formats a folder may hold that crackseg does not read: said, so that no photo is left out unnoticed
+_OTHER_PHOTO_SUFFIXES = (".gif", ".webp", ".avif", ".heic", ".heif", ".jp2", ".j2k", ".jfif", ".jpe", ".jxl", ".pgm", ".ppm",
+                        ".pnm", ".tga", ".psd", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2", ".raf")
+
 
 def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str | None = None) -> list[tuple[Path | RemoteFile, str]]:
     """(image path or remote file, output name) for every input file, folder, glob or URL, in a stable order.
@@ -31,17 +35,14 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
             if inside_out(path):
                 raise InputError(f"{path}: is --out {out} or inside it, where predict writes; nothing there is read as input: "
                                  "choose another --out")
-            pattern = "**/*" if recursive else "*"
-            files = sorted(
-                p for p in path.glob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not inside_out(p)
-            )
+            files = [p for p in _walk(path, recursive) if p.suffix.lower() in IMAGE_SUFFIXES and not inside_out(p)]
             found += [(p, p.relative_to(path).with_suffix("").as_posix()) for p in files]
         elif path.is_file():
             if inside_out(path):
                 raise InputError(f"{path}: is inside --out {out}, where predict writes; it is never read as input")
             found.append((path, path.stem))
         else:
-            every = sorted(Path(p) for p in glob.glob(text, recursive=recursive) if Path(p).is_file())
+            every = _matches(text, recursive)
             matches = [p for p in every if not inside_out(p)]
             if every and not matches:
                 raise InputError(f"{text}: every file it matches is inside --out {out}, where predict writes; they are never "
@@ -58,3 +59,25 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
     if not unique:
         raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(map(display_url, inputs))}")
     return unique
+
+
+def photos_left_out(inputs: list[str], recursive: bool = False) -> list[Path]:
+    """The files of local folders and patterns in ``inputs`` that are photos in a format crackseg does not read
+    (WebP, GIF, HEIC, camera raw and the like), which :func:`collect_inputs` passes over, in its order."""
+    left_out = []
+    for text in inputs:
+        path = Path(text)
+        if not is_url(text) and not path.is_file():
+            files = _walk(path, recursive) if path.is_dir() else _matches(text, recursive)
+            left_out += [p for p in files if p.suffix.lower() in _OTHER_PHOTO_SUFFIXES]
+    return left_out
+
+
+def _walk(folder: Path, recursive: bool) -> list[Path]:
+    """Every file in ``folder`` (and below it when ``recursive``), sorted."""
+    return sorted(p for p in folder.glob("**/*" if recursive else "*") if p.is_file())
+
+
+def _matches(pattern: str, recursive: bool) -> list[Path]:
+    """Every file the glob ``pattern`` matches, sorted."""
+    return sorted(Path(p) for p in glob.glob(pattern, recursive=recursive) if Path(p).is_file())

@@ -19,7 +19,7 @@ from crackseg.core.errors import InputError
 from crackseg.core.staging import OutFailed, StagedFolder
 from crackseg.core.storage import RemoteFile
 from crackseg.cracks.widths import PX_PER_BAND
-from crackseg.data.inputs import collect_inputs
+from crackseg.data.inputs import collect_inputs, photos_left_out
 from crackseg.data.rasters import gdal_settings, open_if_streamed
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor
@@ -136,6 +136,7 @@ def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitSt
     photos = [(key, path, name) for key, (path, name) in enumerate(listed) if key not in sources]
     outputs = {key: folder.outputs(name, raster_specs.get(key, spec), raster=key in sources) for key, (_, name) in enumerate(listed)}
     warnings = [f"{note}; lengths stay in px (give --px-size)" for note in notes.values()] + on_ground + unplaced + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
+    warnings += _left_out_warning(photos_left_out(inputs, options.recursive))
     return Plan(folder, staged, photos, rasters, spec, outputs, warnings, options.skip_existing)
 
 
@@ -182,6 +183,15 @@ def _output_specs(listed: list[tuple[Path | RemoteFile, str]], scales: dict[int,
     own = set(scales.values())
     common = own.pop() if len(own) == 1 and len(scales) == len(listed) else None
     return OutputSpec.of(options, common), {key: OutputSpec.of(options, scale) for key, scale in scales.items()}
+
+
+def _left_out_warning(left_out: list[Path]) -> list[str]:
+    """A warning naming the photos a folder holds in formats predict does not read, if any."""
+    if not left_out:
+        return []
+    named = ", ".join(map(str, left_out[:3])) + (f" and {len(left_out) - 3} more" if len(left_out) > 3 else "")
+    return [f"{len(left_out)} photo(s) in a format predict does not read were left out ({named}): "
+            "convert them to PNG, JPEG or TIFF, or name such a file alone to have Pillow try it"]
 
 
 def _resolution_warnings(spec: OutputSpec) -> list[str]:

@@ -17,7 +17,7 @@ from PIL import Image
 
 from crackseg.core.errors import InputError
 from crackseg.prediction.local_engine import default_workers
-from crackseg.data.inputs import collect_inputs
+from crackseg.data.inputs import collect_inputs, photos_left_out
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -405,6 +405,25 @@ def test_inputs_mirror_names_and_refuse_collisions(tmp_path):
     with pytest.raises(InputError, match="no such file or folder"):
         collect_inputs([str(tmp_path / "nothing*.jpg")])
 
+
+
+def test_photos_in_formats_predict_does_not_read_are_named_in_a_warning(tmp_path, checkpoint, capsys):
+    _photos(tmp_path / "in" / "sub", [(32, 32)])
+    Image.new("RGB", (32, 32)).save(tmp_path / "in" / "a.webp")
+    Image.new("RGB", (32, 32)).save(tmp_path / "in" / "sub" / "b.GIF")
+    (tmp_path / "in" / "notes.txt").write_text("sidecar files are not photos")
+    assert photos_left_out([str(tmp_path / "in")]) == [tmp_path / "in" / "a.webp"]
+    assert photos_left_out([str(tmp_path / "in" / "*" / "*")]) == [tmp_path / "in" / "sub" / "b.GIF"]
+    assert photos_left_out([str(tmp_path / "in" / "a.webp")]) == []  # a file named alone is read, whatever its suffix
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--recursive", "--out", tmp_path / "out") == 0
+    printed = [line for line in capsys.readouterr().err.splitlines() if "left out" in line]
+    assert printed == [f"crackseg: warning: 2 photo(s) in a format predict does not read were left out ({tmp_path / 'in' / 'a.webp'}, "
+                       f"{tmp_path / 'in' / 'sub' / 'b.GIF'}): convert them to PNG, JPEG or TIFF, or name such a file alone to "
+                       "have Pillow try it"]
+    assert printed[0].removeprefix("crackseg: warning: ") in json.loads((tmp_path / "out" / "summary.json").read_text())["warnings"]
+    assert [row["path"] for row in csv_rows(tmp_path / "out" / "predictions.csv")] == [str(tmp_path / "in" / "sub" / "img0.jpg")]
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in" / "a.webp", "--out", tmp_path / "one") == 0
+    assert len(csv_rows(tmp_path / "one" / "predictions.csv")) == 1
 
 def test_outputs_inside_a_recursive_input_are_never_read_again(tmp_path, checkpoint):
     _photos(tmp_path / "din", [(32, 32)] * 4)
