@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 from collections import OrderedDict
 from pathlib import Path
+from typing import NamedTuple
 
 from crackseg.core.errors import InputError
 from crackseg.core.storage import RemoteFile, list_files
@@ -17,8 +18,16 @@ _OTHER_PHOTO_SUFFIXES = (".gif", ".webp", ".avif", ".heic", ".heif", ".jp2", ".j
                         ".pnm", ".tga", ".psd", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2", ".raf")
 
 
-def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str | None = None) -> list[tuple[Path | RemoteFile, str]]:
-    """(image path or remote file, output name) for every input file, folder, glob or URL, in a stable order.
+class Inputs(NamedTuple):
+    """What a run reads: (image path or remote file, output name) per photo, and the files of local folders and patterns
+    that are photos in a format crackseg does not read (WebP, GIF, HEIC, camera raw and the like), passed over."""
+
+    photos: list[tuple[Path | RemoteFile, str]]
+    left_out: list[Path]
+
+
+def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str | None = None) -> Inputs:
+    """The photos of every input file, folder, glob or URL, in a stable order, and the photos left out.
 
     Output names mirror the inputs: a folder's files (an s3:// prefix's) keep their path below it (without suffix),
     single files, objects, http(s):// URLs and glob matches keep their stem. Two inputs with one output name are an error.
@@ -27,6 +36,7 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
     inside_out = (lambda p: Path(p).resolve().is_relative_to(Path(out).resolve())) if isinstance(out, Path) else (lambda p: False)
     below_out = f"{str(out).rstrip('/')}/" if isinstance(out, str) else None
     found: list[tuple[Path | RemoteFile, str]] = []
+    left_out: list[Path] = []
     for text in inputs:
         path = Path(text)
         if is_url(text):
@@ -35,7 +45,9 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
             if inside_out(path):
                 raise InputError(f"{path}: is --out {out} or inside it, where predict writes; nothing there is read as input: "
                                  "choose another --out")
-            files = [p for p in _walk(path, recursive) if p.suffix.lower() in IMAGE_SUFFIXES and not inside_out(p)]
+            every = _walk(path, recursive)
+            left_out += _unread(every)
+            files = [p for p in every if p.suffix.lower() in IMAGE_SUFFIXES and not inside_out(p)]
             found += [(p, p.relative_to(path).with_suffix("").as_posix()) for p in files]
         elif path.is_file():
             if inside_out(path):
@@ -43,6 +55,7 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
             found.append((path, path.stem))
         else:
             every = _matches(text, recursive)
+            left_out += _unread(every)
             matches = [p for p in every if not inside_out(p)]
             if every and not matches:
                 raise InputError(f"{text}: every file it matches is inside --out {out}, where predict writes; they are never "
@@ -58,19 +71,12 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
     unique = list(OrderedDict((image, name) for image, name in found).items())
     if not unique:
         raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(map(display_url, inputs))}")
-    return unique
+    return Inputs(unique, left_out)
 
 
-def photos_left_out(inputs: list[str], recursive: bool = False) -> list[Path]:
-    """The files of local folders and patterns in ``inputs`` that are photos in a format crackseg does not read
-    (WebP, GIF, HEIC, camera raw and the like), which :func:`collect_inputs` passes over, in its order."""
-    left_out = []
-    for text in inputs:
-        path = Path(text)
-        if not is_url(text) and not path.is_file():
-            files = _walk(path, recursive) if path.is_dir() else _matches(text, recursive)
-            left_out += [p for p in files if p.suffix.lower() in _OTHER_PHOTO_SUFFIXES]
-    return left_out
+def _unread(files: list[Path]) -> list[Path]:
+    """The photos among ``files`` in a format crackseg does not read."""
+    return [p for p in files if p.suffix.lower() in _OTHER_PHOTO_SUFFIXES]
 
 
 def _walk(folder: Path, recursive: bool) -> list[Path]:

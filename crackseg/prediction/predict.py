@@ -19,7 +19,7 @@ from crackseg.core.errors import InputError
 from crackseg.core.staging import OutFailed, StagedFolder
 from crackseg.core.storage import RemoteFile
 from crackseg.cracks.widths import PX_PER_BAND
-from crackseg.data.inputs import collect_inputs, photos_left_out
+from crackseg.data.inputs import collect_inputs
 from crackseg.data.rasters import gdal_settings, open_if_streamed
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor
@@ -107,7 +107,7 @@ def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitSt
                          "choose a folder of its own")
     staged = cleanup.enter_context(StagedFolder(options.out, "predict", "predictions", options.lock, _WITHOUT_LOCK))
     folder = PredictionsFolder(staged.root)
-    listed = collect_inputs(inputs, options.recursive, options.out)
+    listed, left_out = collect_inputs(inputs, options.recursive, options.out)
     tiffs = sum(path.suffix.lower() in (".tif", ".tiff") for path, _ in listed)
     if tiffs and importlib.util.find_spec("rasterio") is not None:  # without it, open_if_streamed says what a raster needs
         cleanup.enter_context(gdal_settings())
@@ -136,7 +136,7 @@ def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitSt
     photos = [(key, path, name) for key, (path, name) in enumerate(listed) if key not in sources]
     outputs = {key: folder.outputs(name, raster_specs.get(key, spec), raster=key in sources) for key, (_, name) in enumerate(listed)}
     warnings = [f"{note}; lengths stay in px (give --px-size)" for note in notes.values()] + on_ground + unplaced + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
-    warnings += _left_out_warning(photos_left_out(inputs, options.recursive))
+    warnings += _left_out_warning(left_out)
     return Plan(folder, staged, photos, rasters, spec, outputs, warnings, options.skip_existing)
 
 

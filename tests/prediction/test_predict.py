@@ -17,7 +17,7 @@ from PIL import Image
 
 from crackseg.core.errors import InputError
 from crackseg.prediction.local_engine import default_workers
-from crackseg.data.inputs import collect_inputs, photos_left_out
+from crackseg.data.inputs import collect_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -398,7 +398,7 @@ def test_inputs_mirror_names_and_refuse_collisions(tmp_path):
     _photos(tmp_path / "a" / "sub", [(8, 8)])
     _photos(tmp_path / "a", [(8, 8)])
     _photos(tmp_path / "b", [(8, 8)])
-    listed = collect_inputs([str(tmp_path / "a")], recursive=True)
+    listed = collect_inputs([str(tmp_path / "a")], recursive=True).photos
     assert [name for _, name in listed] == ["img0", "sub/img0"]
     with pytest.raises(InputError, match="would both be written as img0.png"):
         collect_inputs([str(tmp_path / "a" / "img0.jpg"), str(tmp_path / "b" / "img0.jpg")])
@@ -412,9 +412,9 @@ def test_photos_in_formats_predict_does_not_read_are_named_in_a_warning(tmp_path
     Image.new("RGB", (32, 32)).save(tmp_path / "in" / "a.webp")
     Image.new("RGB", (32, 32)).save(tmp_path / "in" / "sub" / "b.GIF")
     (tmp_path / "in" / "notes.txt").write_text("sidecar files are not photos")
-    assert photos_left_out([str(tmp_path / "in")]) == [tmp_path / "in" / "a.webp"]
-    assert photos_left_out([str(tmp_path / "in" / "*" / "*")]) == [tmp_path / "in" / "sub" / "b.GIF"]
-    assert photos_left_out([str(tmp_path / "in" / "a.webp")]) == []  # a file named alone is read, whatever its suffix
+    assert collect_inputs([str(tmp_path / "in")], recursive=True).left_out == [tmp_path / "in" / "a.webp", tmp_path / "in" / "sub" / "b.GIF"]
+    assert collect_inputs([str(tmp_path / "in" / "*" / "*")]).left_out == [tmp_path / "in" / "sub" / "b.GIF"]
+    assert collect_inputs([str(tmp_path / "in" / "a.webp")]).left_out == []  # a file named alone is read, whatever its suffix
     assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--recursive", "--out", tmp_path / "out") == 0
     printed = [line for line in capsys.readouterr().err.splitlines() if "left out" in line]
     assert printed == [f"crackseg: warning: 2 photo(s) in a format predict does not read were left out ({tmp_path / 'in' / 'a.webp'}, "

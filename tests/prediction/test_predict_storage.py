@@ -306,6 +306,6 @@ def test_a_prefix_lists_its_photos_in_a_local_folder_s_order(s3, photos, tmp_pat
     for name in ("a/b.jpg", "a-b.jpg", "a.jpg"):
         shutil.copyfile(photos / "a.jpg", folder / name)
     prefix = s3.upload(folder, "survey/ord")
-    local = [name for _, name in collect_inputs([str(folder)], True, tmp_path / "out")]
+    local = [name for _, name in collect_inputs([str(folder)], True, tmp_path / "out").photos]
     assert local == ["a/b", "a-b", "a"]
-    assert [name for _, name in collect_inputs([prefix], True, tmp_path / "out")] == local
+    assert [name for _, name in collect_inputs([prefix], True, tmp_path / "out").photos] == local
