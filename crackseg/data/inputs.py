@@ -6,7 +6,7 @@ from __future__ import annotations
 import glob
 from collections import OrderedDict
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from crackseg.core.errors import InputError
 from crackseg.core.storage import RemoteFile, list_files
@@ -16,14 +16,16 @@ from crackseg.data.images import IMAGE_SUFFIXES
 # photo formats a folder may hold that crackseg does not read: said, so that no photo is left out unnoticed
 _OTHER_PHOTO_SUFFIXES = (".gif", ".webp", ".avif", ".heic", ".heif", ".jp2", ".j2k", ".jfif", ".jpe", ".jxl", ".pgm", ".ppm",
                         ".pnm", ".tga", ".psd", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2", ".raf")
+_File = TypeVar("_File", Path, RemoteFile)
 
 
 class Inputs(NamedTuple):
-    """What a run reads: (image path or remote file, output name) per photo, and the files of local folders and patterns
-    that are photos in a format crackseg does not read (WebP, GIF, HEIC, camera raw and the like), passed over."""
+    """What a run reads: (image path or remote file, output name) per photo, and the files of folders, patterns and
+    s3:// prefixes that are photos in a format crackseg does not read (WebP, GIF, HEIC, camera raw and the like), passed
+    over."""
 
     photos: list[tuple[Path | RemoteFile, str]]
-    left_out: list[Path]
+    left_out: list[Path | RemoteFile]
 
 
 def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str | None = None) -> Inputs:
@@ -40,7 +42,11 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
     for text in inputs:
         path = Path(text)
         if is_url(text):
-            found += [(file, name) for file, name in list_files(text, IMAGE_SUFFIXES, recursive) if not (below_out and file.url.startswith(below_out))]
+            listed = [(file, name) for file, name in list_files(text, (*IMAGE_SUFFIXES, *_OTHER_PHOTO_SUFFIXES), recursive)
+                      if not (below_out and file.url.startswith(below_out))]
+            unread = [file for file in _unread([file for file, _ in listed]) if file.url != text]  # an object named alone is read
+            left_out += unread
+            found += [(file, name) for file, name in listed if file not in unread]
         elif path.is_dir():
             if inside_out(path):
                 raise InputError(f"{path}: is --out {out} or inside it, where predict writes; nothing there is read as input: "
@@ -74,7 +80,7 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
     return Inputs(unique, left_out)
 
 
-def _unread(files: list[Path]) -> list[Path]:
+def _unread(files: list[_File]) -> list[_File]:
     """The photos among ``files`` in a format crackseg does not read."""
     return [p for p in files if p.suffix.lower() in _OTHER_PHOTO_SUFFIXES]
 

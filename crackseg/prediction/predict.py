@@ -185,7 +185,7 @@ def _output_specs(listed: list[tuple[Path | RemoteFile, str]], scales: dict[int,
     return OutputSpec.of(options, common), {key: OutputSpec.of(options, scale) for key, scale in scales.items()}
 
 
-def _left_out_warning(left_out: list[Path]) -> list[str]:
+def _left_out_warning(left_out: list[Path | RemoteFile]) -> list[str]:
     """A warning naming the photos a folder holds in formats predict does not read, if any."""
     if not left_out:
         return []

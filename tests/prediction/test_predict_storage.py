@@ -309,3 +309,22 @@ def test_a_prefix_lists_its_photos_in_a_local_folder_s_order(s3, photos, tmp_pat
     local = [name for _, name in collect_inputs([str(folder)], True, tmp_path / "out").photos]
     assert local == ["a/b", "a-b", "a"]
     assert [name for _, name in collect_inputs([prefix], True, tmp_path / "out").photos] == local
+
+
+def test_a_prefix_names_the_photos_it_holds_in_formats_predict_does_not_read(s3, photos, tmp_path, checkpoint, capsys):
+    from crackseg.data.inputs import collect_inputs
+
+    (photos / "sub" / "d.webp").write_bytes((photos / "a.jpg").read_bytes())
+    (photos / "e.HEIC").write_bytes(b"not read")
+    (photos / "notes.txt").write_text("sidecar files are not photos")
+    prefix = s3.upload(photos, "survey/photos")
+    assert [str(f) for f in collect_inputs([prefix], recursive=True).left_out] == [prefix + "e.HEIC", prefix + "sub/d.webp"]
+    assert [str(f) for f in collect_inputs([prefix]).left_out] == [prefix + "e.HEIC"]
+    assert [str(f) for f in collect_inputs([prefix + "sub/*"]).left_out] == [prefix + "sub/d.webp"]
+    alone = collect_inputs([prefix + "sub/d.webp"])  # an object named alone is read, whatever its suffix
+    assert (alone.left_out, [name for _, name in alone.photos]) == ([], ["d"])
+    assert predict_cli("--checkpoint", checkpoint, prefix, "--recursive", "--out", tmp_path / "out") == 0
+    printed = [line for line in capsys.readouterr().err.splitlines() if "left out" in line]
+    assert printed == [f"crackseg: warning: 2 photo(s) in a format predict does not read were left out ({prefix}e.HEIC, {prefix}sub/d.webp): "
+                       "convert them to PNG, JPEG or TIFF, or name such a file alone to have Pillow try it"]
+    assert [row["path"] for row in csv_rows(tmp_path / "out" / "predictions.csv")] == [prefix + k for k in ("a.jpg", "b.jpg", "sub/c.jpg")]
