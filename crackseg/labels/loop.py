@@ -58,8 +58,12 @@ def import_labels(annotations: Path, fmt: str, images: Path, out: Path, options:
     if known and unmatched:
         raise InputError(f"--label {unmatched[0]} matches no label in {annotations} (its labels: {', '.join(sorted(found.labels))})")
     photos = photos_below(Path(images), Path(out))
-    matched = match_photos(found.images, PhotoIndex(photos), annotations, Path(out))
-    lines = sum(s.kind == "line" and s.width is None and s.label.lower() in wanted for image in matched.values() for s in image.shapes)
+    matched = match_photos(found.images, PhotoIndex(photos, uploads=fmt == "labelstudio"), annotations, Path(out))
+    cracks = [shape for image in matched.values() for shape in image.shapes if shape.label.lower() in wanted]
+    refused = next((shape.refused for shape in cracks if shape.refused), None)
+    if refused:
+        raise InputError(refused)
+    lines = sum(shape.kind == "line" and shape.width is None for shape in cracks)
     if lines and options.line_width is None:
         raise InputError(f"{annotations} holds {lines} lines (polylines, linestrips): give --line-width PX, the crack width to draw them")
     sizes = {photo: shown_size(photo, image, annotations) for photo, image in matched.items()}

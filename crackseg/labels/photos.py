@@ -1,14 +1,15 @@
 """Which photo of ``--images`` each image an annotation file lists is, and the size it is shown at.
 
-A listed name is matched by its path's longest tail, else its file name (also as Label Studio stores an upload), else
-its stem for a name without an image suffix; a name that fits two photos, two names that find one photo and one photo
-listed at two sizes are errors, since one of them would be drawn on another photo. A labelme image whose photo
-``--images`` lacks is the photo its file embeds.
+A listed name is matched, in either Unicode form, by its path's longest tail, else its file name (in a Label Studio
+export also as Label Studio stores an upload), else its stem for a name without an image suffix; a name that fits two
+photos, two names that find one photo and one photo listed at two sizes are errors, since one of them would be drawn on
+another photo. A labelme image whose photo ``--images`` lacks is the photo its file embeds.
 """
 
 from __future__ import annotations
 
 import io
+import unicodedata
 from collections import Counter
 from pathlib import Path, PurePosixPath
 
@@ -31,14 +32,18 @@ def photos_below(folder: Path, out: Path) -> dict[str, Path]:
 
 
 class PhotoIndex:
-    """--images' photos by path relative to it, file name, the name Label Studio stores an upload under, and stem."""
+    """--images' photos by path relative to it, file name, the name Label Studio stores an upload under, and stem.
 
-    def __init__(self, photos: dict[str, Path]):
-        self.photos = photos
+    ``uploads``: names may be Label Studio uploads (``abcd1234-IMG_1.jpg``), found without their prefix; in other
+    formats such a name (``20230514-IMG_1.jpg``) is the file's whole name, and finding ``IMG_1.jpg`` would draw one
+    photo's cracks on another."""
+
+    def __init__(self, photos: dict[str, Path], uploads: bool = False):
+        self.photos, self.uploads = {_same_form(key): path for key, path in photos.items()}, uploads
         self.by_name: dict[str, list[str]] = {}
         self.by_upload: dict[str, list[str]] = {}
         self.by_stem: dict[str, list[str]] = {}
-        for key in photos:
+        for key in self.photos:
             name = PurePosixPath(key).name
             self.by_name.setdefault(name, []).append(key)
             self.by_upload.setdefault(stored_upload_name(name), []).append(key)
@@ -48,7 +53,8 @@ class PhotoIndex:
         """The photo ``name`` refers to: the longest tail of its path, else the one photo of its file name (with and
         without a Label Studio upload prefix), else the one whose name Label Studio stores as that upload, else, for a
         name without an image suffix (CVAT's video frames: frame_000000), the one photo of that stem."""
-        names = upload_names(name)
+        name = _same_form(name)
+        names = upload_names(name) if self.uploads else [name]
         for candidate in names:
             parts = PurePosixPath(candidate.replace("\\", "/")).parts
             for start in range(len(parts)):
@@ -118,8 +124,14 @@ def match_photos(listed: list[LabelledImage], index: PhotoIndex, source: Path, o
 
 
 def _listed_name(name: str) -> str:
-    """A listed name as the photo it names: / for \\, without ./ or doubled slashes."""
-    return PurePosixPath(name.replace("\\", "/")).as_posix()
+    """A listed name as the photo it names: / for \\, without ./ or doubled slashes, in one Unicode form."""
+    return PurePosixPath(_same_form(name).replace("\\", "/")).as_posix()
+
+
+def _same_form(name: str) -> str:
+    """``name`` in Unicode's composed form (NFC): macOS and some tools write é as e and an accent (NFD), others as one
+    character, and a name must find its photo either way."""
+    return unicodedata.normalize("NFC", name)
 
 
 def shown_size(photo: Path, image: LabelledImage, source: Path) -> tuple[int, int]:

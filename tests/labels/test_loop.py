@@ -417,6 +417,41 @@ def test_labelstudio_uploads_match_the_photo_whose_name_django_stored_cleaned(tm
     assert code == 2 and err.count("\n") == 1 and "my photo (1).png" in err and "my photo 1.png" in err, err
 
 
+@pytest.mark.parametrize("fmt", ["coco", "cvat"])
+def test_a_name_like_an_upload_is_the_whole_name_outside_label_studio(tmp_path, fmt):
+    """20230514-a.png is that file, not a.png with an upload prefix: a.png's cracks would be another photo's."""
+    _photo(tmp_path / "photos")
+    if fmt == "coco":
+        path = _coco(tmp_path, [(1, [[3, 1, 4, 1, 4, 7, 3, 7]])], images=(("site2/20230514-a.png", W, H),))
+    else:
+        path = _cvat(tmp_path, '<polygon label="crack" points="3,1;4,1;4,7;3,7"/>', name="site2/20230514-a.png")
+    code, err = _cli("import", path, "--format", fmt, "--images", tmp_path / "photos", "--out", tmp_path / "out")
+    assert code == 2 and "not in --images (e.g. site2/20230514-a.png)" in err, err
+    _photo(tmp_path / "photos", "20230514-a.png")
+    masks, _ = _imported(tmp_path, fmt, path)
+    assert list(masks) == ["20230514-a"] and _columns(masks["20230514-a"]) == [3]
+
+
+def test_a_name_finds_its_photo_in_either_unicode_form(tmp_path):
+    """macOS writes é as e and a combining accent (NFD), most tools as one character (NFC)."""
+    composed, decomposed = "fissure_\u00e9", "fissure_e\u0301"
+    _photo(tmp_path / "photos", f"{decomposed}.png")
+    masks, _ = _imported(tmp_path, "coco", _coco(tmp_path, [(1, [[3, 1, 4, 1, 4, 7, 3, 7]])], images=((f"{composed}.png", W, H),)))
+    assert list(masks) == [decomposed] and _columns(masks[decomposed]) == [3]
+    path = _labelstudio(tmp_path, [_ls_column(3)], image=f"/data/upload/3/1a2b3c4d-{composed}.png")
+    masks, _ = _imported(tmp_path, "labelstudio", path, overwrite=True)
+    assert list(masks) == [decomposed]
+
+
+def test_labelstudio_relations_between_regions_are_left_out(tmp_path):
+    """<Relations> results link two regions: they have no to_name and are drawn on no image."""
+    _photo(tmp_path / "photos")
+    first, second = {**_ls_column(3), "id": "r1"}, {**_ls_column(6), "id": "r2"}
+    relation = {"from_id": "r1", "to_id": "r2", "type": "relation", "direction": "right", "labels": ["continues"]}
+    masks, provenance = _imported(tmp_path, "labelstudio", _labelstudio(tmp_path, [first, relation, second]))
+    assert _columns(masks["a"]) == [3, 6] and provenance["shapes"] == {"polygon": 2} and provenance["labels"] == {"crack": 2}
+
+
 def test_labelstudio_labels_tag_beside_polygon_and_brush_tags_gives_labelled_shapes(tmp_path):
     """<Labels> beside <Polygon> and <Brush>: a region's labels result holds its shape (points in percent, or an RLE);
     the region's own polygon result (same id) is the same shape, and labels without a shape label the region's shape.

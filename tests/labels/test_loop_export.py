@@ -99,10 +99,18 @@ def test_labelstudio_local_files_urls_are_encoded_as_label_studio_builds_them_an
                                                                      for stem in NAMES)
 
 
-@pytest.mark.parametrize("prefix", ["", "photos/", "/data/local-files/?d=", "/data/local-files/?d=Bay 3&4 +#%/", "http://files.example/survey/"])
+@pytest.mark.parametrize("prefix", ["", "photos/", "/data/local-files/?d=", "/data/local-files/?d=Bay 3&4 +#%/", "http://files.example/survey/",
+                                    "s3://bucket/survey 3/", "gs://bucket/survey/", "azure-blob://container/survey/"])
 def test_every_name_comes_back_as_itself_whatever_the_prefix(tmp_path, prefix):
     """Export then import of names with literal escapes (p%41 is not pA), URL delimiters, spaces and non-ASCII."""
     _round_trip(tmp_path, ("p%41", "100%", "a%20b", "a&b", "x#1", "q?d=1", "é", "a b", "plus+1"), prefix)
+
+
+def test_a_cloud_storage_prefix_gives_each_key_as_it_is_as_label_studio_reads_it(tmp_path):
+    """Label Studio's S3, GCS and Azure storages take the key of s3://bucket/KEY as written (resolve_s3_url: the URL's
+    path, never unquoted): an encoded name would name another object."""
+    tasks = _round_trip(tmp_path, ("my photo é", "a%20b"), "s3://bucket/survey/")
+    assert sorted(task["data"]["image"] for task in tasks) == ["s3://bucket/survey/site/a%20b.jpg", "s3://bucket/survey/site/my photo é.jpg"]
 
 
 def test_a_local_files_url_is_decoded_once(tmp_path):

@@ -418,12 +418,23 @@ def test_finite_points_reads_pairs_flat_or_nested_and_names_the_shape():
             finite_points(bad, "file.json: shape 3")
 
 
-@pytest.mark.parametrize("width", ["0", "nan", "11", "3e9"])
-def test_a_cvat_polyline_width_beyond_its_image_is_refused(tmp_path, width):
+@pytest.mark.parametrize("width", ["0", "nan", "11", "3e9", "unknown", "0.2 mm"])
+def test_a_cvat_polyline_width_beyond_its_image_or_not_in_px_is_refused(tmp_path, width):
     """PIL draws a line 1e6 px wide wrong, and fails on one 3e9 px wide."""
     _photo(tmp_path / "photos")
     path = _cvat(tmp_path, f'<polyline label="crack" points="1,1;5,5"><attribute name="width">{width}</attribute></polyline>')
     _refused(path, "cvat", tmp_path / "photos", tmp_path / "out", f"shape 0 (<polyline>, label 'crack'): width '{width}'; a width is")
+
+
+def test_a_cvat_width_attribute_is_read_only_on_the_crack_polylines_drawn(tmp_path):
+    """A label's attributes are on all its shapes: a polygon's width (a class, mm) says nothing of its outline, and a
+    left-out label's polyline is never drawn."""
+    _photo(tmp_path / "photos")
+    path = _cvat(tmp_path, '<polygon label="crack" points="1,1;6,1;6,6;1,6"><attribute name="width">unknown</attribute></polygon>'
+                           '<polyline label="joint" points="1,8;9,8"><attribute name="width">0</attribute></polyline>')
+    provenance = import_labels(path, "cvat", tmp_path / "photos", tmp_path / "out")
+    assert provenance["left_out_labels"] == {"joint": 1} and provenance["shapes"] == {"polygon": 1}
+    assert _mask(tmp_path / "out")[2:6, 2:6].all()
 
 
 def test_a_file_with_no_annotated_image_is_refused_and_writes_nothing(tmp_path):

@@ -39,9 +39,9 @@ def read_cvat(path: Path) -> Annotations:
             where = f"{path}: image {image.name}: shape {number} (<{kind}>, label {label!r})"
             if kind in ("polygon", "polyline"):
                 points = finite_points([pair.split(",") for pair in item.attrib["points"].split(";")], where)
-                width = item.findtext("attribute[@name='width']")
-                image.shapes.append(Shape(label, "polygon" if kind == "polygon" else "line", points,
-                                          width=_line_width(width, image.size, where) if width is not None else None))
+                width = item.findtext("attribute[@name='width']") if kind == "polyline" else None  # a polygon has its outline
+                width, refused = _line_width(width, image.size, where) if width is not None else (None, None)
+                image.shapes.append(Shape(label, "polygon" if kind == "polygon" else "line", points, width=width, refused=refused))
             elif kind == "mask":
                 box = tuple(int(item.attrib[key]) for key in ("left", "top", "width", "height"))
                 check_mask_box(box, image.size, where)  # before its runs are counted, let alone decoded
@@ -54,14 +54,18 @@ def read_cvat(path: Path) -> Annotations:
     return Annotations(images, labels)
 
 
-def _line_width(text: str, size: tuple[int, int] | None, where: str) -> float:
-    """A polyline's own width: px, positive and at most the image's larger side (PIL draws lines millions of px wide wrong)."""
-    width = float(text)
+def _line_width(text: str, size: tuple[int, int] | None, where: str) -> tuple[float | None, str | None]:
+    """A polyline's own width in px, positive and at most the image's larger side (PIL draws lines millions of px wide
+    wrong), else why not: (width, None) or (None, the reason), which refuses the line only if it is a crack's."""
     if size is None:
-        raise InputError(f"{where}: a width attribute in an image whose size the file leaves out; give the image its width and height")
+        return None, f"{where}: a width attribute in an image whose size the file leaves out; give the image its width and height"
+    try:
+        width = float(text)
+    except ValueError:
+        width = math.nan
     if not (math.isfinite(width) and 0 < width <= max(size)):
-        raise InputError(f"{where}: width {text!r}; a width is a positive number of px, at most the image's larger side ({max(size)})")
-    return width
+        return None, f"{where}: width {text!r}; a width is a positive number of px, at most the image's larger side ({max(size)})"
+    return width, None
 
 
 def _counts(text: str, width: int, height: int, where: str) -> np.ndarray:

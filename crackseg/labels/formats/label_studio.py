@@ -11,7 +11,8 @@ the tool's own exports give it. A ``<Polygon>`` or ``<Brush>`` next to a ``<Labe
 A brush is walked through when read (a malformed one is refused before anything is written) but
 decoded only when drawn, after import has checked the size it states against the photo: a small
 file stating a huge canvas costs no memory. A local-files URL (``/data/local-files/?d=PATH``)
-carries its path URL-encoded, as Label Studio writes it, so any file name survives the trip.
+carries its path URL-encoded, as Label Studio writes it, so any file name survives the trip; a cloud storage's URL
+(``s3://bucket/KEY``, ``gs://``, ``azure-blob://``) carries its key as written, as Label Studio reads it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from crackseg.labels.formats.shapes import Annotations, LabelledImage, Shape, fi
 BRUSH_SIZES = (3, 4, 8, 16)  # bits of a Label Studio brush run length, as label-studio-converter writes them
 LS_FROM, LS_TO = "label", "image"  # Label Studio tag names exported results refer to (<PolygonLabels name="label" toName="image">)
 _UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{8}-")  # Label Studio prefixes uploaded files with 8 hex digits
+_CLOUD_SCHEMES = ("s3", "gs", "azure-blob")  # storages whose URLs Label Studio reads the key of as written, unescaped
 
 
 def read_labelstudio(path: Path) -> Annotations:
@@ -60,10 +62,12 @@ def read_labelstudio(path: Path) -> Annotations:
 
 def _results_by_image(task: dict, results: list, path: Path) -> list[tuple[str, list[dict]]]:
     """(image name, its results) for each image of the task the results are drawn on: the data value their
-    ``to_name`` names (a config with several <Image> tags, a before and an after photo), else the task's image."""
+    ``to_name`` names (a config with several <Image> tags, a before and an after photo), else the task's image.
+    Relations (``<Relations>``: one region linked to another) are left out: they hold no shape."""
     if not all(isinstance(result, dict) for result in results):
         raise InputError(f"{path}: task {task.get('id')}: results that are not objects; give the .json file Label Studio exported")
     data = task["data"]
+    results = [result for result in results if result.get("type") != "relation"]  # a link between two regions, on no image
     targets = list(dict.fromkeys(result.get("to_name") for result in results)) or [None]
     unknown = [target for target in targets if not (isinstance(target, str) and isinstance(data.get(target), str))]
     if len(targets) > 1 and unknown:
@@ -159,6 +163,8 @@ def _image_name(url: str) -> str:
     """An image's name from a task's data value: its path, the ``d`` of a local-files URL, or an upload's name."""
     if not _is_url(url):
         return url  # a plain file name, as written: nothing in it is an escape
+    if _in_cloud(url):
+        return "/" + url.split("://", 1)[1].partition("/")[2]  # the key after the bucket, ? and # included
     parsed = urlparse(url)
     local = parse_qs(parsed.query).get("d") if "local-files" in parsed.path else None  # decoded once, as Label Studio reads it
     return local[0] if local else unquote(parsed.path)
@@ -170,12 +176,19 @@ def _is_url(text: str) -> bool:
     return text.startswith("/") or bool(urlparse(text).scheme and urlparse(text).netloc)
 
 
+def _in_cloud(url: str) -> bool:
+    """Whether ``url`` names an object of a cloud storage (``s3://bucket/key``), whose key follows the bucket unescaped."""
+    scheme, separator, _ = url.partition("://")
+    return bool(separator) and scheme.lower() in _CLOUD_SCHEMES
+
+
 def task_image(prefix: str, name: str) -> str:
     """A task's image for ``name`` after ``prefix``: in a URL prefix (Label Studio's ``/data/local-files/?d=``, any
     ``/...`` or ``http(s)://...``) the name is URL-encoded as Label Studio's storages write it (``quote``: ``&``, ``%``,
     ``#``, ``?``, spaces and non-ASCII escaped, ``/`` kept), and so is the folder a ``?d=`` prefix names after it, so
-    reading it back gives the path; after no prefix, or a plain folder, the name as it is."""
-    if not _is_url(prefix):
+    reading it back gives the path; after no prefix, a plain folder or a cloud storage's (``s3://bucket/photos/``,
+    ``gs://``, ``azure-blob://``, whose keys Label Studio reads as written), the name as it is."""
+    if not _is_url(prefix) or _in_cloud(prefix):
         return prefix + name
     head, local, folder = prefix.partition("?d=")
     return head + local + quote(folder + name) if local else prefix + quote(name)

@@ -41,6 +41,7 @@ class Shape:
     points: np.ndarray | None = None  # (N, 2) x, y in px, in the format's coordinates
     centres: bool = False  # labelme: points are pixel centres, and PIL draws the outline too
     width: float | None = None  # px: a line's own width (a CVAT attribute "width")
+    refused: str | None = None  # why the shape cannot be drawn as the file gives it: an error if it is a crack's
     patch: np.ndarray | DeferredPatch | None = None  # a mask's pixels (h, w) bool
     rle: dict | None = None  # or a COCO RLE of the whole image (compressed)
     origin: tuple[int, int] = (0, 0)  # the patch's (left, top) in the image
