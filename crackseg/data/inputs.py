@@ -4,6 +4,7 @@ the name its outputs take."""
 from __future__ import annotations
 
 import glob
+import os
 from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple, TypeVar
@@ -85,9 +86,38 @@ def _unread(files: list[_File]) -> list[_File]:
     return [p for p in files if p.suffix.lower() in _OTHER_PHOTO_SUFFIXES]
 
 
+def paths_below(folder: Path) -> list[Path]:
+    """Every file and folder below ``folder``, sorted, as ``rglob("*")`` gives them but also through links to folders
+    elsewhere (a site's photos linked into a survey): a linked folder is walked once, and not at all when it is one of
+    ``folder``'s own, so a link back up ends and no photo comes twice under two names."""
+    own = {_identity(Path(top)) for top, _, _ in os.walk(folder)}
+    seen, found = set(own), []
+    for top, folders, files in os.walk(folder, followlinks=True):
+        found += [Path(top, name) for name in folders + files]
+        kept = []
+        for name in sorted(folders):
+            path = Path(top, name)
+            identity = _identity(path)
+            if identity is None or (identity in seen and not (identity in own and not path.is_symlink())):
+                continue
+            seen.add(identity)
+            kept.append(name)
+        folders[:] = kept
+    return sorted(found)
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    """(device, inode) of the folder ``folder`` names or links to; None if it cannot be read."""
+    try:
+        status = folder.stat()
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
 def _walk(folder: Path, recursive: bool) -> list[Path]:
-    """Every file in ``folder`` (and below it when ``recursive``), sorted."""
-    return sorted(p for p in folder.glob("**/*" if recursive else "*") if p.is_file())
+    """Every file in ``folder`` (and below it, linked folders included, when ``recursive``), sorted."""
+    return sorted(p for p in (paths_below(folder) if recursive else folder.iterdir()) if p.is_file())
 
 
 def _matches(pattern: str, recursive: bool) -> list[Path]:

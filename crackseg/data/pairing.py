@@ -16,6 +16,7 @@ from crackseg.core.errors import InputError
 from crackseg.core.storage import RemoteFile, list_files, list_keys
 from crackseg.core.urls import is_url
 from crackseg.data.images import IMAGE_SUFFIXES
+from crackseg.data.inputs import paths_below
 
 Folder = Path | str  # a local folder, or an s3:// prefix as text (Path would fold s3:// into s3:/)
 File = Path | RemoteFile
@@ -98,7 +99,7 @@ def _images_in_subfolders(folder: Path, other: Path) -> dict[Folder, int]:
     counts, read = {}, other.resolve()
     for sub in sorted(path for path in folder.iterdir() if path.is_dir() and not path.name.startswith(".")):
         if not read.is_relative_to(sub.resolve()):
-            counts[sub] = sum(path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() for path in sub.rglob("*"))
+            counts[sub] = sum(path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() for path in paths_below(sub))
     return {sub: count for sub, count in counts.items() if count}
 
 

@@ -17,6 +17,7 @@ from PIL import Image
 
 from crackseg.core.errors import InputError
 from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, displayed_size, orientation, stored_size
+from crackseg.data.inputs import paths_below
 from crackseg.labels.formats.label_studio import stored_upload_name, upload_names
 from crackseg.labels.formats.labelme import embedded_photo
 from crackseg.labels.formats.shapes import LabelledImage
@@ -27,7 +28,7 @@ def photos_below(folder: Path, out: Path) -> dict[str, Path]:
     if not folder.is_dir():
         raise InputError(f"--images {folder}: not a folder")
     written = {(out / "images").resolve(), (out / "masks").resolve()} - {folder.resolve()}  # --out inside --images
-    return {path.relative_to(folder).as_posix(): path for path in sorted(folder.rglob("*"))
+    return {path.relative_to(folder).as_posix(): path for path in paths_below(folder)
             if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and path.parent.resolve() not in written}
 
 

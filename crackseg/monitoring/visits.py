@@ -28,6 +28,7 @@ from crackseg.core.errors import InputError
 from crackseg.core.files import read_csv
 from crackseg.cracks.options import JOIN_GAP, MIN_LENGTH
 from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES
+from crackseg.data.inputs import paths_below
 from crackseg.prediction.outputs import PredictionsFolder
 
 
@@ -97,7 +98,7 @@ def _dataset_shots(folder: Path) -> tuple[list[Shot], list[LeftOut]]:
     for problem in problems:
         path = Path(problem.path)
         top = next(top for top in (folder / "images", folder / "masks") if path.is_relative_to(top))
-        files = sorted(file for file in path.rglob("*") if file.is_file() and file.suffix.lower() in IMAGE_SUFFIXES) if path.is_dir() else [path]
+        files = sorted(file for file in paths_below(path) if file.is_file() and file.suffix.lower() in IMAGE_SUFFIXES) if path.is_dir() else [path]
         left_out.append(LeftOut(tuple(file.relative_to(top).with_suffix("").as_posix() for file in files), path, problem.message))
     return shots, left_out
 

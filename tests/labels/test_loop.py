@@ -443,6 +443,14 @@ def test_a_name_finds_its_photo_in_either_unicode_form(tmp_path):
     assert list(masks) == [decomposed]
 
 
+def test_photos_in_linked_subfolders_of_images_are_found(tmp_path):
+    _photo(tmp_path / "nas" / "site1")
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "site1").symlink_to(tmp_path / "nas" / "site1", target_is_directory=True)
+    masks, provenance = _imported(tmp_path, "coco", _coco(tmp_path, [(1, [[3, 1, 4, 1, 4, 7, 3, 7]])], images=(("site1/a.png", W, H),)))
+    assert _columns(masks["a"]) == [3] and provenance["images_not_listed"] == []
+
+
 def test_labelstudio_relations_between_regions_are_left_out(tmp_path):
     """<Relations> results link two regions: they have no to_name and are drawn on no image."""
     _photo(tmp_path / "photos")

@@ -425,6 +425,24 @@ def test_photos_in_formats_predict_does_not_read_are_named_in_a_warning(tmp_path
     assert predict_cli("--checkpoint", checkpoint, tmp_path / "in" / "a.webp", "--out", tmp_path / "one") == 0
     assert len(csv_rows(tmp_path / "one" / "predictions.csv")) == 1
 
+def test_a_recursive_walk_reads_linked_folders_once_and_ends_where_links_lead_back(tmp_path, checkpoint):
+    """A survey whose site folders are links (to a NAS, another disk) is read through them; a link to a folder the
+    walk reads anyway adds no second name for its photos, and a link back up ends."""
+    _photos(tmp_path / "nas" / "site2", [(32, 32)])
+    _photos(tmp_path / "survey" / "site1", [(32, 32)] * 2)
+    (tmp_path / "survey" / "site2").symlink_to(tmp_path / "nas" / "site2", target_is_directory=True)
+    (tmp_path / "survey" / "again").symlink_to(tmp_path / "nas" / "site2", target_is_directory=True)
+    (tmp_path / "survey" / "latest").symlink_to(tmp_path / "survey" / "site1", target_is_directory=True)
+    (tmp_path / "survey" / "site1" / "up").symlink_to(tmp_path / "survey", target_is_directory=True)
+    (tmp_path / "survey" / "gone").symlink_to(tmp_path / "nowhere", target_is_directory=True)
+    names = [name for _, name in collect_inputs([str(tmp_path / "survey")], recursive=True).photos]
+    assert names == ["again/img0", "site1/img0", "site1/img1"]  # site2 is again's folder, walked once, by name order
+    assert [name for _, name in collect_inputs([str(tmp_path / "survey" / "site2")], recursive=True).photos] == ["img0"]
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "survey", "--recursive", "--out", tmp_path / "out") == 0
+    assert sorted(p.relative_to(tmp_path / "out" / "masks").as_posix() for p in (tmp_path / "out" / "masks").rglob("*.png")) == \
+        ["again/img0.png", "site1/img0.png", "site1/img1.png"]
+
+
 def test_outputs_inside_a_recursive_input_are_never_read_again(tmp_path, checkpoint):
     _photos(tmp_path / "din", [(32, 32)] * 4)
     for flag in ("--overwrite", "--overwrite", "--skip-existing"):

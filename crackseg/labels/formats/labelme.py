@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image
 
 from crackseg.core.errors import InputError
+from crackseg.data.inputs import paths_below
 from crackseg.labels.formats.outlines import CRACK, centre_outline, crack_components
 from crackseg.labels.formats.shapes import Annotations, LabelledImage, Shape, finite_points, load_json, stated_size
 
@@ -31,7 +32,7 @@ def read_labelme(path: Path, skip: Path | None) -> Annotations:
     folder = path.is_dir()
     if not (folder or path.is_file()):
         raise InputError(f"{path}: not a regular file; give a labelme .json file or a folder of them")
-    files, root = (sorted(path.rglob("*.json")), path) if folder else ([path], path.parent)
+    files, root = ([file for file in paths_below(path) if file.name.endswith(".json")], path) if folder else ([path], path.parent)
     if skip is not None:
         files = [file for file in files if file.resolve() != Path(skip).resolve()]
     found = Annotations([], set())
