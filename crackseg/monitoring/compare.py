@@ -96,6 +96,8 @@ def _stage_photos(inspection: Path, sources: StagedSources) -> None:
     if not table.is_file():
         return
     rows = read_csv(table)
+    if not rows:  # written again, a table without rows would lose its columns
+        return
     for row in rows:
         if row.get("path"):
             row["path"] = str(sources.file(row["path"], lambda name: Path(name).suffix.lower() not in (".tif", ".tiff")))

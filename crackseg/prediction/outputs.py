@@ -179,9 +179,10 @@ class PredictionsFolder:
         and summary.json, from every process's records; returns the summary. A rank.csv of an earlier run is removed."""
         rows = [records.rows[key] for key in sorted(records.rows)]
         cracks = sorted(records.cracks, key=lambda r: (r["path"], r["crack"]))
-        write_csv(self.predictions_csv, rows)
+        row_columns, crack_columns = table_columns(spec)  # the header of a table without rows; rows name their own
+        write_csv(self.predictions_csv, rows, None if rows else row_columns)
         if spec.measure:
-            write_csv(self.cracks_csv, cracks)
+            write_csv(self.cracks_csv, cracks, None if cracks else crack_columns)
         else:
             self.cracks_csv.unlink(missing_ok=True)  # an earlier run's (--overwrite, --skip-existing): not this run's masks
         if records.errors or self.errors_csv.exists():
@@ -356,6 +357,15 @@ def table_rows(path: Path, mask_path: Path, counts: dict, cracks: list[CrackMeas
         row |= {f"length_mm[{label}]": length for label, length in _length_by_class(classes, crack_rows).items()}
     row["status"] = status
     return row, crack_rows
+
+
+def table_columns(spec: OutputSpec) -> tuple[list[str], list[str]]:
+    """The columns of predictions.csv and cracks.csv for a photo predicted with ``spec``, as :func:`table_rows` makes
+    them: a table without rows (every input failed; a survey of crack-free walls) still has them all."""
+    counts = mask_counts(np.zeros((1, 1), bool)) | (uncertainty(np.zeros((1, 1), np.float32), 0.5) if spec.save_prob else {})
+    crack = CrackMeasure(id=1, length_px=1.0, mean_width_px=1.0, max_width_px=1.0, area_px=1, bbox=(0, 0, 1, 1), anchor=(0, 0), fragments=1)
+    row, crack_rows = table_rows(Path(), Path(), counts, [crack], spec, "")
+    return list(row), list(crack_rows[0])
 
 
 def _length_by_class(classes: WidthClasses, crack_rows: list[dict]) -> dict[str, float]:

@@ -322,6 +322,27 @@ def test_a_report_of_earlier_tables_is_removed_when_they_are_written_again_witho
     assert "img1" in (out / "report.html").read_text()
 
 
+def test_tables_without_rows_have_every_column_and_are_reported(tmp_path, checkpoint):
+    """A survey of crack-free walls gives a cracks.csv without rows, and one of photos that all fail a predictions.csv
+    without rows: both keep their columns, which report (and any reader) needs."""
+    from crackseg.cli.main import main
+
+    _photos(tmp_path / "in", [(32, 32), (40, 32)])
+    flags = ["--px-size", 0.5, "--width-classes", "0.1,0.3", "--save-prob", 8, "--report"]
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "some", *flags, "--threshold", 0.0) == 0
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "none", *flags, "--threshold", 1.0) == 0
+    some, none = (tmp_path / "some" / "cracks.csv").read_text(), (tmp_path / "none" / "cracks.csv").read_text()
+    assert some.count("\n") > 1 and none == some.splitlines()[0] + "\n"
+    assert json.loads((tmp_path / "none" / "summary.json").read_text())["cracks"] == 0
+    assert "report.html" in os.listdir(tmp_path / "none") and main(["report", str(tmp_path / "none")]) == 0
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.jpg").write_text("not a photo")
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "bad", "--out", tmp_path / "failed", *flags) == 1
+    header = (tmp_path / "failed" / "predictions.csv").read_text()
+    assert header == (tmp_path / "some" / "predictions.csv").read_text().splitlines()[0] + "\n"
+    assert (tmp_path / "failed" / "report.html").is_file() and len(csv_rows(tmp_path / "failed" / "errors.csv")) == 1
+
+
 @pytest.mark.parametrize("table", ["summary.json", "cracks.csv", "report.html", "errors.csv"])
 def test_a_table_of_another_run_is_not_replaced_without_overwrite(tmp_path, checkpoint, capsys, table):
     photo = _photos(tmp_path / "in", [(32, 32)])[0]
