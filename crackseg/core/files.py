@@ -75,7 +75,11 @@ class PendingFile:
             raise OSError(error.errno, error.strerror, str(self.path)) from None
 
     def commit(self, durable: bool = False) -> Path:
-        os.replace(self.temp, self.path)
+        try:
+            os.replace(self.temp, self.path)
+        except BaseException:  # a name too long, a folder in the way: the temp file would be left behind
+            self.abort()
+            raise
         if durable:
             directory = os.open(self.path.parent, os.O_RDONLY)
             try:

@@ -52,6 +52,12 @@ def test_files_follow_the_umask_and_a_failed_write_leaves_nothing(tmp_path):
             pending.temp.write_bytes(b"half")
             raise RuntimeError("the writer failed")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.bin"]
+    (tmp_path / "d.bin").mkdir()  # a folder where the file goes: the rename fails, and takes the temp file with it
+    (tmp_path / "d.bin" / "held").write_text("x")
+    with pytest.raises(OSError):
+        with PendingFile(tmp_path / "d.bin") as pending:
+            pending.temp.write_bytes(b"whole")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.bin", "d.bin"]
 
 
 def test_csv_text_cells_never_start_a_formula_and_numbers_stay_numbers(tmp_path):
