@@ -92,10 +92,8 @@ def _pictures(folder: PredictionsFolder, name: str, photo_path: Path, mask_path:
         image = image_pixels(photo_path)
     except DECODE_ERRORS:
         return {}  # the photo moved since prediction: the table still lists the image
-    saved_overlay = folder.overlay(name)
-    if saved_overlay.exists():
-        overlay = Image.open(saved_overlay).convert("RGB")
-    else:
+    overlay = _saved_overlay(folder.overlay(name))
+    if overlay is None:
         labels, cracks = find_cracks(read_saved_mask(mask_path), summary.get("join_gap_px", 0.0), summary.get("min_length_px", 0.0))
         overlay = Image.open(io.BytesIO(overlay_jpeg(image, labels > 0, cracks)))
     photo = Image.fromarray(image)
@@ -104,6 +102,15 @@ def _pictures(folder: PredictionsFolder, name: str, photo_path: Path, mask_path:
         copy.thumbnail((side, side))
         write_atomic(pictures[kind], lambda file, copy=copy: copy.save(file, "JPEG", quality=85))
     return names
+
+
+def _saved_overlay(path: Path) -> Image.Image | None:
+    """The overlay predict saved, if it can be read; else the report draws it again from the mask."""
+    try:
+        with Image.open(path) as picture:
+            return picture.convert("RGB")
+    except (FileNotFoundError, *DECODE_ERRORS):
+        return None
 
 
 def _evaluation(folder: PredictionsFolder, evaluation: Path) -> dict:

@@ -356,3 +356,16 @@ def test_a_mask_predictions_csv_names_that_is_missing_or_damaged_is_a_one_line_e
     code, err = cli_result(["labels", "export", tmp_path / "pred", "--format", "coco", "--out", tmp_path / "x.json"])
     assert code == 2 and err.count("\n") == 1 and "predictions.csv names this mask" in err, err
     assert main(["report", str(tmp_path / "pred")]) == 0
+
+
+def test_a_damaged_saved_overlay_is_drawn_again_from_the_mask(tmp_path):
+    _photos(tmp_path / "in")
+    args = ["--model", str(dark_pixel_model(tmp_path)), "--device", "cpu", "--overlay"]
+    assert main(["predict", str(tmp_path / "in"), *args, "--out", str(tmp_path / "pred")]) == 0
+    assert main(["predict", str(tmp_path / "in"), *args, "--out", str(tmp_path / "whole"), "--report"]) == 0
+    saved = tmp_path / "pred" / "overlays" / "img1.jpg"
+    saved.write_bytes(saved.read_bytes()[:200])
+    assert main(["report", str(tmp_path / "pred")]) == 0
+    drawn = np.asarray(Image.open(tmp_path / "pred" / "report" / "overlays" / "img1.jpg"), np.float32)
+    whole = np.asarray(Image.open(tmp_path / "whole" / "report" / "overlays" / "img1.jpg"), np.float32)
+    assert drawn.shape == whole.shape and np.abs(drawn - whole).mean() < 4  # the same picture, JPEG-encoded twice
