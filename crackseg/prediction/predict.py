@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from crackseg.core.errors import InputError
@@ -135,6 +136,7 @@ def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitSt
     rasters = [Raster(key, listed[key][0], listed[key][1], source, raster_specs[key]) for key, source in sources.items()]
     photos = [(key, path, name) for key, (path, name) in enumerate(listed) if key not in sources]
     outputs = {key: folder.outputs(name, raster_specs.get(key, spec), raster=key in sources) for key, (_, name) in enumerate(listed)}
+    _refuse_files_in_the_way(listed, outputs, staged.shown)
     warnings = [f"{note}; lengths stay in px (give --px-size)" for note in notes.values()] + on_ground + unplaced + list(dict.fromkeys(w for s in (spec, *raster_specs.values()) for w in _resolution_warnings(s)))
     warnings += _left_out_warning(left_out)
     return Plan(folder, staged, photos, rasters, spec, outputs, warnings, options.skip_existing)
@@ -183,6 +185,17 @@ def _output_specs(listed: list[tuple[Path | RemoteFile, str]], scales: dict[int,
     own = set(scales.values())
     common = own.pop() if len(own) == 1 and len(scales) == len(listed) else None
     return OutputSpec.of(options, common), {key: OutputSpec.of(options, scale) for key, scale in scales.items()}
+
+
+def _refuse_files_in_the_way(listed: list[tuple[Path | RemoteFile, str]], outputs: dict[int, list[Path]],
+                             shown: Callable[[Path], str]) -> None:
+    """Before any work: an output file where another input's outputs need a folder (a.jpg's masks/a.png, and
+    a.png/b.jpg's masks/a.png/b.png under --recursive) would end the run midway."""
+    owner = {path: key for key, paths in outputs.items() for path in paths}
+    for key, paths in outputs.items():
+        for parent in (parent for path in paths for parent in path.parents if parent in owner):
+            raise InputError(f"{listed[owner[parent]][0]} and {listed[key][0]}: the first one's output {shown(parent)} is the folder "
+                             "the second one's outputs go in; rename one, or predict them into different --out folders")
 
 
 def _left_out_warning(left_out: list[Path | RemoteFile]) -> list[str]:

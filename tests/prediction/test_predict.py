@@ -464,6 +464,15 @@ def test_a_recursive_walk_reads_linked_folders_once_and_ends_where_links_lead_ba
         ["again/img0.png", "site1/img0.png", "site1/img1.png"]
 
 
+def test_an_output_file_where_another_input_needs_a_folder_is_refused_before_any_work(tmp_path, checkpoint, capsys):
+    _photos(tmp_path / "in" / "a.png", [(32, 32)])  # a folder named a.png: its img0.jpg goes to masks/a.png/img0.png
+    _photos(tmp_path / "in", [(32, 32)])[0].rename(tmp_path / "in" / "a.jpg")  # and a.jpg's mask is masks/a.png
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--recursive", "--out", tmp_path / "out") == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"{tmp_path / 'in' / 'a.jpg'} and {tmp_path / 'in' / 'a.png' / 'img0.jpg'}" in error, error
+    assert f"output {tmp_path / 'out' / 'masks' / 'a.png'} is the folder" in error and not (tmp_path / "out").exists()
+
+
 def test_outputs_inside_a_recursive_input_are_never_read_again(tmp_path, checkpoint):
     _photos(tmp_path / "din", [(32, 32)] * 4)
     for flag in ("--overwrite", "--overwrite", "--skip-existing"):
