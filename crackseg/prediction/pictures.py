@@ -13,6 +13,8 @@ from crackseg.core.files import write_atomic
 from crackseg.cracks.measure import CrackMeasure
 from crackseg.data.images import PROBABILITY_MARK
 
+MADE_WITH = "crackseg_made_with"  # the PNG text (GeoTIFF tag) of a mask saying what made it: model, threshold, tiling
+
 _TINT = np.array([255.0, 30.0, 30.0], np.float32)
 
 
@@ -44,11 +46,14 @@ def probability_levels(prob: np.ndarray, bits: int) -> np.ndarray:
     return np.round(prob.astype(np.float64) * 65535).astype(np.uint16)
 
 
-def write_png(path: Path, array: np.ndarray, probabilities: bool = False) -> None:
-    """``probabilities``: marked as a probability map, which readers never take for a 0/1 mask."""
+def write_png(path: Path, array: np.ndarray, probabilities: bool = False, made_with: str = "") -> None:
+    """``probabilities``: marked as a probability map, which readers never take for a 0/1 mask. ``made_with``: what
+    made a mask, as :data:`MADE_WITH` (see :func:`crackseg.prediction.outputs.saved_made_with`)."""
     info = PngInfo()
     if probabilities:
         info.add_text(*PROBABILITY_MARK)
+    if made_with:
+        info.add_text(MADE_WITH, made_with)
     buffer = io.BytesIO()
     Image.fromarray(array).save(buffer, "PNG", compress_level=1, pnginfo=info)
     write_atomic(path, buffer.getvalue())

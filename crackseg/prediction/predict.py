@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from crackseg.data.inputs import collect_inputs
 from crackseg.data.rasters import gdal_settings, open_if_streamed
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor
-from crackseg.model.runtimes import Runtime, RuntimeChoice, choose_runtime, load_runtime
+from crackseg.model.runtimes import Runtime, RuntimeChoice, choose_runtime, load_runtime, model_file_digest
 from crackseg.model.shipped import DEFAULT_MODEL, SHIPPED, shipped_folder
 from crackseg.prediction.engines import ENGINES, Engine
 from crackseg.prediction.options import PredictOptions
@@ -69,19 +70,36 @@ def _predict(choice: RuntimeChoice, inputs: list[str], options: PredictOptions, 
     engine.check(env)
     plan = _plan(inputs, options, cleanup)
     runtime = load_runtime(choice, engine.model_device(env))  # a model file that is refused leaves no --out folder behind
+    threshold = runtime.threshold if options.threshold is None else options.threshold
+    plan = plan.marked(_made_with(choice, threshold))
     if notice and env.is_main:
         print(notice, file=sys.stderr)
-    listed = distributed.decided_on_main(env, plan.folder.prepare, plan.staged, list(plan.outputs.values()), options.overwrite,
-                                         options.skip_existing)
+    listed = distributed.decided_on_main(env, _prepare, plan, options)
     if not env.is_main:
         plan.staged.prepare(existing=listed)  # rank 0's listing, for every process's --skip-existing
-    return _run(engine, Job(plan, _raster_run(plan, runtime, options), choice, options, env, Records()))
+    return _run(engine, Job(plan, _raster_run(plan, runtime, threshold, options), choice, options, env, Records()))
 
 
-def _raster_run(plan: Plan, runtime: Runtime, options: PredictOptions) -> RasterRun:
-    threshold = runtime.threshold if options.threshold is None else options.threshold
+def _made_with(choice: RuntimeChoice, threshold: float) -> str:
+    """What decides a run's masks, written into each (so that --skip-existing keeps no mask another way made): the
+    model file's contents, the threshold, and how photos are tiled, flipped and resized."""
+    inference = choice.options
+    return json.dumps({"model": f"{choice.path.name} (sha256 {model_file_digest(choice.path)[:16]})", "threshold": threshold,
+                       "tile": inference.tile, "overlap": inference.overlap, "tta": inference.tta, "resize": inference.resize})
+
+
+def _prepare(plan: Plan, options: PredictOptions) -> set[str]:
+    """The folder prepared (see :meth:`PredictionsFolder.prepare`); under --skip-existing, masks an earlier run made
+    with other settings are refused before any work."""
+    listed = plan.folder.prepare(plan.staged, list(plan.outputs.values()), options.overwrite, options.skip_existing)
+    if options.skip_existing:
+        plan.refuse_masks_made_otherwise()
+    return listed
+
+
+def _raster_run(plan: Plan, runtime: Runtime, threshold: float, options: PredictOptions) -> RasterRun:
     predictor = Predictor(runtime.model, runtime.device, options.inference, runtime.amp_dtype)
-    return RasterRun(predictor, threshold, plan.folder, options.save_prob, options.overviews)
+    return RasterRun(predictor, threshold, plan.folder, options.save_prob, options.overviews, plan.spec.made_with)
 
 
 def _run(engine: Engine, job: Job) -> int:

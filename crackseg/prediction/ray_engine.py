@@ -209,7 +209,7 @@ class _Actor:
 
     def _band(self, item: Work, folder: PredictionsFolder) -> _Result:
         job = self.job
-        run = RasterRun(self.predictor, job.threshold, folder, job.save_prob, job.overviews)
+        run = RasterRun(self.predictor, job.threshold, folder, job.save_prob, job.overviews, job.spec.made_with)
         outputs = raster_outputs(folder, item.name, job.save_prob)
         source_path = self._source(item)
         with gdal_settings(), RasterSource(source_path, job.max_pixels, open_raster(source_path)) as source:

@@ -38,8 +38,9 @@ from crackseg.data.raster_sink import BLOCK, RasterSink
 from crackseg.data.rasters import RasterSource, gdal_settings, rasterio
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor, part_rows
-from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records, table_rows
-from crackseg.prediction.pictures import probability_levels
+from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, Records
+from crackseg.prediction.pictures import MADE_WITH, probability_levels
+from crackseg.prediction.tables import table_rows
 
 if TYPE_CHECKING:
     from crackseg.core.staging import StagedFolder
@@ -75,6 +76,7 @@ class RasterRun:
     folder: PredictionsFolder
     save_prob: int | None = None  # 8 or 16 bits
     overviews: bool = False
+    made_with: str = ""  # the masks' tag MADE_WITH: what made them (OutputSpec.made_with)
 
 
 def predict_rasters(rasters: list[Raster], run: RasterRun, env: distributed.Environment, records: Records,
@@ -189,7 +191,7 @@ def predict_raster(source: RasterSource, outputs: list[Path], run: RasterRun, pa
         sinks = []
         try:
             for target, dtype, tags in zip(band_paths(outputs, part), ["uint8", "uint8" if save_prob == 8 else "uint16"],
-                                           [None, dict([PROBABILITY_MARK])]):
+                                           [{MADE_WITH: run.made_with} if run.made_with else None, dict([PROBABILITY_MARK])]):
                 sinks.append(RasterSink(target, source, dtype, (start, stop), tags))
             megapixels = round((stop - start) * source.width / 1e6, 1)
             with tqdm(total=megapixels, desc=f"predict {source.path.name}", unit="MP", disable=None if progress else True) as bar:

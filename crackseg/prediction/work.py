@@ -9,8 +9,9 @@ its :func:`share` (every WORLD_SIZE-th photo, and band RANK of every raster); Ra
 
 from __future__ import annotations
 
+import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ from crackseg.core.staging import OutFailed, StagedFolder
 from crackseg.core.storage import RemoteFile, StorageError
 from crackseg.data.images import DECODE_ERRORS, describe_error, read_probability
 from crackseg.data.rasters import unreadable_raster
-from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, summarize_existing
+from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, saved_made_with, summarize_existing
 from crackseg.prediction.uncertainty import uncertainty
 from crackseg.prediction.streamed import Raster, RasterRun
 
@@ -46,6 +47,37 @@ class Plan:
     warnings: list[str]
     skip_existing: bool = False
 
+    def marked(self, made_with: str) -> Plan:
+        """This plan with every mask it writes saying ``made_with`` (:attr:`OutputSpec.made_with`)."""
+        return replace(self, spec=replace(self.spec, made_with=made_with),
+                       rasters=[replace(raster, spec=replace(raster.spec, made_with=made_with)) for raster in self.rasters])
+
+    def refuse_masks_made_otherwise(self) -> None:
+        """Before any work under ``--skip-existing``: the first mask kept must have been made as this run makes masks
+        (the same model, threshold and tiling), else the folder would mix masks of two settings under one summary."""
+        key = next((key for key in self.outputs if self.kept(key)), None)
+        if key is None:
+            return
+        differs = self._made_otherwise(self.outputs[key][0])
+        if differs:
+            raise InputError(f"{self.staged.shown(self.outputs[key][0])}: an earlier run made it with {differs}; --skip-existing "
+                             "would keep its masks beside this run's: give that run's model and flags to finish it, or pass "
+                             "--overwrite to predict every input again")
+
+    def _made_otherwise(self, mask: Path) -> str | None:
+        """How an earlier run made ``mask`` otherwise than this run makes masks ("threshold 0.95, not 0.05"); None when
+        alike, or when the mask does not say (written before masks said what made them)."""
+        saved = saved_made_with(mask)
+        if saved is None or saved == self.spec.made_with:
+            return None
+        try:
+            then = json.loads(saved)
+        except ValueError:
+            then = {}
+        now = json.loads(self.spec.made_with)
+        differs = [f"{name} {json.dumps(then.get(name))}, not {json.dumps(value)}" for name, value in now.items() if then.get(name) != value]
+        return ", ".join(differs) or "other settings"
+
     def kept(self, key: int, read: int = 1) -> bool:
         """Whether ``--skip-existing`` keeps an input's outputs of an earlier run: all of them in the folder, or on the
         store when this run began (the first ``read`` of them, the mask first, are then fetched, to be read as local files)."""
@@ -53,12 +85,18 @@ class Plan:
 
     def kept_raster(self, key: int) -> bool:
         """Whether ``--skip-existing`` keeps a raster's outputs: :meth:`kept`, and its mask readable whole, since it is
-        measured from it (a damaged one is said on stderr, and the raster predicted again)."""
+        measured from it, and made as this run makes masks (a damaged one, or one made otherwise, is said on stderr, and the
+        raster predicted again)."""
         if not self.kept(key):
             return False
         raster = next(raster for raster in self.rasters if raster.key == key)
         mask = self.folder.mask(raster.name, raster=True)
         reason = unreadable_raster(mask)
+        differs = self._made_otherwise(mask) if reason is None else None
+        if differs:
+            tqdm.write(f"crackseg: warning: {self.staged.shown(mask)}: an earlier run made it with {differs}; "
+                       f"predicting {raster.path} again", file=sys.stderr)
+            return False
         if reason is not None:
             tqdm.write(f"crackseg: warning: {self.staged.shown(mask)}: the mask an earlier run wrote is not readable "
                        f"({reason}); predicting {raster.path} again", file=sys.stderr)
@@ -66,9 +104,14 @@ class Plan:
 
     def kept_rows(self, key: int, path: Path | RemoteFile, name: str, threshold: float) -> tuple[dict, list[dict]] | None:
         """The table rows of a photo whose outputs ``--skip-existing`` keeps, read from its saved mask (and probabilities,
-        for the uncertainty at ``threshold``); None when it is to be predicted: not kept, or its saved mask is damaged
-        (said on stderr, and its outputs are written anew)."""
+        for the uncertainty at ``threshold``); None when it is to be predicted: not kept, or its saved mask is damaged or
+        was made otherwise than this run makes masks (said on stderr, and its outputs are written anew)."""
         if not self.kept(key, 2 if self.spec.save_prob else 1):
+            return None
+        differs = self._made_otherwise(self.folder.mask(name))
+        if differs:
+            tqdm.write(f"crackseg: warning: {self.staged.shown(self.folder.mask(name))}: an earlier run made it with {differs}; "
+                       f"predicting {path} again", file=sys.stderr)
             return None
         unsure = {}
         if self.spec.save_prob:

@@ -16,7 +16,8 @@ from PIL import Image
 
 from crackseg.core.errors import InputError
 from crackseg.cracks.widths import WidthClasses
-from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, write_image_outputs, write_summary
+from crackseg.prediction.outputs import OutputSpec, PredictionsFolder, write_image_outputs
+from crackseg.prediction.tables import write_summary
 from crackseg.prediction.pictures import overlay_jpeg
 from crackseg.cracks.options import Scale
 from crackseg.prediction.options import PredictOptions

@@ -489,6 +489,33 @@ def test_outputs_inside_a_recursive_input_are_never_read_again(tmp_path, checkpo
         collect_inputs([str(tmp_path / "same" / "*.jpg")], out=tmp_path / "same")
 
 
+def test_skip_existing_keeps_no_mask_that_another_model_threshold_or_tiling_made(tmp_path, checkpoint, capsys):
+    """A batch finished with other settings would mix two kinds of masks under one summary: the first kept mask made
+    otherwise refuses the run before any work; a later one (a folder that mixes runs already) is predicted again."""
+    _photos(tmp_path / "in", [(32, 32)] * 3)
+    out, masks = tmp_path / "out", tmp_path / "out" / "masks"
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", out, "--threshold", 0.5) == 0
+    before = {path.name: path.read_bytes() for path in masks.iterdir()}
+    capsys.readouterr()
+    for flags, differs in ((["--threshold", 0.9], "threshold 0.5, not 0.9"), (["--threshold", 0.5, "--tta", "flip"], 'tta "none", not "flip"'),
+                           (["--threshold", 0.5, "--tile", 16, "--overlap", 4], "tile 1024, not 16, overlap 128, not 4")):
+        assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", out, "--skip-existing", *flags) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and f"{masks / 'img0.png'}: an earlier run made it with {differs}; --skip-existing" in error, error
+    other = tmp_path / "other.pt"
+    torch.save(torch.load(checkpoint, weights_only=True) | {"epoch": 99}, other)  # the same weights: the file's content differs
+    assert predict_cli("--checkpoint", other, tmp_path / "in", "--out", out, "--skip-existing", "--threshold", 0.5) == 2
+    assert "an earlier run made it with model " in capsys.readouterr().err
+    assert {path.name: path.read_bytes() for path in masks.iterdir()} == before
+    assert predict_cli("--checkpoint", checkpoint, _photos(tmp_path / "one", [(32, 32)])[0], "--out", tmp_path / "b", "--threshold", 0.9) == 0
+    (masks / "img1.png").write_bytes((tmp_path / "b" / "masks" / "img0.png").read_bytes())  # made at 0.9, in a folder made at 0.5
+    Image.open(masks / "img2.png").save(masks / "img2.png")  # a mask that does not say what made it, as older ones: kept
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", out, "--skip-existing", "--threshold", 0.5) == 0
+    assert f"{masks / 'img1.png'}: an earlier run made it with threshold 0.9, not 0.5; predicting" in capsys.readouterr().err
+    assert [row["status"] for row in csv_rows(out / "predictions.csv")] == ["skipped: exists", "ok", "skipped: exists"]
+    assert (masks / "img1.png").read_bytes() == before["img1.png"]
+
+
 def test_skip_existing_redoes_an_image_whose_requested_outputs_are_incomplete(tmp_path, checkpoint):
     _photos(tmp_path / "in", [(32, 32), (40, 40)])
     args = ["--checkpoint", checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--overlay", "--save-prob", 8]

@@ -147,3 +147,22 @@ def test_cracks_across_bands_are_measured_as_on_the_whole_mask(tmp_path):
             assert (got.id, got.area_px, got.bbox, got.fragments) == (want.id, want.area_px, want.bbox, want.fragments), band_rows
             assert got.length_px == pytest.approx(want.length_px, rel=1e-9)
             assert (got.max_width_px, got.mean_width_px) == pytest.approx((want.max_width_px, want.mean_width_px), rel=1e-9)
+
+
+def test_a_raster_mask_says_what_made_it_and_skip_existing_keeps_it_only_then(tmp_path, dark_checkpoint, capsys):
+    import json
+
+    (tmp_path / "in").mkdir()
+    write_geotiff(tmp_path / "in" / "ortho.tif", pavement(300, 400))
+    common = ["--model", str(dark_checkpoint), str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--save-prob", "8"]
+    assert predict_tiled(*common) == 0
+    mask = tmp_path / "out" / "masks" / "ortho.tif"
+    with rasterio.open(mask) as saved:
+        made_with = json.loads(saved.tags()["crackseg_made_with"])
+    assert (made_with["tile"], made_with["overlap"], made_with["tta"]) == (256, 32, "none") and "sha256" in made_with["model"]
+    written = mask.read_bytes()
+    assert predict_tiled(*common, "--skip-existing") == 0
+    assert mask.read_bytes() == written and "skipped" in (tmp_path / "out" / "predictions.csv").read_text()
+    capsys.readouterr()
+    assert predict_tiled(*common, "--skip-existing", "--threshold", "0.99") == 2
+    assert f"{mask}: an earlier run made it with threshold {made_with['threshold']}, not 0.99" in capsys.readouterr().err
