@@ -19,6 +19,7 @@ import contextlib
 import functools
 import json
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -317,14 +318,20 @@ def write_image_outputs(folder: PredictionsFolder, path: Path, name: str, image:
 def saved_made_with(mask: Path) -> str | None:
     """What made a mask predict saved (a PNG's text, a GeoTIFF's tag :data:`~crackseg.prediction.pictures.MADE_WITH`):
     the JSON of the model's digest, the threshold and the tiling; None for a mask that does not say (written before
-    masks said it) or cannot be read."""
+    masks said it) or cannot be read (the kept checks say why)."""
+    if mask.suffix.lower() == ".tif":
+        rio = rasterio()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", rio.errors.NotGeoreferencedWarning)  # a mask of a raster without a CRS
+                with rio.open(mask) as raster:
+                    return raster.tags().get(MADE_WITH)
+        except (rio.errors.RasterioError, OSError):
+            return None
     try:
-        if mask.suffix.lower() == ".tif":
-            with rasterio().open(mask) as raster:
-                return raster.tags().get(MADE_WITH)
         with Image.open(mask) as picture:
             return picture.info.get(MADE_WITH)
-    except (*DECODE_ERRORS, InputError):
+    except DECODE_ERRORS:
         return None
 
 

@@ -162,7 +162,7 @@ def test_a_raster_probability_map_predict_wrote_is_marked_too(tmp_path, checkpoi
     assert main(["predict", "--checkpoint", str(checkpoint), str(tmp_path / "in"), "--out", str(tmp_path / "out"),
                  "--save-prob", "8", "--device", "cpu", "--workers", "0", "--no-measure"]) == 0
     assert Image.open(tmp_path / "out" / "probs" / "ortho.tif").tag_v2.get(42112, "").count('<Item name="crackseg">probabilities</Item>') == 1
-    assert "crackseg" not in Image.open(tmp_path / "out" / "masks" / "ortho.tif").tag_v2.get(42112, "")
+    assert "probabilities" not in Image.open(tmp_path / "out" / "masks" / "ortho.tif").tag_v2.get(42112, "")
 
 
 def test_a_sure_crack_free_prediction_scores_no_false_alarm(tmp_path):
