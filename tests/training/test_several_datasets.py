@@ -152,6 +152,16 @@ def test_mistakes_with_several_datasets_are_one_line(two_datasets, tmp_path, fla
     assert not (tmp_path / "run").exists()
 
 
+def test_images_and_masks_with_a_list_of_several_datasets_are_refused(two_datasets, tmp_path):
+    """Every dataset of the list would have read the one --images folder: one site's photos, trained on twice."""
+    big, small = two_datasets
+    listing = tmp_path / "datasets.txt"
+    listing.write_text(f"{big}\n{small}\n")
+    code, error = _train("--data", listing, "--images", big / "images", "--masks", big / "masks", "--run", tmp_path / "run", *TINY_FLAGS)
+    assert code == 2 and "--images and --masks name the folders of one dataset" in error and error.count("\n") == 1, error
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_same_dataset_twice_is_refused_even_through_a_link_or_a_list(two_datasets, tmp_path):
     big, small = two_datasets
     (tmp_path / "again").symlink_to(big)
