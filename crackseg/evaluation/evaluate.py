@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from crackseg.core.errors import InputError
-from crackseg.core.staging import StagedFolder, location
+from crackseg.core.staging import StagedFolder, inside, location
 from crackseg.core.urls import display_url, shown_location
 from crackseg.data.datasets import open_dataset
 from crackseg.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, describe_error, load_image, load_mask, read_probability
@@ -105,8 +105,19 @@ def evaluate_checkpoint(checkpoint: Path, root: Folder, split: str = "test", tol
 
 
 
+def _refuse_out_among_inputs(options: EvaluateOptions) -> None:
+    """--out inside what is scored: the report's pr_curve.png would be a mask without an image, or a prediction, there."""
+    data = [] if options.data is None else [f"{str(options.data).rstrip('/')}/{sub}" for sub in ("images", "masks")]
+    for flag, folder in [("--pred", options.pred), ("--gt", options.gt), *(("--data", path) for path in data)]:
+        if folder is not None and inside(options.out, folder):
+            raise InputError(f"--out {options.out}: is {flag} {folder} or inside it, where the report's files would be read as "
+                             "data; choose another --out")
+
+
 def evaluate_command(options: EvaluateOptions) -> int:
     """``crackseg evaluate``: score, print the table, write the report to --out (checked before any work)."""
+    if options.out is not None:
+        _refuse_out_among_inputs(options)
     out = None if options.out is None else StagedFolder(options.out, "evaluate", "reports", lock=None)
     with out or contextlib.nullcontext():
         if out is not None:

@@ -117,6 +117,21 @@ def test_inference_flags_without_a_checkpoint_are_refused_not_ignored(tmp_path, 
     assert exit.value.code == 2 and err.count("\n") == 1 and "--tta, --device: how --checkpoint predicts" in err, err
 
 
+@pytest.mark.parametrize("inside", ["gt", "gt/sub", "pred", "data/masks", "data/images"])
+def test_an_out_among_the_inputs_is_refused_before_writing(tmp_path, capsys, inside):
+    """The report's pr_curve.png among the masks would break the dataset: a mask without an image."""
+    save_maps(tmp_path / "gt", _truth())
+    save_maps(tmp_path / "pred", _truth())
+    flags = ["--checkpoint", str(tmp_path / "model.pt"), "--data", str(tmp_path / "data")] if inside.startswith("data") else \
+        ["--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt")]
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as exit:
+        main(["evaluate", *flags, "--out", str(tmp_path / inside)])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1 and f"--out {tmp_path / inside}: is --" in err, err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_existing_report_is_not_overwritten(tmp_path, capsys):
     truth = _truth()
     save_maps(tmp_path / "gt", truth)
