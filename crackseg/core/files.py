@@ -180,11 +180,12 @@ def read_csv(path: Path, columns: tuple[str, ...] = ()) -> list[dict]:
     """The rows of a CSV that :func:`write_csv` wrote, as dicts of text (numbers included); a file that is not such a
     table (not UTF-8, empty, without ``columns``) is a one-line error naming it.
 
-    Read as UTF-8 whatever the locale; the ``'`` that write_csv put before a formula start or a ``'`` is taken off
+    Read as UTF-8 whatever the locale (a byte-order mark, as Excel's "CSV UTF-8" writes, is no part of the first column
+    name); the ``'`` that write_csv put before a formula start or a ``'`` is taken off
     again, so every value comes back as it was given.
     """
     try:
-        with open(path, newline="", encoding="utf-8") as file:
+        with open(path, newline="", encoding="utf-8-sig") as file:  # a table saved again by Excel starts with a BOM
             reader = csv.DictReader(file)
             rows = [{key: _unguarded(value) for key, value in row.items()} for row in reader]
             header = reader.fieldnames or []

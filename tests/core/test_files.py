@@ -72,6 +72,13 @@ def test_csv_text_cells_never_start_a_formula_and_numbers_stay_numbers(tmp_path)
     assert [row["value"] for row in read] == ["-1.5"] * 6 + ["0.25", "1e-07"] and read[6]["count"] == "-2"
 
 
+def test_a_table_saved_again_with_a_byte_order_mark_reads_as_written(tmp_path):
+    """Excel's "CSV UTF-8" starts the file with a BOM, which would make the first column "\\ufeffpath"."""
+    write_csv(tmp_path / "t.csv", [{"path": "a.jpg", "pair": 1}])
+    (tmp_path / "t.csv").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "t.csv").read_bytes())
+    assert read_csv(tmp_path / "t.csv", ("path", "pair")) == [{"path": "a.jpg", "pair": "1"}]
+
+
 def test_csv_cells_that_begin_with_a_quote_come_back_as_they_were(tmp_path):
     names = ["'=x.jpg", "'-y.jpg", "'plain.jpg", "''.jpg", "=z.jpg", "ok.jpg"]
     write_csv(tmp_path / "t.csv", [{"path": name} for name in names])
