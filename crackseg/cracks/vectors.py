@@ -105,6 +105,8 @@ def write_features(path: Path, rows: list[dict], geometries: list, crs: str | No
         write_layer(pending.temp, layer, dict(zip(columns, data)), np.asarray(geometry, dtype=object), crs, named=path)
         if _DRIVERS[Path(path).suffix.lower()] == "GPKG":
             write_styles(pending.temp, {layer: style}, named=path)
+            for log in sqlite_logs(Path(path)):  # SQLite would replay the log of the file replaced onto this one
+                log.unlink(missing_ok=True)
     for qml in layer_files(path)[1:]:  # a GeoJSON's style, beside it once it is whole
         write_atomic(qml, style)
 
@@ -124,6 +126,12 @@ def layer_files(path: Path) -> list[Path]:
     (QGIS reads a file's default style there; a GeoPackage keeps its style inside)."""
     path = Path(path)
     return [path] if _DRIVERS[path.suffix.lower()] == "GPKG" else [path, path.with_suffix(".qml")]
+
+
+def sqlite_logs(path: Path) -> list[Path]:
+    """The files SQLite keeps beside a GeoPackage a program has open (QGIS editing it: ``-wal`` and ``-shm``; a
+    rollback ``-journal``): left beside a file replaced or removed, a log would be replayed onto its successor."""
+    return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
 
 
 def write_styles(path: Path, styles: dict[str, str], named: Path | None = None) -> None:

@@ -23,7 +23,7 @@ from crackseg.core.errors import InputError
 from crackseg.core.files import read_csv, remove_orphan_temps, write_atomic, write_csv
 from crackseg.core.staging import StagedFolder
 from crackseg.cracks.styles import categorized_style
-from crackseg.cracks.vectors import FORMATS, layer_files, write_features
+from crackseg.cracks.vectors import FORMATS, layer_files, sqlite_logs, write_features
 from crackseg.monitoring.report import STATUS_COLOURS, write_change_report
 
 CHANGE_COLUMNS = ["path_before", "path_after", "crack_before", "crack_after", "status", "length_px_before", "length_px_after",
@@ -124,7 +124,8 @@ class ComparisonFolder:
         report would otherwise sit beside this comparison's as if they were part of it."""
         for path in self._earlier:
             if path not in self.written:
-                path.unlink(missing_ok=True)
+                for file in [path, *(sqlite_logs(path) if path.suffix == ".gpkg" else [])]:
+                    file.unlink(missing_ok=True)
         self.pending.unlink(missing_ok=True)
 
     def _planned(self, layers: list[str], pictures: int | None) -> list[Path]:

@@ -133,3 +133,27 @@ def test_vectors_without_the_geo_libraries_stop_before_any_work(tmp_path, dark_c
     write_geotiff(tmp_path / "in" / "ortho.tif", pavement(100, 100))
     assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--vectors", "geojson") == 2
     assert "pip install 'crackseg[geo]'" in capsys.readouterr().err and not (tmp_path / "out" / "masks").exists()
+
+
+def test_a_layer_replaced_while_another_program_holds_it_open_in_wal_mode_is_the_new_one(tmp_path):
+    """QGIS editing a GeoPackage keeps its changes in a -wal file beside it: SQLite would replay that log onto the file
+    written in its place, and the layer would show the earlier run's cracks."""
+    pytest.importorskip("pyogrio")
+    shapely = pytest.importorskip("shapely")
+    from crackseg.cracks.vectors import write_features
+
+    path, line = tmp_path / "changes.gpkg", shapely.LineString([(0, 0), (3, 4)])
+    write_features(path, [{"crack": 1, "length_px": 10.0}], [line], None, "changes", "")
+    editor = sqlite3.connect(path)
+    editor.execute("PRAGMA journal_mode=WAL")
+    editor.execute("CREATE TABLE edits (note TEXT)")
+    editor.execute("INSERT INTO edits VALUES ('an edit of the earlier layer')")
+    editor.commit()
+    assert (tmp_path / "changes.gpkg-wal").exists()
+    write_features(path, [{"crack": 1, "length_px": 20.0}, {"crack": 2, "length_px": 30.0}], [line, line], None, "changes", "")
+    try:
+        with closing(sqlite3.connect(path)) as db:  # opened, as QGIS reloads it, while the editor still holds the old file
+            assert db.execute("SELECT length_px FROM changes ORDER BY crack").fetchall() == [(20.0,), (30.0,)]
+            assert db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'edits'").fetchone() == (0,)
+    finally:
+        editor.close()
