@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     import torch
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff")
+# photo formats a folder may hold that crackseg does not read: said, so that no photo is left out unnoticed
+OTHER_PHOTO_SUFFIXES = (".gif", ".webp", ".avif", ".heic", ".heif", ".jp2", ".j2k", ".jfif", ".jpe", ".jxl", ".pgm", ".ppm",
+                        ".pnm", ".tga", ".psd", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2", ".raf")
 PROBABILITY_MARK = ("crackseg", "probabilities")  # predict's probability maps: a PNG text chunk, a GeoTIFF metadata item
 # How the files of those kinds begin: JPEG, PNG, BMP, TIFF and BigTIFF in either byte order
 _PICTURE_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")

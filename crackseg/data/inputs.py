@@ -12,11 +12,8 @@ from typing import NamedTuple, TypeVar
 from crackseg.core.errors import InputError
 from crackseg.core.storage import RemoteFile, list_files
 from crackseg.core.urls import display_url, is_url
-from crackseg.data.images import IMAGE_SUFFIXES
+from crackseg.data.images import IMAGE_SUFFIXES, OTHER_PHOTO_SUFFIXES
 
-# photo formats a folder may hold that crackseg does not read: said, so that no photo is left out unnoticed
-_OTHER_PHOTO_SUFFIXES = (".gif", ".webp", ".avif", ".heic", ".heif", ".jp2", ".j2k", ".jfif", ".jpe", ".jxl", ".pgm", ".ppm",
-                        ".pnm", ".tga", ".psd", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2", ".raf")
 _File = TypeVar("_File", Path, RemoteFile)
 
 
@@ -43,7 +40,7 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
     for text in inputs:
         path = Path(text)
         if is_url(text):
-            listed = [(file, name) for file, name in list_files(text, (*IMAGE_SUFFIXES, *_OTHER_PHOTO_SUFFIXES), recursive)
+            listed = [(file, name) for file, name in list_files(text, (*IMAGE_SUFFIXES, *OTHER_PHOTO_SUFFIXES), recursive)
                       if not (below_out and file.url.startswith(below_out))]
             unread = [file for file in _unread([file for file, _ in listed]) if file.url != text]  # an object named alone is read
             left_out += unread
@@ -83,7 +80,7 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
 
 def _unread(files: list[_File]) -> list[_File]:
     """The photos among ``files`` in a format crackseg does not read."""
-    return [p for p in files if p.suffix.lower() in _OTHER_PHOTO_SUFFIXES]
+    return [p for p in files if p.suffix.lower() in OTHER_PHOTO_SUFFIXES]
 
 
 def paths_below(folder: Path) -> list[Path]:

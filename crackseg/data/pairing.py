@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from crackseg.core.errors import InputError
 from crackseg.core.storage import RemoteFile, list_files, list_keys
 from crackseg.core.urls import is_url
-from crackseg.data.images import IMAGE_SUFFIXES
+from crackseg.data.images import IMAGE_SUFFIXES, OTHER_PHOTO_SUFFIXES
 from crackseg.data.inputs import paths_below
 
 Folder = Path | str  # a local folder, or an s3:// prefix as text (Path would fold s3:// into s3:/)
@@ -41,7 +41,7 @@ class Problem:
 def files_in(folder: Folder) -> list[File]:
     """The files right in a local folder, or right below an s3:// prefix (a missing one is a StorageError naming it), sorted."""
     if is_url(str(folder)):
-        return [file for file, _ in list_files(str(folder).rstrip("/") + "/", (*IMAGE_SUFFIXES, ".txt"))]
+        return [file for file, _ in list_files(str(folder).rstrip("/") + "/", (*IMAGE_SUFFIXES, *OTHER_PHOTO_SUFFIXES, ".txt"))]
     return sorted(path for path in Path(folder).iterdir() if path.is_file())
 
 
@@ -67,12 +67,15 @@ def find_samples(
     prefix, suffix = mask_pattern.split("{stem}", 1)
     mask_name = re.compile(re.escape(prefix) + "(?P<stem>.+)" + re.escape(suffix) + "$")
 
-    image_files, image_twins = _by_stem(images, lambda stem: stem)
-    mask_files, mask_twins = _by_stem(masks, lambda stem: (m := mask_name.match(stem)) and m["stem"])
+    image_files, image_twins, unread = _by_stem(images, lambda stem: stem)
+    mask_files, mask_twins, unread_masks = _by_stem(masks, lambda stem: (m := mask_name.match(stem)) and m["stem"])
+    unread += [] if same else unread_masks
     if same:  # the masks beside the photos are no photos
         image_files = {stem: path for stem, path in image_files.items() if not mask_name.match(stem)}
         image_twins = {stem: paths for stem, paths in image_twins.items() if not mask_name.match(stem)}
     problems = [Problem(paths[0], _twins_message(paths)) for paths in [*image_twins.values(), *mask_twins.values()]]
+    problems += [Problem(path, f"a {path.suffix} file, a format crackseg does not read: convert it to PNG, JPEG or TIFF "
+                               f"({', '.join(IMAGE_SUFFIXES)})") for path in unread]
     problems += _unread_subfolders(images, masks) + ([] if same else _unread_subfolders(masks, images))
     ambiguous = image_twins.keys() | mask_twins.keys()
     crack_free = set(crack_free)
@@ -116,21 +119,24 @@ def _images_below(prefix: str, other: str) -> dict[Folder, int]:
 
 def files_by_stem(folder: Path) -> dict[str, Path]:
     """Every image file of ``folder`` by stem; two files with one stem are an error naming both."""
-    found, twins = _by_stem(Path(folder), lambda stem: stem)
+    found, twins, _ = _by_stem(Path(folder), lambda stem: stem)
     if twins:
         paths = next(iter(twins.values()))
         raise InputError(f"{paths[0]}: {_twins_message(paths)}" + (f" ({len(twins)} such stems)" if len(twins) > 1 else ""))
     return found
 
 
-def _by_stem(folder: Folder, stem_of) -> tuple[dict[str, File], dict[str, list[File]]]:
-    """Unambiguous files by stem, and the stems that several files share (left out of the first)."""
+def _by_stem(folder: Folder, stem_of) -> tuple[dict[str, File], dict[str, list[File]], list[File]]:
+    """Unambiguous files by stem, the stems that several files share (left out of the first), and the photos in
+    formats crackseg does not read (WebP, GIF, HEIC, camera raw and the like)."""
     every: dict[str, list[File]] = {}
-    for path in files_in(folder):
+    files = files_in(folder)
+    for path in files:
         if path.suffix.lower() in IMAGE_SUFFIXES and (stem := stem_of(path.stem)):
             every.setdefault(stem, []).append(path)
     unique = {stem: paths[0] for stem, paths in every.items() if len(paths) == 1}
-    return unique, {stem: paths for stem, paths in every.items() if len(paths) > 1}
+    unread = [path for path in files if path.suffix.lower() in OTHER_PHOTO_SUFFIXES]
+    return unique, {stem: paths for stem, paths in every.items() if len(paths) > 1}, unread
 
 
 def _twins_message(paths: list[File]) -> str:

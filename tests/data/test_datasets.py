@@ -46,6 +46,24 @@ def test_pairs_by_stem_whatever_the_listing_order(tmp_path, monkeypatch):
     assert [(s.stem, s.image.stem, s.mask.stem) for s in samples] == [(k, k, k) for k in "abcd"]
 
 
+def test_photos_and_masks_in_formats_crackseg_does_not_read_are_problems_not_left_out_in_silence(tmp_path):
+    root = _dataset(tmp_path, ["a", "b", "c"])
+    for folder, stem in (("images", "a"), ("masks", "a"), ("masks", "b")):
+        Image.open(root / folder / f"{stem}.png").save(root / folder / f"{stem}.webp")
+        (root / folder / f"{stem}.png").unlink()
+    (root / "masks" / "notes.txt").write_text("not a photo")
+    samples, problems = find_samples(root / "images", root / "masks")
+    assert [sample.stem for sample in samples] == ["c"]
+    assert sorted(str(problem) for problem in problems) == sorted([
+        f"{root / 'images' / 'a.webp'}: a .webp file, a format crackseg does not read: convert it to PNG, JPEG or TIFF "
+        "(.jpg, .jpeg, .png, .bmp, .tif, .tiff)",
+        f"{root / 'masks' / 'a.webp'}: a .webp file, a format crackseg does not read: convert it to PNG, JPEG or TIFF "
+        "(.jpg, .jpeg, .png, .bmp, .tif, .tiff)",
+        f"{root / 'masks' / 'b.webp'}: a .webp file, a format crackseg does not read: convert it to PNG, JPEG or TIFF "
+        "(.jpg, .jpeg, .png, .bmp, .tif, .tiff)",
+        f"{root / 'images' / 'b.png'}: no mask for this image in {root / 'masks'}"])
+
+
 def test_mask_pattern_pairs_public_layouts(tmp_path):
     root = _dataset(tmp_path, ["001", "002"], mask_pattern="{stem}_mask")
     samples, problems = find_samples(root / "images", root / "masks", "{stem}_mask")
