@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunFo
     saved = (folder.saved_split() or payload["split"]) if payload is not None else None
     negatives, crack_free, problems = negative_pool(found, config.negatives and Path(config.negatives), saved)
     found.problems += problems
-    samples = usable_samples(found, config.on_bad_sample)
+    samples = usable_samples(found, "skip" if payload is not None else config.on_bad_sample)  # resumed: the saved split decides
     if config.negative_share is not None and not negatives:
         raise InputError(f"--negative-share {config.negative_share:g} needs crack-free photos: --negatives DIR, or ROOT/negatives.txt")
     if payload is not None:
@@ -95,6 +96,9 @@ def prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunFo
     lost = sorted(stem for name in ("train", "val") for stem in split[name] if stem not in usable)
     if lost:
         raise InputError(f"{len(lost)} images of the saved split are no longer usable (e.g. {lost[0]}); see the problems with crackseg inspect")
+    if payload is not None and found.problems and env.is_main:  # files added since (a photo not labelled yet): not read
+        print(f"crackseg: warning: {len(found.problems)} files outside the run's saved split have problems and are not read "
+              f"(e.g. {found.problems[0]}); the resumed run trains on its split as saved", file=sys.stderr)
     weights = dict(zip(names, config.data_weights or [1.0] * len(names)))
     datasets = _records(scans, roots, weights, split)
     folder.write_setup(config.to_dict(), dataclasses.asdict(resolved), split, found.problems, datasets)

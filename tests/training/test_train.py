@@ -282,6 +282,21 @@ def test_a_test_split_that_names_trained_photos_is_refused_on_resume(finished_ru
     assert read_checkpoint(run / "last.pt")["epoch"] == 1
 
 
+def test_a_problem_outside_the_saved_split_does_not_stop_a_resume_and_one_in_it_does(finished_run, tmp_path, capsys):
+    """A photo added to the dataset since the run began (not labelled yet) is no part of the run: it is named, not read."""
+    run, data = tmp_path / "run", shutil.copytree(_data_of(finished_run), tmp_path / "data")
+    fit(_config(run, data, epochs=1))
+    trained = load_split(run / "split.json")["train"]
+    shutil.copyfile(data / "images" / f"{trained[0]}.jpg", data / "images" / "new.jpg")
+    capsys.readouterr()
+    fit(_config(run, data, epochs=2))
+    assert read_checkpoint(run / "last.pt")["epoch"] == 2
+    assert "1 files outside the run's saved split have problems and are not read (e.g. " in capsys.readouterr().err
+    (data / "masks" / f"{trained[0]}.png").unlink()
+    with pytest.raises(InputError, match=rf"images of the saved split are no longer usable \(e.g. {trained[0]}\)"):
+        fit(_config(run, data, epochs=3))
+
+
 def test_a_run_resumes_with_the_process_count_it_began_with(finished_run):
     """Its global batch, learning rate and each process's share of an epoch follow from the count."""
     from crackseg.training.setup import check_same_processes
