@@ -106,7 +106,10 @@ def evaluate_checkpoint(checkpoint: Path, root: Folder, split: str = "test", tol
 
 
 def _refuse_out_among_inputs(options: EvaluateOptions) -> None:
-    """--out inside what is scored: the report's pr_curve.png would be a mask without an image, or a prediction, there."""
+    """--out inside what is scored: the report's pr_curve.png would be a mask without an image, or a prediction, there
+    (an --out that is a file is refused as such when the folder is prepared)."""
+    if Path(options.out).is_file():
+        return
     data = [] if options.data is None else [f"{str(options.data).rstrip('/')}/{sub}" for sub in ("images", "masks")]
     for flag, folder in [("--pred", options.pred), ("--gt", options.gt), *(("--data", path) for path in data)]:
         if folder is not None and inside(options.out, folder):
