@@ -124,7 +124,8 @@ def _compare(before: Path, after: Path, outputs: ComparisonFolder, options: Comp
         row.update({key: shown(value) for key, value in row.items() if isinstance(value, str)})
     summary = _summary(shown(str(before)), shown(str(after)), found, options, classes) | ({"warnings": warnings} if warnings else {})
     if options.register and summary["registered"]:  # what the register would refuse of the cracks, before --out is written
-        history.check_cracks(options.register, *surveys, found.register.before)
+        registered = {row["name_before"] for row in found.pairs if row["status"] == "registered" and row.get("name_before")}
+        history.check_cracks(options.register, *surveys, found.register.before, registered)
     outputs.write_tables(found.pairs, found.changes, summary, options.report)
     outputs.remove_stale()
     if options.register:

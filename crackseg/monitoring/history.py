@@ -55,7 +55,7 @@ from crackseg.core.errors import InputError, require
 from crackseg.core.files import PendingFile, cell_number, readable
 from crackseg.core.locks import FileLock
 from crackseg.cracks.styles import width_class_style
-from crackseg.cracks.vectors import gpkg_envelope, gpkg_geometry_blob, write_layer, write_styles
+from crackseg.cracks.vectors import gpkg_envelope, gpkg_geometry_blob, sqlite_logs, write_layer, write_styles
 from crackseg.cracks.widths import WidthClasses
 from crackseg.monitoring.register_file import (APPENDING, BUSY_TIMEOUT_S, add_attribute_table, check_writable, locked,
                                                register_error, transaction, update_contents)
@@ -65,7 +65,6 @@ _MEASURES = ("length_px", "mean_width_px", "max_width_px", "length_mm", "mean_wi
 _CLASSES = ("max_width_class", "mean_width_class")  # a crack has the one of the width its standard grades
 _TABLES = ("surveys", "cracks", "links", "pairs")
 _PAIRS = {"before_survey": "INTEGER", "after_survey": "INTEGER", "before_image": "TEXT", "after_image": "TEXT", "status": "TEXT"}
-_SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
 
 # Parameters :date (YYYY-MM-DD), :image and :crack name the crack in the survey of that date; the rows are that
 # crack and its successors in every later survey (a split crack has several on a date), with the change since
@@ -134,15 +133,16 @@ def check_append(register: Path, before: Survey, after: Survey, crs: frozenset |
                 _check_crs(register, _registered_crs(db), one)
 
 
-def check_cracks(register: Path, before: Survey, after: Survey, before_cracks: list[dict]) -> None:
+def check_cracks(register: Path, before: Survey, after: Survey, before_cracks: list[dict], before_images: set[str]) -> None:
     """Refuse now, before a comparison's outputs are written, BEFORE's cracks that differ from those the register holds
-    for that survey (another model, other settings, another pixel size or standard, an edited register). Writes nothing."""
+    for that survey (another model, other settings, another pixel size or standard, an edited register); ``before_images``:
+    the BEFORE images of the pairs registered, crack-free ones included. Writes nothing."""
     register, (before, after) = Path(register), placed(before, after)
     if register.exists():
         with transaction(register, register, write=False) as db:
             reused = check_surveys(register, registered_surveys(db, register), before, after)
             if reused is not None:
-                _registered_keys(db, register, reused, before_cracks)
+                _registered_keys(db, register, reused, before_cracks, before_images)
 
 
 def width_history(register: Path, date: str, image: str, crack: int) -> list[dict]:
@@ -173,8 +173,8 @@ def _create(register: Path, surveys: tuple[Survey, Survey], compared: Compared, 
             os.fsync(file.fileno())
         pending.commit(durable=True)
     except BaseException:
-        for side in ("", *_SQLITE_SIDE_FILES):
-            Path(f"{pending.temp}{side}").unlink(missing_ok=True)
+        for file in (pending.temp, *sqlite_logs(pending.temp)):
+            file.unlink(missing_ok=True)
         raise
     return added
 
@@ -200,7 +200,8 @@ def _append(db: sqlite3.Connection, register: Path, surveys: tuple[Survey, Surve
         new_cracks.append((next_survey, cracks[0], next_key))
         next_survey, next_key = next_survey + 1, next_key + len(cracks[0])
     else:
-        before_keys, unseen = _registered_keys(db, register, reused, cracks[0])
+        before_images = {pair["before_image"] for pair in pairs if pair["status"] == "registered" and pair["before_image"]}
+        before_keys, unseen = _registered_keys(db, register, reused, cracks[0], before_images)
         before_keys |= _numbered(unseen, next_key)  # images of that survey that no earlier comparison registered
         new_cracks.append((reused, unseen, next_key))
         next_key += len(unseen)
@@ -250,16 +251,18 @@ def _check_crs(register: Path, registered: str | None, crs: str | None) -> None:
                      f"{named.get(crs, crs)}; a register holds one site in one CRS: give another --register")
 
 
-def _registered_keys(db: sqlite3.Connection, register: Path, survey: int,
-                     cracks: list[dict]) -> tuple[dict[tuple[str, int], int], list[dict]]:
-    """{(image, crack): crack_key} of a registered survey's images, once their cracks are found to be those of ``cracks``,
-    and the crack dicts of images the survey does not hold yet (an image no earlier comparison registered)."""
+def _registered_keys(db: sqlite3.Connection, register: Path, survey: int, cracks: list[dict],
+                     compared_images: set[str]) -> tuple[dict[tuple[str, int], int], list[dict]]:
+    """{(image, crack): crack_key} of a registered survey's images, once their cracks are found to be those of ``cracks``
+    (of ``compared_images``, this comparison's BEFORE images: an image registered crack-free must still be, and one
+    registered with cracks must still have them), and the crack dicts of images the survey does not hold yet (an image no
+    earlier comparison registered)."""
     rows = db.execute("SELECT image, crack, crack_key, length_px, max_width_px FROM cracks WHERE survey = ?", (survey,)).fetchall()
     found = {(image, crack): values for image, crack, _, *values in rows}
-    images = {image for image, _ in found}
+    images = {image for image, _ in found} | _registered_images(db, survey)
+    compared = {readable(image) for image in (*compared_images, *(row["image"] for row in cracks))} & images  # held here too
     given = {(readable(row["image"]), int(row["crack"])): [row["length_px"], row["max_width_px"]]
-             for row in cracks if readable(row["image"]) in images}
-    compared = {image for image, _ in given}  # registered images this comparison holds too
+             for row in cracks if readable(row["image"]) in compared}
     here = {key: value for key, value in found.items() if key[0] in compared}
     differing = sorted(set(here) ^ set(given)) or sorted(key for key in given if not _same_px(here[key], given[key]))
     if differing:
@@ -269,6 +272,16 @@ def _registered_keys(db: sqlite3.Connection, register: Path, survey: int,
                          "the settings used then")
     unseen = [row for row in cracks if readable(row["image"]) not in images]
     return {(image, crack): key for image, crack, key, *_ in rows}, unseen
+
+
+def _registered_images(db: sqlite3.Connection, survey: int) -> set[str]:
+    """The images of ``survey`` that a comparison registered (its pairs table), crack-free ones included; none in a
+    register from before pairs were recorded."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'pairs'").fetchone() is None:
+        return set()
+    rows = db.execute("SELECT before_image FROM pairs WHERE before_survey = ? AND status = 'registered' UNION "
+                      "SELECT after_image FROM pairs WHERE after_survey = ? AND status = 'registered'", (survey, survey))
+    return {image for (image,) in rows if image}
 
 
 def _same_px(registered: list, given: list) -> bool:

@@ -22,7 +22,7 @@ shapely = pytest.importorskip("shapely")
 from crackseg.core.errors import InputError  # noqa: E402
 from crackseg.cracks.widths import WIDTH_CLASS_PRESETS  # noqa: E402
 from crackseg.monitoring import history  # noqa: E402
-from crackseg.monitoring.history import WIDTH_HISTORY, Compared, append_comparison, check_append, width_history  # noqa: E402
+from crackseg.monitoring.history import WIDTH_HISTORY, Compared, append_comparison, check_append, check_cracks, width_history  # noqa: E402
 from crackseg.monitoring.surveys import Survey  # noqa: E402
 from crackseg.monitoring import register_file  # noqa: E402
 from conftest import read_only_mount  # noqa: E402
@@ -91,6 +91,27 @@ def test_the_pairs_table_says_which_images_each_comparison_compared_in_old_regis
     assert _table(tmp_path / "new.gpkg", "SELECT before_survey, after_survey, before_image, after_image, status FROM pairs") == [
         (1, 2, "a.png", "a.png", "registered"), (1, 2, "b.png", "b.png", "unregistered"), (1, 2, None, "c.png", "only after")]
     assert _table(tmp_path / "new.gpkg", "SELECT feature_count FROM gpkg_ogr_contents WHERE table_name = 'pairs'") == [(3,)]
+
+
+@pytest.mark.parametrize("case", ["a crack in an image registered crack-free", "no crack in an image registered with cracks"])
+def test_a_reused_survey_measured_otherwise_is_refused_on_crack_free_images_too(tmp_path, case):
+    """b.png was registered at visit 2 without cracks: a comparison from visit 2 that finds one there (or none in a.png,
+    registered with three) measured visit 2 otherwise, and its cracks would be new at a visit that did not see them."""
+    register = tmp_path / "site.gpkg"
+    pairs = [{"before_image": image, "after_image": image, "status": "registered"} for image in ("a.png", "b.png")]
+    append_comparison(register, VISITS[0], VISITS[1], Compared((CRACKS[0], CRACKS[1]), LINKS[0], pairs), None)
+    original = register.read_bytes()
+    if case.startswith("a crack"):
+        before, links = CRACKS[1] + [{**_crack(1, 60, 2, 30, 0.5), "image": "b.png"}], LINKS[1]
+        message = "crack 1 of b.png differs from the one registered for that survey"
+    else:
+        before, links = [], []
+        message = "crack 1 of a.png differs from the one registered for that survey"
+    with pytest.raises(InputError, match=f"^{register}: {message}"):
+        append_comparison(register, VISITS[1], VISITS[2], Compared((before, CRACKS[2] if before else []), links, pairs), None)
+    assert register.read_bytes() == original
+    with pytest.raises(InputError, match=message):
+        check_cracks(register, VISITS[1], VISITS[2], before, {"a.png", "b.png"})
 
 
 def test_three_visits_make_one_register_that_follows_a_crack_through_them(tmp_path):
