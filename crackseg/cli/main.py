@@ -17,7 +17,7 @@ from crackseg.cli import compare, data, evaluate, labels, predict, serve, train
 from crackseg.cli.launch import FAILED, first_to_say, said_already
 from crackseg.cli.options import HelpFormatter, Parser
 from crackseg.cli.stops import stops_raised
-from crackseg.core.errors import InputError, RunError, Terminated
+from crackseg.core.errors import InputError, RunError, Terminated, user_message
 from crackseg.core.version import __version__
 
 COMMAND_GROUPS = (data, train, predict, labels, serve, compare, evaluate)  # in the order --help lists their commands
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             print("crackseg: terminated (SIGTERM)", file=sys.stderr)
         return 128 + signal.SIGTERM
     except InputError as error:
-        parser.exit(2, f"crackseg: error: {error}\n")
+        parser.exit(2, f"crackseg: error: {user_message(error)}\n")
     except RunError as error:
         said = not error.final or first_to_say(FAILED)  # a failure a restart would repeat: said by one process, not restarted
         parser.exit(1, f"crackseg: error: {error}\n" if said else None)

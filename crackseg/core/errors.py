@@ -15,6 +15,16 @@ class InputError(Exception):
     """
 
 
+def user_message(error: InputError) -> str:
+    """What ``error`` says to the user: its message, also where a DataLoader worker raised it and torch raised it again
+    in the main process, its message then after the worker's traceback."""
+    text = str(error)
+    said = f"{type(error).__module__}.{type(error).__qualname__}: "
+    if text.startswith("Caught ") and "\nOriginal Traceback (most recent call last):" in text and said in text:
+        return text.rsplit(said, 1)[1].rstrip("\n")
+    return text
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, what a scheduler or ``kubectl delete`` sends: raised where the process is, so that every cleanup Ctrl-C
     runs (locks, staging folders, half-written files, Ray actors) runs for it too; the command then exits with 143."""

@@ -96,6 +96,28 @@ def test_loader_workers_and_cache_give_the_same_batches(synth_root):
     assert all(torch.equal(a, b) for a, b in zip(*batches))
 
 
+def test_a_photo_gone_while_loader_workers_read_is_one_line_as_without_workers(tmp_path, synth_root, capsys):
+    """torch raises a worker's InputError again in the main process, the worker's traceback in its message: the CLI
+    says what the worker said, as it does when the main process reads the photo itself."""
+    import shutil
+
+    import pytest
+
+    from crackseg.core.errors import InputError, user_message
+
+    data = shutil.copytree(synth_root, tmp_path / "data")
+    found = open_dataset(data)
+    (found.samples[0].image).unlink()  # after the dataset was checked, before an epoch reads it
+    said = []
+    for workers in (0, 1):
+        dataset = CrackDataset(found.samples, train_transform(32), seed=4)
+        loader = make_loader(dataset, 2, EpochSampler(torch.utils.data.SequentialSampler(dataset)), workers=workers)
+        with pytest.raises(InputError) as caught:
+            next(iter(loader))
+        said.append(user_message(caught.value))
+    assert said[0] == said[1] and said[0].startswith(f"{found.samples[0].image}: ") and "\n" not in said[0], said
+
+
 def test_device_geometry_unscaled_is_one_of_the_eight_turns_and_flips_of_its_window():
     """Region = window: each output is exactly a dihedral transform of its input, image and mask the same one."""
     torch.manual_seed(3)
