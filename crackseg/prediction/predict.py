@@ -84,7 +84,7 @@ def _made_with(choice: RuntimeChoice, threshold: float) -> str:
     """What decides a run's masks, written into each (so that --skip-existing keeps no mask another way made): the
     model file's contents, the threshold, and how photos are tiled, flipped and resized."""
     inference = choice.options
-    return json.dumps({"model": f"{choice.path.name} (sha256 {model_file_digest(choice.path)[:16]})", "threshold": threshold,
+    return json.dumps({"model": f"sha256 {model_file_digest(choice.path)[:16]}", "threshold": threshold,  # a copy is the same model
                        "tile": inference.tile, "overlap": inference.overlap, "tta": inference.tta, "resize": inference.resize})
 
 

@@ -502,6 +502,9 @@ def test_skip_existing_keeps_no_mask_that_another_model_threshold_or_tiling_made
         assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", out, "--skip-existing", *flags) == 2
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and f"{masks / 'img0.png'}: an earlier run made it with {differs}; --skip-existing" in error, error
+    copy = tmp_path / "copy.pt"
+    copy.write_bytes(Path(checkpoint).read_bytes())  # the same file under another name: the same model
+    assert predict_cli("--checkpoint", copy, tmp_path / "in", "--out", out, "--skip-existing", "--threshold", 0.5) == 0
     other = tmp_path / "other.pt"
     torch.save(torch.load(checkpoint, weights_only=True) | {"epoch": 99}, other)  # the same weights: the file's content differs
     assert predict_cli("--checkpoint", other, tmp_path / "in", "--out", out, "--skip-existing", "--threshold", 0.5) == 2
