@@ -36,14 +36,14 @@ def collect_inputs(inputs: list[str], recursive: bool = False, out: Path | str |
     inside_out = (lambda p: Path(p).resolve().is_relative_to(Path(out).resolve())) if isinstance(out, Path) else (lambda p: False)
     below_out = f"{str(out).rstrip('/')}/" if isinstance(out, str) else None
     found: list[tuple[Path | RemoteFile, str]] = []
-    left_out: list[Path] = []
+    left_out: list[Path | RemoteFile] = []
     for text in inputs:
         path = Path(text)
         if is_url(text):
             listed = [(file, name) for file, name in list_files(text, (*IMAGE_SUFFIXES, *OTHER_PHOTO_SUFFIXES), recursive)
                       if not (below_out and file.url.startswith(below_out))]
-            unread = [file for file in _unread([file for file, _ in listed]) if file.url != text]  # an object named alone is read
-            left_out += unread
+            unread = {file for file in _unread([file for file, _ in listed]) if file.url != text}  # an object named alone is read
+            left_out += [file for file, _ in listed if file in unread]
             found += [(file, name) for file, name in listed if file not in unread]
         elif path.is_dir():
             if inside_out(path):
@@ -95,10 +95,11 @@ def paths_below(folder: Path) -> list[Path]:
         for name in sorted(folders):
             path = Path(top, name)
             identity = _identity(path)
-            if identity is None or (identity in seen and not (identity in own and not path.is_symlink())):
-                continue
-            seen.add(identity)
-            kept.append(name)
+            if identity in own and not path.is_symlink():  # one of the folder's own, by its own path
+                kept.append(name)
+            elif identity is not None and identity not in seen:  # a linked folder not walked yet
+                seen.add(identity)
+                kept.append(name)
         folders[:] = kept
     return sorted(found)
 

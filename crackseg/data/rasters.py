@@ -69,6 +69,19 @@ def gdal_reason(error: Exception) -> str:
     return scrubbed(str(error).splitlines()[0][:300]) if str(error) else type(error).__name__
 
 
+def raster_tag(path: Path, name: str) -> str | None:
+    """The metadata item ``name`` of the local GeoTIFF ``path`` (GDAL's default domain); None when it has none or cannot
+    be opened."""
+    rio = rasterio()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rio.errors.NotGeoreferencedWarning)  # a mask of a raster without a CRS
+            with rio.open(path) as raster:
+                return raster.tags().get(name)
+    except (rio.errors.RasterioError, OSError):
+        return None
+
+
 def unreadable_raster(path: Path) -> str | None:
     """Why the local GeoTIFF ``path`` cannot be read whole (GDAL's words), block by block; None when it can."""
     rio = rasterio()

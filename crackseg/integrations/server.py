@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import hashlib
 import hmac
 import io
 import json
@@ -52,6 +51,7 @@ from crackseg.core.version import __version__
 from crackseg.data.images import DECODE_ERRORS, describe_error, picture_pixels
 from crackseg.integrations.fetching import HttpError, ImageFetcher
 from crackseg.integrations.label_studio import ProtocolError, Target, image_url, read_config
+from crackseg.model.identity import model_file_digest
 from crackseg.prediction.uncertainty import uncertainty
 
 if TYPE_CHECKING:
@@ -87,17 +87,11 @@ class ServerSettings:
 
 
 def model_version(checkpoint: Path, settings: str = "") -> str:
-    """``crackseg VERSION NAME@DIGEST SETTINGS``: the first 8 hex digits of the model file's SHA-256 (a folder's files
-    in name order), so Label Studio tells two models apart even when both are called best.pt, and the settings that
+    """``crackseg VERSION NAME@DIGEST SETTINGS``: the first 8 hex digits of the model file's SHA-256
+    (:func:`~crackseg.model.identity.model_file_digest`), so Label Studio tells two models apart even when both are called best.pt, and the settings that
     change its masks (threshold, ...), so that it asks again for predictions made with others."""
     path = Path(checkpoint)
-    files = sorted(item for item in path.iterdir() if item.is_file()) if path.is_dir() else [path]
-    digest = hashlib.sha256()
-    for item in files:
-        with open(item, "rb") as file:
-            while chunk := file.read(MIB):
-                digest.update(chunk)
-    return f"crackseg {__version__} {path.name}@{digest.hexdigest()[:8]}" + (f" {settings}" if settings else "")
+    return f"crackseg {__version__} {path.name}@{model_file_digest(path)[:8]}" + (f" {settings}" if settings else "")
 
 
 def build_app(session: PredictionSession, settings: ServerSettings, version: str) -> Starlette:

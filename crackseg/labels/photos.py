@@ -40,7 +40,12 @@ class PhotoIndex:
     photo's cracks on another."""
 
     def __init__(self, photos: dict[str, Path], uploads: bool = False):
-        self.photos, self.uploads = {_same_form(key): path for key, path in photos.items()}, uploads
+        self.photos, self.uploads = {}, uploads
+        for key, path in photos.items():
+            if _same_form(key) in self.photos:  # names differing in Unicode form alone: which one a file means is a guess
+                raise InputError(f"{self.photos[_same_form(key)]} and {path} in --images: one name, written in two Unicode "
+                                 "forms (composed and decomposed accents); rename one")
+            self.photos[_same_form(key)] = path
         self.by_name: dict[str, list[str]] = {}
         self.by_upload: dict[str, list[str]] = {}
         self.by_stem: dict[str, list[str]] = {}

@@ -124,7 +124,7 @@ class ComparisonFolder:
         report would otherwise sit beside this comparison's as if they were part of it."""
         for path in self._earlier:
             if path not in self.written:
-                for file in [path, *(sqlite_logs(path) if path.suffix == ".gpkg" else [])]:
+                for file in [path, *(sqlite_logs(path) if path.suffix.lower() == ".gpkg" else [])]:
                     file.unlink(missing_ok=True)
         self.pending.unlink(missing_ok=True)
 

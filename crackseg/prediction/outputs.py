@@ -19,7 +19,6 @@ import contextlib
 import functools
 import json
 import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,7 +34,7 @@ from crackseg.cracks.measure import find_cracks, find_cracks_with_skeleton
 from crackseg.cracks.vectors import FORMATS, centrelines, layer_files, skeleton_links, write_vectors
 from crackseg.cracks.widths import WidthClasses
 from crackseg.data.images import DECODE_ERRORS, crack_mask, describe_error
-from crackseg.data.rasters import rasterio
+from crackseg.data.rasters import raster_tag
 from crackseg.prediction.pictures import MADE_WITH, overlay_jpeg, probability_levels, write_png
 from crackseg.prediction.tables import mask_counts, table_columns, table_rows, write_summary
 from crackseg.prediction.uncertainty import uncertainty
@@ -320,14 +319,7 @@ def saved_made_with(mask: Path) -> str | None:
     the JSON of the model's digest, the threshold and the tiling; None for a mask that does not say (written before
     masks said it) or cannot be read (the kept checks say why)."""
     if mask.suffix.lower() == ".tif":
-        rio = rasterio()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", rio.errors.NotGeoreferencedWarning)  # a mask of a raster without a CRS
-                with rio.open(mask) as raster:
-                    return raster.tags().get(MADE_WITH)
-        except (rio.errors.RasterioError, OSError):
-            return None
+        return raster_tag(mask, MADE_WITH)
     try:
         with Image.open(mask) as picture:
             return picture.info.get(MADE_WITH)

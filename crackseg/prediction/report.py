@@ -109,7 +109,7 @@ def _saved_overlay(path: Path) -> Image.Image | None:
     try:
         with Image.open(path) as picture:
             return picture.convert("RGB")
-    except (FileNotFoundError, *DECODE_ERRORS):
+    except DECODE_ERRORS:  # OSError among them: no saved overlay
         return None
 
 

@@ -48,9 +48,9 @@ class Plan:
     skip_existing: bool = False
 
     def marked(self, made_with: str) -> Plan:
-        """This plan with every mask it writes saying ``made_with`` (:attr:`OutputSpec.made_with`)."""
-        return replace(self, spec=replace(self.spec, made_with=made_with),
-                       rasters=[replace(raster, spec=replace(raster.spec, made_with=made_with)) for raster in self.rasters])
+        """This plan with every photo's mask saying ``made_with`` (:attr:`OutputSpec.made_with`; a raster's mask says
+        what its :class:`RasterRun` says, which is made from this)."""
+        return replace(self, spec=replace(self.spec, made_with=made_with))
 
     def refuse_masks_made_otherwise(self) -> None:
         """Before any work under ``--skip-existing``: the first mask kept must have been made as this run makes masks

@@ -38,6 +38,8 @@ def decode_sample(sample: Sample) -> Decoded:
         return image, load_mask(sample.mask) if sample.mask else torch.zeros((1, *image.shape[1:]), dtype=torch.uint8)
     except DECODE_ERRORS as error:
         raise _changed(sample, describe_error(error)) from None
+    except InputError as error:  # a StorageError: a loader worker's is made again from its message alone, as an InputError is
+        raise InputError(str(error)) from None
 
 
 def decoded_samples(samples: list[Sample], env: distributed.Environment | None = None,

@@ -97,8 +97,8 @@ def prepare_run(config: TrainConfig, env: distributed.Environment, folder: RunFo
     if lost:
         raise InputError(f"{len(lost)} images of the saved split are no longer usable (e.g. {lost[0]}); see the problems with crackseg inspect")
     if payload is not None and found.problems and env.is_main:  # files added since (a photo not labelled yet): not read
-        print(f"crackseg: warning: {len(found.problems)} files outside the run's saved split have problems and are not read "
-              f"(e.g. {found.problems[0]}); the resumed run trains on its split as saved", file=sys.stderr)
+        print(f"crackseg: warning: {len(found.problems)} files the resumed run does not train or validate on have problems "
+              f"and are not read (e.g. {found.problems[0]}); it trains on its split as saved", file=sys.stderr)
     weights = dict(zip(names, config.data_weights or [1.0] * len(names)))
     datasets = _records(scans, roots, weights, split)
     folder.write_setup(config.to_dict(), dataclasses.asdict(resolved), split, found.problems, datasets)

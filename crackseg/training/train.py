@@ -49,9 +49,8 @@ from crackseg.training.transforms import DeviceGeometry, PhotometricJitter
 
 def fit(config: TrainConfig) -> dict:
     """Train as configured, resuming where the run folder says; returns the best score and run folder."""
-    check_options(config)
     config = normalized(config)
-    check_options(config)  # again with list files read: one may name several datasets
+    check_options(config)  # with list files read: one may name several datasets
     env = distributed.setup(config.device)
     folder = RunFolder(Path(config.run), env.is_main)
     try:

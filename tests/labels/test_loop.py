@@ -441,6 +441,9 @@ def test_a_name_finds_its_photo_in_either_unicode_form(tmp_path):
     path = _labelstudio(tmp_path, [_ls_column(3)], image=f"/data/upload/3/1a2b3c4d-{composed}.png")
     masks, _ = _imported(tmp_path, "labelstudio", path, overwrite=True)
     assert list(masks) == [decomposed]
+    _photo(tmp_path / "photos", f"{composed}.png")  # both forms: which one a file means would be a guess
+    code, err = _cli("import", path, "--format", "labelstudio", "--images", tmp_path / "photos", "--out", tmp_path / "other")
+    assert code == 2 and "one name, written in two Unicode forms" in err and err.count("\n") == 1, err
 
 
 def test_photos_in_linked_subfolders_of_images_are_found(tmp_path):

@@ -291,7 +291,7 @@ def test_a_problem_outside_the_saved_split_does_not_stop_a_resume_and_one_in_it_
     capsys.readouterr()
     fit(_config(run, data, epochs=2))
     assert read_checkpoint(run / "last.pt")["epoch"] == 2
-    assert "1 files outside the run's saved split have problems and are not read (e.g. " in capsys.readouterr().err
+    assert "1 files the resumed run does not train or validate on have problems and are not read (e.g. " in capsys.readouterr().err
     (data / "masks" / f"{trained[0]}.png").unlink()
     with pytest.raises(InputError, match=rf"images of the saved split are no longer usable \(e.g. {trained[0]}\)"):
         fit(_config(run, data, epochs=3))
