@@ -51,7 +51,7 @@ from crackseg.core.version import __version__
 from crackseg.data.images import DECODE_ERRORS, describe_error, picture_pixels
 from crackseg.integrations.fetching import HttpError, ImageFetcher
 from crackseg.integrations.label_studio import ProtocolError, Target, image_url, read_config
-from crackseg.model.identity import model_file_digest
+from crackseg.core.digest import model_file_digest
 from crackseg.prediction.uncertainty import uncertainty
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class ServerSettings:
 
 def model_version(checkpoint: Path, settings: str = "") -> str:
     """``crackseg VERSION NAME@DIGEST SETTINGS``: the first 8 hex digits of the model file's SHA-256
-    (:func:`~crackseg.model.identity.model_file_digest`), so Label Studio tells two models apart even when both are called best.pt, and the settings that
+    (:func:`~crackseg.core.digest.model_file_digest`), so Label Studio tells two models apart even when both are called best.pt, and the settings that
     change its masks (threshold, ...), so that it asks again for predictions made with others."""
     path = Path(checkpoint)
     return f"crackseg {__version__} {path.name}@{model_file_digest(path)[:8]}" + (f" {settings}" if settings else "")

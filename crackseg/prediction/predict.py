@@ -25,7 +25,7 @@ from crackseg.data.inputs import collect_inputs
 from crackseg.data.rasters import gdal_settings, open_if_streamed
 from crackseg.model import distributed
 from crackseg.model.inference import Predictor
-from crackseg.model.identity import model_file_digest
+from crackseg.core.digest import model_file_digest
 from crackseg.model.runtimes import Runtime, RuntimeChoice, choose_runtime, load_runtime
 from crackseg.model.shipped import DEFAULT_MODEL, SHIPPED, shipped_folder
 from crackseg.prediction.engines import ENGINES, Engine

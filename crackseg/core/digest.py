@@ -1,4 +1,4 @@
-"""A model file's identity: what tells two models apart whatever their files are called, without loading them (no torch)."""
+"""A model file's identity: what tells two models apart whatever their files are called, without loading them."""
 
 from __future__ import annotations
 
