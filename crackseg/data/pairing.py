@@ -74,8 +74,7 @@ def find_samples(
         image_files = {stem: path for stem, path in image_files.items() if not mask_name.match(stem)}
         image_twins = {stem: paths for stem, paths in image_twins.items() if not mask_name.match(stem)}
     problems = [Problem(paths[0], _twins_message(paths)) for paths in [*image_twins.values(), *mask_twins.values()]]
-    problems += [Problem(path, f"a {path.suffix} file, a format crackseg does not read: convert it to PNG, JPEG or TIFF "
-                               f"({', '.join(IMAGE_SUFFIXES)})") for path in unread]
+    problems += [Problem(path, _unread_message(path)) for path in unread]
     problems += _unread_subfolders(images, masks) + ([] if same else _unread_subfolders(masks, images))
     ambiguous = image_twins.keys() | mask_twins.keys()
     crack_free = set(crack_free)
@@ -118,11 +117,14 @@ def _images_below(prefix: str, other: str) -> dict[Folder, int]:
 
 
 def files_by_stem(folder: Path) -> dict[str, Path]:
-    """Every image file of ``folder`` by stem; two files with one stem are an error naming both."""
-    found, twins, _ = _by_stem(Path(folder), lambda stem: stem)
+    """Every image file of ``folder`` by stem; two files with one stem are an error naming both, and so is a photo in a
+    format crackseg does not read, which would otherwise be passed over in silence."""
+    found, twins, unread = _by_stem(Path(folder), lambda stem: stem)
     if twins:
         paths = next(iter(twins.values()))
         raise InputError(f"{paths[0]}: {_twins_message(paths)}" + (f" ({len(twins)} such stems)" if len(twins) > 1 else ""))
+    if unread:
+        raise InputError(f"{unread[0]}: {_unread_message(unread[0])}" + (f" ({len(unread)} such files)" if len(unread) > 1 else ""))
     return found
 
 
@@ -137,6 +139,10 @@ def _by_stem(folder: Folder, stem_of) -> tuple[dict[str, File], dict[str, list[F
     unique = {stem: paths[0] for stem, paths in every.items() if len(paths) == 1}
     unread = [path for path in files if path.suffix.lower() in OTHER_PHOTO_SUFFIXES]
     return unique, {stem: paths for stem, paths in every.items() if len(paths) > 1}, unread
+
+
+def _unread_message(path: File) -> str:
+    return f"a {path.suffix} file, a format crackseg does not read: convert it to PNG, JPEG or TIFF ({', '.join(IMAGE_SUFFIXES)})"
 
 
 def _twins_message(paths: list[File]) -> str:

@@ -98,6 +98,18 @@ def test_missing_predictions_and_size_mismatches_are_errors(tmp_path):
         evaluate_files(tmp_path / "pred", tmp_path / "gt")
 
 
+@pytest.mark.parametrize("folder", ["gt", "pred"])
+def test_a_mask_in_a_format_crackseg_does_not_read_is_named_not_passed_over(tmp_path, folder):
+    """A ground-truth mask saved as GIF would leave its image out of the scores without a word."""
+    save_maps(tmp_path / "gt", _truth())
+    save_maps(tmp_path / "pred", _truth())
+    first = sorted((tmp_path / folder).iterdir())[0]
+    Image.open(first).save(first.with_suffix(".gif"))
+    first.unlink()
+    with pytest.raises(InputError, match=rf"^{first.with_suffix('.gif')}: a .gif file, a format crackseg does not read"):
+        evaluate_files(tmp_path / "pred", tmp_path / "gt")
+
+
 def test_pred_and_gt_that_are_no_folders_are_named(tmp_path):
     save_maps(tmp_path / "gt", _truth())
     (tmp_path / "model.pt").write_bytes(b"a file")
