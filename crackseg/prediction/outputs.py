@@ -31,7 +31,7 @@ from crackseg.core.errors import InputError
 from crackseg.core.files import read_csv, remove_orphan_temps, write_atomic, write_csv
 from crackseg.core.urls import is_url
 from crackseg.cracks.measure import find_cracks, find_cracks_with_skeleton
-from crackseg.cracks.vectors import FORMATS, centrelines, layer_files, skeleton_links, write_vectors
+from crackseg.cracks.vectors import FORMATS, centrelines, layer_files, skeleton_links, sqlite_logs, write_vectors
 from crackseg.cracks.widths import WidthClasses
 from crackseg.data.images import DECODE_ERRORS, crack_mask, describe_error
 from crackseg.data.rasters import raster_tag
@@ -120,6 +120,7 @@ class PredictionsFolder:
         """Every file predict or report may have written for ``name``, whatever the options."""
         paths = [self.mask(name), self.mask(name, True), self.probabilities(name), self.probabilities(name, True), self.overlay(name)]
         paths += [path for fmt in FORMATS for path in layer_files(self.vectors(name, fmt))]
+        paths += sqlite_logs(self.vectors(name, "gpkg"))  # what SQLite keeps beside a layer a program has open
         return paths + [self.report_picture(kind, name) for kind in REPORT_PICTURES]
 
     def superseded(self, names: set[str], kept: set[Path]) -> list[Path]:

@@ -157,3 +157,20 @@ def test_a_layer_replaced_while_another_program_holds_it_open_in_wal_mode_is_the
             assert db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'edits'").fetchone() == (0,)
     finally:
         editor.close()
+
+
+def test_overwrite_removes_a_stale_layer_with_the_logs_sqlite_kept_beside_it(tmp_path, dark_checkpoint):
+    pytest.importorskip("pyogrio")
+    from PIL import Image
+
+    (tmp_path / "in").mkdir()
+    photo = np.full((64, 96, 3), 200, np.uint8)
+    photo[30:33, 10:90] = 20
+    Image.fromarray(photo).save(tmp_path / "in" / "photo.png")
+    common = ["--model", str(dark_checkpoint), str(tmp_path / "in"), "--out", str(tmp_path / "out")]
+    assert predict_cli(*common, "--vectors", "gpkg") == 0
+    layer = tmp_path / "out" / "vectors" / "photo.gpkg"
+    for log in ("-wal", "-shm"):  # as a program editing the layer leaves them
+        layer.with_name(layer.name + log).write_bytes(b"an editor's log")
+    assert predict_cli(*common, "--overwrite") == 0
+    assert not (tmp_path / "out" / "vectors").exists()
