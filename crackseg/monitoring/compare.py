@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from crackseg.monitoring import changes, history
 from crackseg.monitoring.comparison_folder import ComparisonFolder, writes_at
 from crackseg.monitoring.options import CompareOptions
 from crackseg.monitoring.pair import FAILED, PAIR_FAILURES, PairOutcome, RegisterRecords, compare_pair, failed_pair, map_facts_of
+from crackseg.monitoring.register_file import locked
 from crackseg.monitoring.registration import UNREGISTERED
 from crackseg.monitoring.surveys import Survey
 from crackseg.monitoring.visits import Shot, Visit, pair_shots, read_visit, survey_dates
@@ -112,26 +114,27 @@ def _compare(before: Path, after: Path, outputs: ComparisonFolder, options: Comp
     known = _require_pixel_sizes(paired) if classes is not None and options.scale.px_size is None else {}
     surveys = _surveys(before, after, (visits[0].shots, visits[1].shots), options, _register_crs(paired, known), shown) if options.register else None
     outputs.prepare(options.overwrite, [shot.name for _, shot in paired], len(paired), options.report)
-    warnings = [shown(warning) for warning in (_same_inspection(options), *_left_out_alone(visits, alone)) if warning]
-    for warning in warnings:  # said once nothing refuses the run
-        print(f"crackseg: warning: {warning}", file=sys.stderr)
-    found = Comparison()
-    for index, pair in enumerate(tqdm(paired, desc="compare", unit="pair", disable=len(paired) < 2)):
-        found.add(compare_pair(index, pair, options, classes, outputs, known))
-    for side, shot in alone:
-        found.add(_alone(len(found.pairs), side, shot, visits))
-    for row in found.pairs + found.changes:
-        row.update({key: shown(value) for key, value in row.items() if isinstance(value, str)})
-    summary = _summary(shown(str(before)), shown(str(after)), found, options, classes) | ({"warnings": warnings} if warnings else {})
-    if options.register and summary["registered"]:  # what the register would refuse of the cracks, before --out is written
-        registered = {row["name_before"] for row in found.pairs if row["status"] == "registered" and row.get("name_before")}
-        history.check_cracks(options.register, *surveys, found.register.before, registered)
-    outputs.write_tables(found.pairs, found.changes, summary, options.report)
-    outputs.remove_stale()
-    if options.register:
-        summary["register"] = _append_to_register(options.register, surveys, found, summary["registered"], classes)
-        outputs.write_summary(summary)
-    return summary
+    with locked(options.register) if options.register else nullcontext():  # no other compare appends meanwhile
+        warnings = [shown(warning) for warning in (_same_inspection(options), *_left_out_alone(visits, alone)) if warning]
+        for warning in warnings:  # said once nothing refuses the run
+            print(f"crackseg: warning: {warning}", file=sys.stderr)
+        found = Comparison()
+        for index, pair in enumerate(tqdm(paired, desc="compare", unit="pair", disable=len(paired) < 2)):
+            found.add(compare_pair(index, pair, options, classes, outputs, known))
+        for side, shot in alone:
+            found.add(_alone(len(found.pairs), side, shot, visits))
+        for row in found.pairs + found.changes:
+            row.update({key: shown(value) for key, value in row.items() if isinstance(value, str)})
+        summary = _summary(shown(str(before)), shown(str(after)), found, options, classes) | ({"warnings": warnings} if warnings else {})
+        if options.register and summary["registered"]:  # what the register would refuse of the cracks, before --out is written
+            registered = {row["name_before"] for row in found.pairs if row["status"] == "registered" and row.get("name_before")}
+            history.check_cracks(options.register, *surveys, found.register.before, registered)
+        outputs.write_tables(found.pairs, found.changes, summary, options.report)
+        outputs.remove_stale()
+        if options.register:
+            summary["register"] = _append_to_register(options.register, surveys, found, summary["registered"], classes)
+            outputs.write_summary(summary)
+        return summary
 
 
 def _alone(index: int, side: str, shot: Shot, visits: tuple[Visit, Visit]) -> PairOutcome:

@@ -30,19 +30,29 @@ BUSY_TIMEOUT_S = 5.0  # how long another program's write transaction is waited f
 APPENDING = "another crackseg compare is appending to it"
 
 
+_HELD: set[Path] = set()  # the registers whose lock this process holds
+
+
 @contextmanager
 def locked(register: Path) -> Iterator[None]:
     """Hold ``.<name>.lock`` beside ``register`` while appending (taking over one that a dead process left), and remove
-    the temporary registers a killed compare left (a new one being built, an older crackseg's working copy)."""
+    the temporary registers a killed compare left (a new one being built, an older crackseg's working copy). Held
+    already by this process (a compare holds it from its checks to its append), it is kept, not taken again."""
+    held = Path(os.path.abspath(register))
+    if held in _HELD:
+        yield
+        return
     register.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(register, APPENDING)
     lock.acquire()
+    _HELD.add(held)
     try:
         prefix = temp_path(register, "", ".gpkg").name[:-len(f"{TEMP_MARK}.gpkg")]  # ".<name, cut as temp_path cuts it>."
         for leftover in register.parent.glob(f"{escape(prefix)}*{TEMP_MARK}.gpkg*"):
             leftover.unlink(missing_ok=True)
         yield
     finally:
+        _HELD.discard(held)
         lock.release()
 
 

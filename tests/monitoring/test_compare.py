@@ -840,6 +840,28 @@ def test_a_register_lock_of_a_killed_compare_is_taken_over_and_a_live_one_refuse
     assert register.read_bytes() == original and lock.exists()
 
 
+def test_the_register_lock_is_held_while_the_pairs_are_compared(tmp_path, two_visits, monkeypatch):
+    """A second compare into the register is refused before its work, not after it."""
+    from crackseg.monitoring import compare as compare_module
+
+    register = tmp_path / "site.gpkg"
+    lock = register.with_name(f".{register.name}.lock")
+    holders = []
+
+    def compare_pair(*args, **kwargs):
+        holders.append(json.loads(lock.read_text())["pid"] if lock.exists() else None)
+        return real(*args, **kwargs)
+
+    real = compare_module.compare_pair
+    monkeypatch.setattr(compare_module, "compare_pair", compare_pair)
+    assert main(["compare", *map(str, two_visits), "--out", str(tmp_path / "out"), "--register", str(register),
+                 "--before-date", "2024-01-01", "--after-date", "2025-01-01"]) == 0
+    assert holders and set(holders) == {os.getpid()}
+    assert not lock.exists()
+    with sqlite3.connect(register) as db:
+        assert db.execute("SELECT count(*) FROM surveys").fetchone()[0] == 2
+
+
 def test_the_register_names_itself_when_the_geo_libraries_are_missing(tmp_path, two_visits, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyogrio", None)  # import pyogrio raises ImportError
     with pytest.raises(SystemExit):
