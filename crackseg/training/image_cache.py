@@ -35,11 +35,15 @@ def decode_sample(sample: Sample) -> Decoded:
     """A sample's image and mask as training reads them; a sample without a mask gets an all-background one."""
     try:
         image = load_image(sample.image)
-        return image, load_mask(sample.mask) if sample.mask else torch.zeros((1, *image.shape[1:]), dtype=torch.uint8)
+        mask = load_mask(sample.mask) if sample.mask else torch.zeros((1, *image.shape[1:]), dtype=torch.uint8)
     except DECODE_ERRORS as error:
         raise _changed(sample, describe_error(error)) from None
     except InputError as error:  # a StorageError: a loader worker's is made again from its message alone, as an InputError is
         raise InputError(str(error)) from None
+    if mask.shape[1:] != image.shape[1:]:  # a file replaced since the check: the crops would fail in torchvision
+        (height, width), (image_height, image_width) = mask.shape[1:], image.shape[1:]
+        raise _changed(sample, f"its mask {sample.mask} is {width}x{height} px but the image is {image_width}x{image_height}")
+    return image, mask
 
 
 def decoded_samples(samples: list[Sample], env: distributed.Environment | None = None,
