@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Sequence, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from crackseg.core.errors import InputError, require
-from crackseg.core.urls import display_url, is_url, scrubbed, url_problem
+from crackseg.core.urls import display_url, scrubbed, url_problem
 
 EXTRA = "s3"
 SCHEMES = ("s3", "http", "https")
