@@ -68,7 +68,10 @@ class ImageFetcher:
         self._url, self._key, self._max_bytes = label_studio_url, api_key, max_bytes
         self._allowed = {host.lower() for host in allowed_hosts}
         # a connection per fetch, so that the deadline knows every socket a fetch reads from
-        self._client = httpx.Client(timeout=timeout_s, follow_redirects=False, limits=httpx.Limits(max_keepalive_connections=0))
+        # and straight to the image's host, never through a proxy (HTTP_PROXY, ...): the peer checked is the host's address;
+        # the CA certificates SSL_CERT_FILE or SSL_CERT_DIR name are still trusted
+        self._client = httpx.Client(timeout=timeout_s, follow_redirects=False, limits=httpx.Limits(max_keepalive_connections=0),
+                                    trust_env=False, verify=httpx.create_ssl_context(trust_env=True))
         self._timeout_s = timeout_s
         self._refreshable = _jwt_claims(api_key or "").get("token_type") == "refresh"  # a personal access token
         self._access: str | None = None  # the access token it was exchanged for

@@ -5,15 +5,15 @@
 
 Routes (label-studio-ml-backend's api.py): ``GET /`` and ``/health``, ``POST /setup`` (the project's labelling config,
 checked), ``POST /predict`` (a result per task, in order), ``POST /webhook`` (acknowledged; crackseg does not train
-from it), ``GET /metrics``. With basic auth set every route needs it. Every error is ``{"error": "<one line>"}``
-with its status; the server keeps serving after it.
+from it), ``GET /metrics``. With basic auth set every route needs it. Every error the routes answer is
+``{"error": "<one line>"}`` with its status (uvicorn answers what is not HTTP); the server keeps serving after it.
 
 A task's image is fetched as Label Studio serves it: its own URLs (``/data/upload/...``, ``/data/local-files/?d=...``,
 or any URL on ``LABEL_STUDIO_URL``'s origin) with ``LABEL_STUDIO_API_KEY`` (a legacy token as ``Token KEY``; a
 personal access token, a JWT, exchanged at ``/api/token/refresh/`` for an access token sent as ``Bearer``), others
 without it, and from nowhere a task should not reach (:mod:`crackseg.integrations.fetching`). A client must send a
 request's headers within ``header_timeout_s`` and its body within ``body_timeout_s``, so clients that never finish
-cannot hold the connections others need; a JSON body nested deeper than :data:`MAX_JSON_DEPTH` is refused. Tasks of one request run one after another; up to ``concurrency`` tasks (fetch, decoding, model) run at
+cannot hold the connections others need; a JSON body nested deeper than :data:`MAX_JSON_DEPTH` is refused. Tasks of one request run one after another, until its client has gone; up to ``concurrency`` tasks (fetch, decoding, model) run at
 once across requests. When some tasks of a request fail, those get an ``error`` and no ``result``, which Label Studio
 passes over (an empty result would be stored as "no cracks" and never asked for again); when all fail, the request
 fails with the first task's error.
@@ -41,8 +41,8 @@ from PIL import Image
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from crackseg.core.errors import InputError
@@ -173,6 +173,7 @@ class _Backend:
     def __init__(self, session: PredictionSession, settings: ServerSettings, version: str):
         self._session, self._settings, self._version = session, settings, version
         self._limiter = anyio.CapacityLimiter(settings.concurrency)
+        self._parsing = anyio.CapacityLimiter(settings.concurrency)  # a body's parse takes many times its bytes
         self._fetcher = ImageFetcher(settings.label_studio_url, settings.api_key, settings.allowed_hosts,
                                      settings.max_image_bytes, settings.fetch_timeout_s)
 
@@ -189,24 +190,26 @@ class _Backend:
 
     async def setup(self, request: Request) -> JSONResponse:
         """Label Studio connecting a project: its labelling config must have a brush or polygon crack label."""
-        body = await _json_body(request, self._settings)
+        body = await _json_body(request, self._settings, self._parsing)
         _target(body.get("schema"))
         return JSONResponse({"model_version": self._version})
 
     async def webhook(self, request: Request) -> JSONResponse:
-        body = await _json_body(request, self._settings)
+        body = await _json_body(request, self._settings, self._parsing)
         return JSONResponse({"status": "ignored", "action": body.get("action"),
                              "detail": "crackseg does not train from Label Studio: export the annotations, then "
                                        "crackseg labels import and crackseg train"})
 
     async def predict(self, request: Request) -> JSONResponse:
-        body = await _json_body(request, self._settings)
+        body = await _json_body(request, self._settings, self._parsing)
         tasks = body.get("tasks")
         if not isinstance(tasks, list) or not tasks:
             raise HttpError(400, "no tasks: /predict takes {\"tasks\": [{\"id\": ..., \"data\": {...}}, ...], \"label_config\": ...}")
         target = _target(body.get("label_config"))
         entries, failures = [], []
         for task in tasks:
+            if await request.is_disconnected():  # gone (Label Studio timed out): its other tasks would hold the slots
+                return Response(status_code=499)
             try:
                 entries.append(await anyio.to_thread.run_sync(self._task_result, task, target, limiter=self._limiter))
             except HttpError as error:
@@ -238,9 +241,9 @@ def _target(config) -> Target:
         raise HttpError(422, str(error)) from None
 
 
-async def _json_body(request: Request, settings: ServerSettings) -> dict:
+async def _json_body(request: Request, settings: ServerSettings, parsing: anyio.CapacityLimiter) -> dict:
     """The request's JSON object, read no further than the size limit whatever Content-Length says, within the body
-    timeout, and nested no deeper than MAX_JSON_DEPTH."""
+    timeout, and nested no deeper than MAX_JSON_DEPTH; ``parsing`` bounds the bodies parsed at once."""
     limit = settings.max_request_bytes
     too_large = HttpError(413, f"request body over {limit} bytes (crackseg serve label-studio --max-request-mb)")
     declared = request.headers.get("content-length", "")
@@ -248,21 +251,30 @@ async def _json_body(request: Request, settings: ServerSettings) -> dict:
         raise too_large
     body = bytearray()
     with anyio.move_on_after(settings.body_timeout_s) as timer:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise too_large
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+        except ClientDisconnect:  # nobody to answer
+            raise HttpError(400, "the client closed the connection before its request body arrived") from None
     if timer.cancelled_caught:
         raise HttpError(408, f"the request body did not arrive within {settings.body_timeout_s:g} s")
-    return await anyio.to_thread.run_sync(_document, bytes(body))  # a large body is read beside the event loop, not in it
+    return await anyio.to_thread.run_sync(_document, bytes(body), limiter=parsing)  # beside the event loop, not in it
 
 
 def _document(body: bytes) -> dict:
+    """JSON in UTF-8, as RFC 8259 has systems exchange it: where json.loads would guess UTF-16 or UTF-32, the bytes that
+    :func:`_nesting` counts would not be the text's quotes and brackets."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise HttpError(400, f"the request body is not UTF-8 JSON ({error.reason} at byte {error.start})") from None
     depth = _nesting(body)
     if depth > MAX_JSON_DEPTH:
         raise HttpError(400, f"the request body nests {depth} levels deep, more than the {MAX_JSON_DEPTH} crackseg reads")
     try:
-        document = json.loads(body)
+        document = json.loads(text)
     except ValueError as error:
         raise HttpError(400, f"the request body is not JSON: {error}") from None
     if not isinstance(document, dict):

@@ -114,6 +114,19 @@ def test_allowed_hosts_are_fetched_by_host_or_by_host_and_port(sites):
         _fetcher(studio, f"127.0.0.1:{internal.port + 1 if internal.port < 65535 else 1}").fetch(f"{internal.url}/image", "t")
 
 
+def test_images_are_fetched_straight_from_their_host_whatever_proxy_the_environment_names(sites, monkeypatch):
+    studio, internal, _ = sites
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        proxy = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+        monkeypatch.setenv(name, proxy)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    internal.seen.clear()
+    assert _fetcher(studio, "127.0.0.1").fetch(f"{internal.url}/image", "t") == b"image bytes"
+    assert internal.seen == [("/image", None)]
+
+
 def test_the_token_goes_to_label_studios_exact_origin_only(sites):
     studio, internal, files = sites
     fetcher = _fetcher(studio, "127.0.0.1")

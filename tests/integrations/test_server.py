@@ -47,8 +47,9 @@ class FakeLabelStudio:
     """Serves /data/upload/1/<name> to ``Token KEY`` or the latest access token ``/api/token/refresh/`` issued for JWT."""
 
     def __init__(self, files: dict[str, bytes]):
-        self.files, self.seen, self.issued, self.valid = files, [], 0, None
-        app = Starlette(routes=[Route("/data/upload/1/{name}", self.upload), Route("/api/token/refresh/", self.refresh, methods=["POST"])])
+        self.files, self.seen, self.issued, self.valid, self.slow = files, [], 0, None, 0
+        app = Starlette(routes=[Route("/data/upload/1/slow.png", self.slow_upload), Route("/data/upload/1/{name}", self.upload),
+                                Route("/api/token/refresh/", self.refresh, methods=["POST"])])
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -61,6 +62,14 @@ class FakeLabelStudio:
             return JSONResponse({"detail": "Authentication credentials were not provided."}, 401)
         name = request.path_params["name"]
         return Response(self.files[name], media_type="image/png") if name in self.files else JSONResponse({"detail": "Not found."}, 404)
+
+    async def slow_upload(self, request):
+        """The photo, after 2 s: a task a client may give up waiting for."""
+        import anyio
+
+        self.slow += 1
+        await anyio.sleep(2)
+        return Response(self.files["wall.png"], media_type="image/png")
 
     async def refresh(self, request):
         if (await request.json()).get("refresh") != JWT:
@@ -202,6 +211,10 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("send, status, reason", [
     (lambda c: c.post("/predict", content=b"{not json", headers={"content-type": "application/json"}), 400, "not JSON"),
     (lambda c: c.post("/predict", json=[1, 2]), 400, "must be a JSON object"),
+    # UTF-16, whose byte pairs (U+2241 holds a quote's byte) hid the nesting from the count: JSON only as UTF-8
+    (lambda c: c.post("/predict", content=('{"a": "\u2241", "b": ' + "[" * 2000 + "]" * 2000 + "}").encode("utf-16-le")),
+     400, "the request body is not JSON"),
+    (lambda c: c.post("/predict", content='{"tasks": "é"}'.encode("latin-1")), 400, "not UTF-8 JSON (invalid continuation byte"),
     (lambda c: c.post("/predict", json={"tasks": [], "label_config": BRUSH}), 400, "no tasks"),
     (lambda c: c.post("/predict", json={"label_config": BRUSH}), 400, "no tasks"),
     (lambda c: _predict(c, [_task(1, "/data/upload/1/wall.png")], "<View/>"), 422, "no <BrushLabels>"),
@@ -336,6 +349,19 @@ def test_a_port_in_use_or_a_host_that_is_not_here_is_one_line(tmp_path):
 
     with listen("", 0) as every:  # an empty host is every interface, as bind takes it
         assert every.getsockname()[0] == "0.0.0.0"
+
+
+def test_a_client_that_goes_away_is_let_go_quietly_and_its_waiting_tasks_are_not_predicted(backends, photo, studio):
+    client, log = backends["jwt"], photo["folder"] / "jwt.log"
+    with socket.create_connection((client.base_url.host, client.base_url.port)) as half:
+        half.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tasks\":")
+    slow = [_task(number, "/data/upload/1/slow.png") for number in range(5)]
+    with pytest.raises(httpx.ReadTimeout):  # gone while the first task's image is on its way
+        client.post("/predict", json={"tasks": slow, "label_config": BRUSH}, timeout=0.5)
+    time.sleep(5)  # the five would have taken 10 s
+    assert studio.slow == 1
+    assert client.get("/health").json()["status"] == "UP"
+    assert "Exception in ASGI application" not in log.read_text()
 
 
 def test_no_secret_reaches_the_logs(backends, photo):
