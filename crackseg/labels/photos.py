@@ -56,22 +56,22 @@ class PhotoIndex:
             self.by_stem.setdefault(PurePosixPath(key).stem, []).append(key)
 
     def find(self, name: str, source: Path) -> Path | None:
-        """The photo ``name`` refers to: the longest tail of its path, else the one photo of its file name (with and
-        without a Label Studio upload prefix), else the one whose name Label Studio stores as that upload, else, for a
-        name without an image suffix (CVAT's video frames: frame_000000), the one photo of that stem."""
+        """The photo ``name`` refers to: the longest tail of its path, else the one photo of its file name, else for a
+        Label Studio upload the one photo Label Studio stores under its name without the prefix (``IMG 1.jpg`` and
+        ``IMG_1.jpg`` both as ``IMG_1.jpg``), else the one so named, else, for a name without an image suffix (CVAT's
+        video frames: frame_000000), the one photo of that stem."""
         name = _same_form(name)
+        parts = PurePosixPath(name.replace("\\", "/")).parts
+        for start in range(len(parts)):
+            if "/".join(parts[start:]) in self.photos:
+                return self.photos["/".join(parts[start:])]
+        found = self._one(self.by_name, parts[-1] if parts else "", name, "give the folder the names are relative to", source)
+        if found is not None:
+            return found
         names = upload_names(name) if self.uploads else [name]
-        for candidate in names:
-            parts = PurePosixPath(candidate.replace("\\", "/")).parts
-            for start in range(len(parts)):
-                if "/".join(parts[start:]) in self.photos:
-                    return self.photos["/".join(parts[start:])]
-            found = self._one(self.by_name, parts[-1] if parts else "", name, "give the folder the names are relative to", source)
-            if found is not None:
-                return found
-        if len(names) > 1:
+        if len(names) > 1:  # every photo Label Studio would store under that upload name, the one named so exactly too
             advice = f"Label Studio stores an upload of each as {names[1]}: rename all but one"
-            found = self._one(self.by_upload, names[1], name, advice, source)
+            found = self._one(self.by_upload, names[1], name, advice, source) or self._one(self.by_name, names[1], name, advice, source)
             if found is not None:
                 return found
         base = PurePosixPath(name.replace("\\", "/")).name
