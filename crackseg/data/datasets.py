@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import unicodedata
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -213,8 +214,7 @@ def open_dataset(
     """Pair, decode and check a whole dataset, and read its split files (``ROOT/{train,val,test}.txt``)
     and the crack-free photos that ``ROOT/negatives.txt`` lists (kept out of the split)."""
     image_dir, mask_dir = resolve_folders(root, images, masks)
-    named = {NEGATIVES_FILE, *(f"{name}.txt" for name in SPLITS)}
-    root_files = {file.name: file for file in files_in(root) if file.name in named} if root is not None else {}
+    root_files = _listing_files(root) if root is not None else {}
     negatives_file = root_files.get(NEGATIVES_FILE)
     crack_free = set(read_stems(negatives_file)) if negatives_file is not None else set()
     found_files, problems = find_samples(image_dir, mask_dir, mask_pattern, crack_free)
@@ -238,20 +238,44 @@ def open_dataset(
             raise InputError(f"{path}: lists {both[0]!r}, which {NEGATIVES_FILE} lists as crack-free ({len(both)} such stems); "
                              "list each stem in one split only")
         unmatched = [stem for stem in stems if stem not in paired]
-        _refuse_other_forms(path, unmatched, paired)
+        _refuse_other_forms(path, unmatched, paired, mask_pattern)
         found.problems += [Problem(path, f"lists {stem!r}, which has no image/mask pair") for stem in unmatched]
         found.listed[name] = [stem for stem in stems if stem in usable]
     return found
 
 
-def _refuse_other_forms(path: File, unmatched: list[str], paired: set[str]) -> None:
-    """A split file's line that names a pair in another form (its file name, a path, another case) is an error whatever
-    --on-bad-sample says: skipped, a photo meant for test.txt would be drawn into training."""
-    by_case = {stem.casefold(): stem for stem in paired}
+def _listing_files(root: Folder) -> dict[str, File]:
+    """ROOT's split files and negatives.txt by name. One that is there but cannot be read (a broken link, a folder) or
+    is named in another case (``Test.txt``) is an error: passed over, the photos it lists would be drawn into training."""
+    named = {NEGATIVES_FILE, *(f"{name}.txt" for name in SPLITS)}
+    if is_url(str(root)):
+        entries = files_in(root)
+    else:
+        entries = sorted(Path(root).iterdir()) if Path(root).is_dir() else []
+    found = {}
+    for entry in entries:
+        if entry.name in named:
+            if isinstance(entry, Path) and not entry.is_file():
+                raise InputError(f"{entry}: not a file ({'a folder' if entry.is_dir() else 'a broken link'}); "
+                                 "a split file lists stems, one per line")
+            found[entry.name] = entry
+        elif entry.name.casefold() in named:
+            raise InputError(f"{entry}: crackseg reads it only as {entry.name.casefold()}, in lower case; rename it")
+    return found
+
+
+def _refuse_other_forms(path: File, unmatched: list[str], paired: set[str], mask_pattern: str) -> None:
+    """A split file's line that names a pair in another form (its file name, its mask's name, a path, another case or
+    Unicode form) is an error whatever --on-bad-sample says: skipped, a photo meant for test.txt would be drawn into
+    training."""
+    def form(text: str) -> str:
+        return unicodedata.normalize("NFC", text).casefold()
+
+    forms = {form(mask_pattern.format(stem=stem)): stem for stem in paired} | {form(stem): stem for stem in paired}
     for line in unmatched:
         name = line.replace("\\", "/").rsplit("/", 1)[-1]
         base = name.rsplit(".", 1)[0] if "." in name else name
-        meant = next((stem for stem in (name, base, by_case.get(name.casefold()), by_case.get(base.casefold())) if stem in paired), None)
+        meant = forms.get(form(name)) or forms.get(form(base))
         if meant is not None:
             raise InputError(f"{path}: lists {line!r}, the pair {meant!r} in another form; list stems as the files are named, "
                              "without folder or extension")

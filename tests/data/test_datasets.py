@@ -200,6 +200,31 @@ def test_a_split_line_naming_a_pair_in_another_form_is_refused_whatever_the_bad_
         open_dataset(root)
 
 
+def test_a_split_line_naming_a_pair_by_its_mask_or_in_another_unicode_form_is_refused(tmp_path):
+    root = _dataset(tmp_path, ["s0", "s1", "fissure_\u00e9"], mask_pattern="{stem}_mask")
+    for line, meant in (("s0_mask.png", "s0"), ("fissure_e\u0301", "fissure_\u00e9")):  # `ls masks`; macOS's NFD
+        (root / "test.txt").write_text(f"s1\n{line}\n")
+        with pytest.raises(InputError, match=rf"test.txt: lists {re.escape(repr(line))}, the pair '{meant}' in another form"):
+            open_dataset(root, mask_pattern="{stem}_mask")
+
+
+@pytest.mark.parametrize("kind", ["broken link", "folder", "another case"])
+def test_a_split_file_that_cannot_be_read_or_is_named_in_another_case_is_refused(tmp_path, kind):
+    """Passed over, the photos it holds out would be drawn into training."""
+    root = _dataset(tmp_path, [f"s{i}" for i in range(4)])
+    if kind == "broken link":
+        (root / "test.txt").symlink_to(tmp_path / "moved" / "test.txt")
+        message = f"{root / 'test.txt'}: not a file (a broken link)"
+    elif kind == "folder":
+        (root / "test.txt").mkdir()
+        message = f"{root / 'test.txt'}: not a file (a folder)"
+    else:
+        (root / "Test.txt").write_text("s3\n")
+        message = f"{root / 'Test.txt'}: crackseg reads it only as test.txt, in lower case; rename it"
+    with pytest.raises(InputError, match=f"^{re.escape(message)}"):
+        open_dataset(root)
+
+
 def test_crack_pixel_weight_on_hand_made_masks():
     infos = [data.MaskInfo(10, 10, 10, True), data.MaskInfo(10, 10, 0, True), data.MaskInfo(5, 4, 10, True)]
     assert crack_pixel_weight(infos) == pytest.approx((220 - 20) / 20)
