@@ -153,6 +153,9 @@ def write_dataset(
 def claim_folder(out: Path, overwrite: bool) -> list[Path]:
     """Make ``out`` ready for a dataset and return what an earlier synth run left there (to replace)."""
     ensure_writable_folder(out, "OUT")
+    for sub in ("images", "masks", "truth"):
+        if (out / sub).exists() and not (out / sub).is_dir():
+            raise InputError(f"{out / sub} is a file, not a folder; synth writes its {sub} there: move it or choose another OUT")
     previous = _previous_files(out)
     if previous and not overwrite:
         raise InputError(f"{previous[0].parent} already holds files; choose another folder or pass --overwrite")

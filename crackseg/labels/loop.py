@@ -147,6 +147,8 @@ def _prepare(out: Path, overwrite: bool) -> tuple[list[str], list[Path]]:
     ``masks/NAME``) and the folders made now, to remove again if the import fails."""
     provenance = out / "labels.json"
     for folder in (out / "images", out / "masks"):
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"{folder} is a file, not a folder; import writes the {folder.name} there: move it or choose another --out")
         if folder.is_dir():
             remove_orphan_temps(folder)  # what an interrupted import left
     existing = [folder for folder in (out / "images", out / "masks") if folder.is_dir() and any(folder.iterdir())]

@@ -99,6 +99,14 @@ def test_existing_output_is_not_overwritten(tmp_path):
     assert _files(tmp_path) != before
 
 
+@pytest.mark.parametrize("sub", ["images", "masks"])
+def test_a_file_where_a_dataset_folder_goes_is_refused_before_anything_is_written(tmp_path, sub):
+    (tmp_path / sub).write_text("notes")
+    with pytest.raises(InputError, match=f"^{tmp_path / sub} is a file, not a folder; synth writes its {sub} there"):
+        write_dataset(tmp_path, count=1, size=(32, 32), seed=0)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [sub]
+
+
 @pytest.mark.parametrize("text, expected", [("256", (256, 256)), ("320x480", (320, 480)), ("64X32", (64, 32))])
 def test_parse_size(text, expected):
     assert parse_size(text) == expected

@@ -401,6 +401,18 @@ def test_labelstudio_results_are_drawn_on_the_image_their_to_name_names(tmp_path
     assert code == 2 and err.count("\n") == 1 and "results on several images (image, image3)" in err, err
 
 
+@pytest.mark.parametrize("sub", ["images", "masks"])
+def test_a_file_where_the_dataset_needs_a_folder_is_refused_and_nothing_is_made(tmp_path, sub):
+    _photo(tmp_path / "photos")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / sub).write_text("notes")
+    code, err = _cli("import", _coco(tmp_path, [(1, [[3, 1, 4, 1, 4, 7, 3, 7]])]), "--format", "coco",
+                     "--images", tmp_path / "photos", "--out", out)
+    assert code == 2 and err.count("\n") == 1 and f"{out / sub} is a file, not a folder" in err, err
+    assert [path.name for path in out.iterdir()] == [sub]
+
+
 def test_labelstudio_uploads_match_the_photo_whose_name_django_stored_cleaned(tmp_path):
     """An upload of "my photo (1).png" is stored as <8 hex>-my_photo_1.png (Django's get_valid_filename)."""
     photos = tmp_path / "photos"

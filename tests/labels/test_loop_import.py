@@ -387,10 +387,10 @@ def test_an_import_that_fails_while_drawing_leaves_the_previous_dataset_as_it_wa
     assert not (tmp_path / "fresh").exists()
 
 
-# 5. NaN and infinite coordinates are malformed, named
+# 5. NaN, infinite and far too large coordinates are malformed, named
 
 
-@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400"])
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400", "1e308"])
 def test_a_coco_polygon_with_a_coordinate_that_is_not_finite_is_refused_naming_it(tmp_path, value):
     _photo(tmp_path / "photos")
     path = tmp_path / "coco.json"
@@ -413,7 +413,7 @@ def test_finite_points_reads_pairs_flat_or_nested_and_names_the_shape():
     assert finite_points([[1, 2], [3, 4]], "here").dtype == np.float64
     assert finite_points([], "here").shape == (0, 2)
     for bad, reason in (([1, 2, 3], "3 coordinates"), ([1, float("nan")], "not finite"), ([[1, 2], [float("inf"), 0]], "not finite"),
-                        (["a", 1], "not numbers"), ([[1, 2, 3]], "3 coordinates")):
+                        (["a", 1], "not numbers"), ([[1, 2, 3]], "3 coordinates"), ([1e308, 1], "1e\\+308, beyond the 2.14748e\\+09")):
         with pytest.raises(InputError, match=f"^file.json: shape 3: .*{reason}"):
             finite_points(bad, "file.json: shape 3")
 

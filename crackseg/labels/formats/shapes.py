@@ -94,11 +94,15 @@ def stated_size(width, height) -> tuple[int, int] | None:
     return (int(width), int(height)) if width is not None and height is not None else None
 
 
+MAX_COORDINATE = 2.0**31  # px (or percent): a shape's vertex may lie outside its image, never this far
+
+
 def finite_points(values, where: str) -> np.ndarray:
     """(N, 2) float64 x, y from coordinates as a file holds them, flat [x1, y1, x2, y2, ...] or as pairs [[x, y], ...].
 
-    Anything else (an odd count, text, NaN or an infinite value: JSON's NaN and Infinity, 1e400, XML's "nan") is one
-    InputError that begins with ``where``, which names the file, the image and the shape.
+    Anything else (an odd count, text, NaN or an infinite value: JSON's NaN and Infinity, 1e400, XML's "nan", or one
+    beyond :data:`MAX_COORDINATE`: 1e308) is one InputError that begins with ``where``, which names the file, the image
+    and the shape.
     """
     try:
         flat = np.asarray(values, dtype=np.float64).ravel()
@@ -108,6 +112,8 @@ def finite_points(values, where: str) -> np.ndarray:
         raise InputError(f"{where}: {len(flat)} coordinates, not x, y pairs")
     if not np.isfinite(flat).all():
         raise InputError(f"{where}: coordinates that are not finite numbers (NaN or infinite): a malformed shape")
+    if flat.size and np.abs(flat).max() > MAX_COORDINATE:  # past any image; scaled (percent to px) or gridded, not finite
+        raise InputError(f"{where}: a coordinate of {np.abs(flat).max():g}, beyond the {MAX_COORDINATE:g} of any image: a malformed shape")
     return flat.reshape(-1, 2)
 
 
