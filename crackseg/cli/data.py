@@ -47,7 +47,7 @@ def _cmd_synth(command: SynthCommand) -> int:
     stems = write_dataset(command.out, command.count, command.size, command.seed, command.options, overwrite=command.overwrite,
                           workers=command.workers)
     height, width = command.size
-    print(f"wrote {len(stems)} images of {height}x{width} px and their masks to {command.out}")
+    print(f"wrote {len(stems)} images, {width} px wide and {height} px high, and their masks to {command.out}")
     return 0
 
 

@@ -92,9 +92,12 @@ def make_sample(
         centre = np.zeros((height, width), bool)
         half_width = np.zeros((height, width), np.float32)
         owner = np.zeros((height, width), np.uint8)
-        for number in range(1, rng.integers(1, 4) + 1):
-            cracks.append(_add_crack_path(rng, centre, half_width))
-            owner[centre & (owner == 0)] = number
+        while not cracks:  # a crack wholly outside the image is left out; a sample meant to show cracks shows one
+            for _ in range(rng.integers(1, 4)):
+                crack = _add_crack_path(rng, centre, half_width)
+                if crack.length_px:
+                    cracks.append(crack)
+                    owner[centre & (owner == 0)] = len(cracks)
         mask, depth, labels = rasterize_cracks(rng, centre, half_width, owner)
         shade *= 1.0 - depth
 
@@ -263,7 +266,7 @@ def _add_crack_path(rng: np.random.Generator, centre: np.ndarray, half_width: np
         np.maximum.at(half_width, (rows, cols), (path.widths[path.inside] / 2).astype(np.float32))
 
     seen = np.concatenate([path.widths[path.inside] for path in paths])
-    if seen.size == 0:
+    if seen.size == 0:  # outside the image: no crack
         return Crack(0.0, 0.0, 0.0, len(paths) - 1)
     return Crack(float(seen.size), float(seen.mean()), float(seen.max()), len(paths) - 1)
 

@@ -89,6 +89,16 @@ def test_truth_lengths_and_widths_are_plausible(tmp_path):
             assert 0.4 < crack_pixels / nominal_area < 1.6  # overlapping branches make it inexact
 
 
+def test_without_crack_free_images_every_mask_has_cracks_and_every_listed_crack_its_pixels(tmp_path):
+    """At 32 px a crack may walk out of the image at once: it is no crack, and the image is still meant to show one."""
+    write_dataset(tmp_path, count=30, size=(32, 32), seed=0, options=SynthOptions(truth=True, crack_free=0.0))
+    truth = json.loads((tmp_path / "truth.json").read_text())
+    for stem, cracks in truth.items():
+        labels = np.asarray(Image.open(tmp_path / "truth" / f"{stem}.png"))
+        assert np.asarray(Image.open(tmp_path / "masks" / f"{stem}.png")).any(), stem
+        assert all(crack["length_px"] > 0 for crack in cracks) and set(np.unique(labels)) - {0} == set(range(1, len(cracks) + 1)), stem
+
+
 def test_existing_output_is_not_overwritten(tmp_path):
     write_dataset(tmp_path, count=1, size=(32, 32), seed=0)
     before = _files(tmp_path)
