@@ -94,7 +94,7 @@ def stated_size(width, height) -> tuple[int, int] | None:
     return (int(width), int(height)) if width is not None and height is not None else None
 
 
-MAX_COORDINATE = 2.0**31  # px (or percent): a shape's vertex may lie outside its image, never this far
+MAX_COORDINATE = 1e300  # px or percent: far outside an image is drawn clipped, but gridded or scaled this overflows
 
 
 def finite_points(values, where: str) -> np.ndarray:
@@ -112,8 +112,8 @@ def finite_points(values, where: str) -> np.ndarray:
         raise InputError(f"{where}: {len(flat)} coordinates, not x, y pairs")
     if not np.isfinite(flat).all():
         raise InputError(f"{where}: coordinates that are not finite numbers (NaN or infinite): a malformed shape")
-    if flat.size and np.abs(flat).max() > MAX_COORDINATE:  # past any image; scaled (percent to px) or gridded, not finite
-        raise InputError(f"{where}: a coordinate of {np.abs(flat).max():g}, beyond the {MAX_COORDINATE:g} of any image: a malformed shape")
+    if flat.size and np.abs(flat).max() > MAX_COORDINATE:
+        raise InputError(f"{where}: a coordinate of {np.abs(flat).max():g}, beyond the {MAX_COORDINATE:g} crackseg draws: a malformed shape")
     return flat.reshape(-1, 2)
 
 
