@@ -20,7 +20,7 @@ from skimage.morphology import skeletonize
 from crackseg.core.errors import InputError
 from crackseg.core.files import write_atomic
 from crackseg.data.images import crack_mask
-from crackseg.data.synth import EIGHT_CONNECTED, SYNTH_NAME, CrackPath, claim_folder, rasterize_cracks, walk_crack
+from crackseg.data.synth import EIGHT_CONNECTED, SYNTH_NAME, CrackPath, dataset_folder, rasterize_cracks, walk_crack
 
 # A later visit (write_later_visit): chances per crack region, and of a new crack per photo
 REPAIR_CHANCE, EXTEND_CHANCE, WIDEN_CHANCE, NEW_CRACK_CHANCE = 0.15, 0.35, 0.35, 0.3
@@ -50,17 +50,14 @@ def write_later_visit(out: Path, earlier: Path, seed: int, overwrite: bool = Fal
         raise InputError(f"--later-visit {missing[0] if missing else earlier / 'images'}: missing; give a dataset written by crackseg synth")
     if out.resolve() == earlier.resolve():
         raise InputError(f"OUT {out}: is the --later-visit dataset itself; write the later visit into another folder")
-    previous = claim_folder(out, overwrite)
-    jobs = [(out, earlier, seed, stem) for stem in stems]
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            truth = dict(pool.map(_write_later, jobs, chunksize=4))
-    else:
-        truth = dict(map(_write_later, jobs))
-    write_atomic(out / "truth.json", json.dumps(truth, indent=1, sort_keys=True) + "\n")
-    written = {out / sub / f"{stem}.{kind}" for stem in stems for sub, kind in (("images", "jpg"), ("masks", "png"))}
-    for stale in set(previous) - written - {out / "truth.json"}:
-        stale.unlink()
+    with dataset_folder(out, overwrite) as staging:
+        jobs = [(staging, earlier, seed, stem) for stem in stems]
+        if workers > 1:
+            with ProcessPoolExecutor(workers) as pool:
+                truth = dict(pool.map(_write_later, jobs, chunksize=4))
+        else:
+            truth = dict(map(_write_later, jobs))
+        write_atomic(staging / "truth.json", json.dumps(truth, indent=1, sort_keys=True) + "\n")
     return stems
 
 

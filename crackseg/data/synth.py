@@ -18,23 +18,28 @@ import contextlib
 import io
 import json
 import math
+import os
 import re
+import shutil
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
 from PIL import Image
 from scipy import ndimage, special
 
 from crackseg.core.errors import InputError
+from crackseg.core.locks import FolderLock
 from crackseg.core.files import ensure_writable_folder, remove_orphan_temps, write_atomic
 from crackseg.data.distractors import add_look_alikes
 from crackseg.data.options import CRACK_FREE_FRACTION, SynthOptions
 from crackseg.data.noise import smooth_noise
 
 LOOK_ALIKE_STREAM = 0x100CA  # third seed word of the look-alikes' own generator, apart from the sample's
+DATASET_PARTS = ("images", "masks", "truth", "truth.json")
+STAGING = ".synth-staging"  # below OUT, where a run writes before its dataset takes the earlier one's place
 SYNTH_NAME = re.compile(r"images/\d{5,}\.jpg|(masks|truth)/\d{5,}\.png|truth\.json")
 MAX_CRACK_WIDTH = 10.0
 EIGHT_CONNECTED = np.ones((3, 3), bool)
@@ -127,44 +132,64 @@ def write_dataset(
         raise InputError(f"--count must be at least 1, got {count}")
     if not 0.0 <= options.crack_free <= 1.0:
         raise InputError(f"--crack-free must be in [0, 1], got {options.crack_free:g}")
-    made = [folder for folder in (out, out / "images", out / "masks", out / "truth") if not folder.exists()]
-    previous = claim_folder(out, overwrite)
-    jobs = [(out, seed, index, size, options) for index in range(count)]
-    try:
+    with dataset_folder(out, overwrite) as staging:
+        jobs = [(staging, seed, index, size, options) for index in range(count)]
         if workers > 1:
             with ProcessPoolExecutor(workers) as pool:
                 results = list(pool.map(_write_one, jobs, chunksize=4))
         else:
             results = [_write_one(job) for job in jobs]
-    except BaseException:  # a run that stops (out of memory, Ctrl-C) leaves no empty folders behind it
-        for folder in reversed(made):
-            with contextlib.suppress(OSError):  # kept where it holds a file
-                folder.rmdir()
-        raise
-
-    if truth:
-        table = {stem: [vars(c) for c in cracks] for stem, cracks in results}
-        write_atomic(out / "truth.json", json.dumps(table, indent=1, sort_keys=True) + "\n")
-    written = {out / "images" / f"{stem}.jpg" for stem, _ in results} | {out / "masks" / f"{stem}.png" for stem, _ in results}
-    if truth:
-        written |= {out / "truth.json"} | {out / "truth" / f"{stem}.png" for stem, _ in results}
-    for stale in set(previous) - written:  # what a larger or --truth run left: the dataset is this run's alone
-        stale.unlink()
+        if truth:
+            table = {stem: [vars(c) for c in cracks] for stem, cracks in results}
+            write_atomic(staging / "truth.json", json.dumps(table, indent=1, sort_keys=True) + "\n")
     return [stem for stem, _ in results]
 
 
-def claim_folder(out: Path, overwrite: bool) -> list[Path]:
-    """Make ``out`` ready for a dataset and return what an earlier synth run left there (to replace)."""
+@contextlib.contextmanager
+def dataset_folder(out: Path, overwrite: bool) -> Iterator[Path]:
+    """A staging folder in ``out`` to write a whole dataset into, put in the place of what an earlier synth run left
+    there only once every file is written: a run stopped part way leaves the earlier dataset whole, never a mix of two.
+
+    ``out`` is locked meanwhile; a staging folder an interrupted run left is removed.
+    """
+    made = not out.exists()
     ensure_writable_folder(out, "OUT")
-    for sub in ("images", "masks", "truth"):
-        if (out / sub).exists() and not (out / sub).is_dir():
-            raise InputError(f"{out / sub} is a file, not a folder; synth writes its {sub} there: move it or choose another OUT")
+    lock = FolderLock(out, "crackseg synth", "OUT")
+    lock.acquire()
+    staging = out / STAGING
+    try:
+        _claim(out, overwrite)
+        shutil.rmtree(staging, ignore_errors=True)
+        for sub in ("images", "masks"):
+            (staging / sub).mkdir(parents=True)
+        yield staging
+        replaced = staging / "replaced"
+        replaced.mkdir()
+        for name in DATASET_PARTS:
+            if (out / name).exists():
+                os.replace(out / name, replaced / name)
+        for name in DATASET_PARTS:
+            if (staging / name).exists():
+                os.replace(staging / name, out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        lock.release()
+        if made and out.is_dir() and not any(out.iterdir()):  # a run that stopped (out of memory, Ctrl-C) leaves no empty folder
+            out.rmdir()
+
+
+def _claim(out: Path, overwrite: bool) -> None:
+    """Refuse an ``out`` where the dataset's folders cannot go, or that holds files synth did not write there, or (without
+    ``overwrite``) an earlier dataset."""
+    for name in DATASET_PARTS:
+        folder = not name.endswith(".json")
+        if os.path.lexists(out / name) and (out / name).is_dir() != folder:
+            what = "a broken link" if not (out / name).exists() else "a file" if folder else "a folder"
+            raise InputError(f"{out / name} is {what}, not a {'folder' if folder else 'file'}; synth writes its "
+                             f"{name if folder else 'truth table'} there: move it or choose another OUT")
     previous = _previous_files(out)
     if previous and not overwrite:
         raise InputError(f"{previous[0].parent} already holds files; choose another folder or pass --overwrite")
-    for sub in ("images", "masks"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    return previous
 
 
 def _previous_files(out: Path) -> list[Path]:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import numpy as np
 import pytest
@@ -9,6 +10,8 @@ from scipy import ndimage
 
 from crackseg.core.errors import InputError
 from crackseg.core.options import parse_size
+from crackseg.core.locks import FolderLock
+from crackseg.data import synth
 from crackseg.data.synth import SynthOptions, make_sample, write_dataset
 
 
@@ -109,11 +112,57 @@ def test_existing_output_is_not_overwritten(tmp_path):
     assert _files(tmp_path) != before
 
 
-@pytest.mark.parametrize("sub", ["images", "masks"])
-def test_a_file_where_a_dataset_folder_goes_is_refused_before_anything_is_written(tmp_path, sub):
-    (tmp_path / sub).write_text("notes")
-    with pytest.raises(InputError, match=f"^{tmp_path / sub} is a file, not a folder; synth writes its {sub} there"):
-        write_dataset(tmp_path, count=1, size=(32, 32), seed=0)
+def test_an_overwrite_stopped_part_way_leaves_the_earlier_dataset_whole(tmp_path, monkeypatch):
+    write_dataset(tmp_path, count=4, size=(32, 32), seed=0, options=SynthOptions(truth=True))
+    before = _files(tmp_path)
+    real = synth._write_one
+
+    def stopped_at_the_third(job):
+        if job[2] == 2:
+            raise KeyboardInterrupt
+        return real(job)
+
+    monkeypatch.setattr(synth, "_write_one", stopped_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        write_dataset(tmp_path, count=4, size=(32, 32), seed=1, overwrite=True)
+    assert _files(tmp_path) == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["images", "masks", "truth", "truth.json"]
+
+
+def test_what_a_killed_run_left_is_cleared_and_a_running_one_is_not_disturbed(tmp_path):
+    fresh, tmp_path = tmp_path / "fresh", tmp_path / "out"
+    write_dataset(tmp_path, count=2, size=(32, 32), seed=0)
+    staging = tmp_path / synth.STAGING / "images"
+    staging.mkdir(parents=True)
+    (staging / "00000.jpg").write_bytes(b"half a run of another seed")
+    (tmp_path / "lock").write_text(json.dumps({"pid": 2**22 + 1, "host": socket.gethostname(), "since": "then"}))
+    write_dataset(tmp_path, count=3, size=(32, 32), seed=1, overwrite=True)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["images", "masks"]
+    write_dataset(fresh, count=3, size=(32, 32), seed=1)
+    assert _files(tmp_path) == _files(fresh)
+
+    running = FolderLock(tmp_path, "crackseg synth", "OUT")
+    running.acquire()
+    try:
+        with pytest.raises(InputError, match=f"^{tmp_path} is in use by"):
+            write_dataset(tmp_path, count=1, size=(32, 32), seed=2, overwrite=True)
+    finally:
+        running.release()
+    assert _files(tmp_path) == _files(fresh)
+
+
+@pytest.mark.parametrize("sub, kind, what", [("images", "file", "a file, not a folder"), ("masks", "file", "a file, not a folder"),
+                                             ("truth", "link", "a broken link, not a folder"),
+                                             ("truth.json", "folder", "a folder, not a file")])
+def test_a_file_where_a_dataset_folder_goes_is_refused_before_anything_is_written(tmp_path, sub, kind, what):
+    if kind == "file":
+        (tmp_path / sub).write_text("notes")
+    elif kind == "link":
+        (tmp_path / sub).symlink_to(tmp_path / "nowhere")
+    else:
+        (tmp_path / sub).mkdir()
+    with pytest.raises(InputError, match=f"^{tmp_path / sub} is {what}; synth writes its"):
+        write_dataset(tmp_path, count=1, size=(32, 32), seed=0, overwrite=True)
     assert sorted(path.name for path in tmp_path.iterdir()) == [sub]
 
 
