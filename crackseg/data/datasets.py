@@ -271,7 +271,7 @@ def _refuse_other_forms(path: File, unmatched: list[str], paired: set[str], mask
     def form(text: str) -> str:
         return unicodedata.normalize("NFC", text).casefold()
 
-    forms = {form(mask_pattern.format(stem=stem)): stem for stem in paired} | {form(stem): stem for stem in paired}
+    forms = {form(mask_pattern.replace("{stem}", stem, 1)): stem for stem in paired} | {form(stem): stem for stem in paired}
     for line in unmatched:
         name = line.replace("\\", "/").rsplit("/", 1)[-1]
         base = name.rsplit(".", 1)[0] if "." in name else name

@@ -48,7 +48,7 @@ def files_in(folder: Folder) -> list[File]:
 def find_samples(
     images: Folder, masks: Folder, mask_pattern: str = "{stem}", crack_free: Collection[str] = ()
 ) -> tuple[list[Sample], list[Problem]]:
-    """Pair every image with the mask named ``mask_pattern.format(stem=...)`` plus any image suffix.
+    """Pair every image with the mask named ``mask_pattern`` with its stem for ``{stem}``, plus any image suffix.
 
     Returns the pairs sorted by stem, and one problem per unmatched file. Two files with
     one stem in a folder (``001.png`` and ``001.bmp``) are a problem naming both, and that

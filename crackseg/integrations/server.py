@@ -267,7 +267,7 @@ def _document(body: bytes) -> dict:
     """JSON in UTF-8, as RFC 8259 has systems exchange it: where json.loads would guess UTF-16 or UTF-32, the bytes that
     :func:`_nesting` counts would not be the text's quotes and brackets."""
     try:
-        text = body.decode("utf-8")
+        text = body.decode("utf-8-sig")  # a byte order mark, as json.loads of bytes takes it
     except UnicodeDecodeError as error:
         raise HttpError(400, f"the request body is not UTF-8 JSON ({error.reason} at byte {error.start})") from None
     depth = _nesting(body)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
@@ -146,9 +147,12 @@ def _prepare(out: Path, overwrite: bool) -> tuple[list[str], list[Path]]:
     """Check ``out`` before any work; returns the files an earlier import wrote there (``images/NAME``,
     ``masks/NAME``) and the folders made now, to remove again if the import fails."""
     provenance = out / "labels.json"
+    if provenance.is_dir():
+        raise InputError(f"{provenance} is a folder, not a file; import writes its record there: move it or choose another --out")
     for folder in (out / "images", out / "masks"):
-        if folder.exists() and not folder.is_dir():
-            raise InputError(f"{folder} is a file, not a folder; import writes the {folder.name} there: move it or choose another --out")
+        if os.path.lexists(folder) and not folder.is_dir():
+            what = "a file" if folder.exists() else "a broken link"
+            raise InputError(f"{folder} is {what}, not a folder; import writes the {folder.name} there: move it or choose another --out")
         if folder.is_dir():
             remove_orphan_temps(folder)  # what an interrupted import left
     existing = [folder for folder in (out / "images", out / "masks") if folder.is_dir() and any(folder.iterdir())]

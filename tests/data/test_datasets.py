@@ -208,6 +208,15 @@ def test_a_split_line_naming_a_pair_by_its_mask_or_in_another_unicode_form_is_re
             open_dataset(root, mask_pattern="{stem}_mask")
 
 
+def test_a_mask_pattern_with_other_braces_is_taken_literally_when_checking_split_lines(tmp_path):
+    root = _dataset(tmp_path, ["s0", "s1"], mask_pattern="{stem}_x")
+    for mask in (root / "masks").iterdir():
+        mask.rename(mask.with_name(mask.name.replace("_x", "_{v}")))
+    (root / "test.txt").write_text("s1\ns0_{v}.png\n")
+    with pytest.raises(InputError, match=r"test.txt: lists 's0_\{v\}.png', the pair 's0' in another form"):
+        open_dataset(root, mask_pattern="{stem}_{v}")
+
+
 @pytest.mark.parametrize("kind", ["broken link", "folder", "another case"])
 def test_a_split_file_that_cannot_be_read_or_is_named_in_another_case_is_refused(tmp_path, kind):
     """Passed over, the photos it holds out would be drawn into training."""

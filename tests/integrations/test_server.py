@@ -216,6 +216,7 @@ def _closed_port() -> int:
      400, "the request body is not JSON"),
     (lambda c: c.post("/predict", content='{"tasks": "é"}'.encode("latin-1")), 400, "not UTF-8 JSON (invalid continuation byte"),
     (lambda c: c.post("/predict", json={"tasks": [], "label_config": BRUSH}), 400, "no tasks"),
+    (lambda c: c.post("/predict", content=b"\xef\xbb\xbf" + json.dumps({"tasks": []}).encode()), 400, "no tasks"),  # a BOM is read
     (lambda c: c.post("/predict", json={"label_config": BRUSH}), 400, "no tasks"),
     (lambda c: _predict(c, [_task(1, "/data/upload/1/wall.png")], "<View/>"), 422, "no <BrushLabels>"),
     (lambda c: c.post("/predict", content=b" " * 30_000), 413, "over 20971 bytes"),

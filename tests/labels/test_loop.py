@@ -401,15 +401,22 @@ def test_labelstudio_results_are_drawn_on_the_image_their_to_name_names(tmp_path
     assert code == 2 and err.count("\n") == 1 and "results on several images (image, image3)" in err, err
 
 
-@pytest.mark.parametrize("sub", ["images", "masks"])
-def test_a_file_where_the_dataset_needs_a_folder_is_refused_and_nothing_is_made(tmp_path, sub):
+@pytest.mark.parametrize("sub, kind, what", [("images", "file", "a file, not a folder"), ("masks", "file", "a file, not a folder"),
+                                             ("images", "link", "a broken link, not a folder"),
+                                             ("labels.json", "folder", "a folder, not a file")])
+def test_a_file_where_the_dataset_needs_a_folder_is_refused_and_nothing_is_made(tmp_path, sub, kind, what):
     _photo(tmp_path / "photos")
     out = tmp_path / "out"
     out.mkdir()
-    (out / sub).write_text("notes")
+    if kind == "file":
+        (out / sub).write_text("notes")
+    elif kind == "link":
+        (out / sub).symlink_to(tmp_path / "nowhere")
+    else:
+        (out / sub).mkdir()
     code, err = _cli("import", _coco(tmp_path, [(1, [[3, 1, 4, 1, 4, 7, 3, 7]])]), "--format", "coco",
                      "--images", tmp_path / "photos", "--out", out)
-    assert code == 2 and err.count("\n") == 1 and f"{out / sub} is a file, not a folder" in err, err
+    assert code == 2 and err.count("\n") == 1 and f"{out / sub} is {what}" in err, err
     assert [path.name for path in out.iterdir()] == [sub]
 
 

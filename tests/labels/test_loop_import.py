@@ -401,6 +401,15 @@ def test_a_coco_polygon_with_a_coordinate_that_is_not_finite_is_refused_naming_i
     _refused(path, "coco", tmp_path / "photos", tmp_path / "out", f"{path}: annotation 5 (image a.png): polygon 1")
 
 
+def test_a_label_studio_point_far_past_the_image_is_refused_before_scaling_to_px_overflows(tmp_path):
+    _photo(tmp_path / "photos")
+    result = {"id": "r1", "type": "polygonlabels", "from_name": "label", "to_name": "image", "original_width": W,
+              "original_height": H, "value": {"points": [[10, 10], [1e300, 10], [50, 50]], "polygonlabels": ["crack"]}}
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps([{"id": 1, "data": {"image": "a.png"}, "annotations": [{"result": [result]}]}]))
+    _refused(path, "labelstudio", tmp_path / "photos", tmp_path / "out", "a coordinate of 1e+300, beyond the 1e+15 crackseg draws")
+
+
 @pytest.mark.parametrize("kind, points", [("polygon", "3,1;4,nan;4,7"), ("polyline", "3,1;inf,1;4,7"), ("polygon", "3,1;4,1;-inf,7")])
 def test_a_cvat_shape_with_a_coordinate_that_is_not_finite_is_refused_naming_it(tmp_path, kind, points):
     _photo(tmp_path / "photos")
@@ -413,7 +422,7 @@ def test_finite_points_reads_pairs_flat_or_nested_and_names_the_shape():
     assert finite_points([[1, 2], [3, 4]], "here").dtype == np.float64
     assert finite_points([], "here").shape == (0, 2)
     for bad, reason in (([1, 2, 3], "3 coordinates"), ([1, float("nan")], "not finite"), ([[1, 2], [float("inf"), 0]], "not finite"),
-                        (["a", 1], "not numbers"), ([[1, 2, 3]], "3 coordinates"), ([1e308, 1], "1e\\+308, beyond the 1e\\+300")):
+                        (["a", 1], "not numbers"), ([[1, 2, 3]], "3 coordinates"), ([1e308, 1], "1e\\+308, beyond the 1e\\+15"), ([2e15, 1], "2e\\+15, beyond the 1e\\+15")):
         with pytest.raises(InputError, match=f"^file.json: shape 3: .*{reason}"):
             finite_points(bad, "file.json: shape 3")
 

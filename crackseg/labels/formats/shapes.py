@@ -94,14 +94,14 @@ def stated_size(width, height) -> tuple[int, int] | None:
     return (int(width), int(height)) if width is not None and height is not None else None
 
 
-MAX_COORDINATE = 1e300  # px or percent: far outside an image is drawn clipped, but gridded or scaled this overflows
+MAX_COORDINATE = 1e15  # px or percent: far outside an image is drawn clipped, but scaled to px and gridded this overflows
 
 
 def finite_points(values, where: str) -> np.ndarray:
     """(N, 2) float64 x, y from coordinates as a file holds them, flat [x1, y1, x2, y2, ...] or as pairs [[x, y], ...].
 
     Anything else (an odd count, text, NaN or an infinite value: JSON's NaN and Infinity, 1e400, XML's "nan", or one
-    beyond :data:`MAX_COORDINATE`: 1e308) is one InputError that begins with ``where``, which names the file, the image
+    beyond :data:`MAX_COORDINATE`: 1e300) is one InputError that begins with ``where``, which names the file, the image
     and the shape.
     """
     try:
