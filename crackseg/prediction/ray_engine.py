@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 RETRIES = 3  # times an item is run again after its actor died running it
 CONNECT_TIMEOUT_S = 10  # for a cluster's address to accept a connection
 EXECUTOR_STOP_S = 60  # the most the driver waits for Ray Data's executor to stop before ending Ray
+RAY_DATA_THREADS = ("StreamingExecutor-", "iter_threaded", "ray-data-metadata-prefetch")  # their names' beginnings in Ray Data
 
 
 class RayEngine:
@@ -93,11 +94,12 @@ class RayEngine:
 
 
 def _await_ray_data() -> None:
-    """Wait for Ray Data's executor threads to stop. Ray Data waits 2 s for one; one still running when ``ray.shutdown()``
-    ends the core worker (a loaded machine, a run stopped by a failure) makes Ray end the whole process with status 1."""
+    """Wait for Ray Data's threads to stop: its executor's, and those that fetch the blocks a closed iterator had asked
+    for. Ray Data waits 2 s for its executor; a thread still calling Ray when ``ray.shutdown()`` ends the core worker (a
+    loaded machine, a run stopped by a failure) makes Ray end the whole process with status 1."""
     deadline = time.monotonic() + EXECUTOR_STOP_S
     for thread in threading.enumerate():
-        if thread.name.startswith("StreamingExecutor-"):
+        if thread.name.startswith(RAY_DATA_THREADS) and thread is not threading.current_thread():
             thread.join(max(0.0, deadline - time.monotonic()))
 
 

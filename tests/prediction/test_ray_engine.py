@@ -297,22 +297,22 @@ def test_a_store_that_dies_mid_run_stops_the_driver_naming_what_is_missing(clust
 
 @pytest.mark.slow
 def test_the_driver_waits_for_ray_datas_executor_thread_before_ending_ray(cluster):
-    """The driver finds Ray Data's executor by its thread's name; a Ray that named it otherwise would end a stopped
-    driver with status 1 again on a loaded machine."""
+    """The driver finds Ray Data's executor and the iterator's fetching threads by their names; a Ray that named them
+    otherwise would end a stopped driver with status 1 again on a loaded machine."""
     script = """
 import threading, ray
-from crackseg.prediction.ray_engine import _await_ray_data
-def executors():
-    return [t for t in threading.enumerate() if t.name.startswith("StreamingExecutor-") and t.is_alive()]
+from crackseg.prediction.ray_engine import RAY_DATA_THREADS, _await_ray_data
+def named(*beginnings):
+    return [t for t in threading.enumerate() if t.name.startswith(beginnings) and t.is_alive()]
 ray.init(address="auto")
 rows = iter(ray.data.range(64, override_num_blocks=8).map_batches(lambda batch: batch).iter_rows())
 next(rows)
-print(len(executors()))
+print(len(named("StreamingExecutor-")), len(named("iter_threaded")) > 0)
 rows.close()
 _await_ray_data()
-print(len(executors()))
+print(len(named(*RAY_DATA_THREADS)))
 ray.shutdown()
 """
     done = subprocess.run([sys.executable, "-c", script], env=cluster, capture_output=True, text=True, timeout=RUN_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["1", "0"], done.stdout
+    assert done.stdout.split() == ["1", "True", "0"], done.stdout
