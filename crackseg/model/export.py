@@ -17,6 +17,7 @@ The exporters are optional extras: ``pip install 'crackseg[onnx]'`` (onnx) and
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -33,7 +34,7 @@ from crackseg.core.version import __version__
 from crackseg.model.checkpoint import load_model, save_pretrained
 from crackseg.model.networks import CrackSegModel
 from crackseg.model.options import EXPORT_FORMATS, DeepnessOptions
-from crackseg.model.runtimes import CHECKSUM, INPUT, OUTPUT, exported_digest
+from crackseg.model.runtimes import CHECKSUM, CHECKSUM_SLOT, INPUT, OUTPUT, exported_digest, openvino_chunks
 
 OPSET = 17
 _EXAMPLE_OUT = {"onnx": "model.onnx", "openvino": "model.xml", "safetensors": "model"}  # safetensors: a folder
@@ -93,12 +94,19 @@ def _check_half_range(net: nn.Module) -> None:
 def write_exported(model: CrackSegModel, fmt: str, out: Path, deepness: DeepnessOptions = DeepnessOptions()) -> Path:
     """Write an in-memory model as ``fmt`` to ``out`` (replacing it); see :func:`export_model`."""
     out = Path(out)
-    if fmt != "safetensors":
-        if out.is_dir():
-            raise InputError(f"--out {out}: is a folder; give the file's name, e.g. {out / ('model.xml' if fmt == 'openvino' else 'model.onnx')}")
-        ensure_writable_folder(out.parent, "--out")
-    writer = functools.partial(_write_onnx, tiles=deepness) if fmt == "onnx" else _WRITERS[fmt]
-    writer(model, out)
+    made = [folder for folder in [out.parent, *out.parent.parents] if not folder.exists()]
+    try:
+        if fmt != "safetensors":
+            if out.is_dir():
+                raise InputError(f"--out {out}: is a folder; give the file's name, e.g. {out / ('model.xml' if fmt == 'openvino' else 'model.onnx')}")
+            ensure_writable_folder(out.parent, "--out")
+        writer = functools.partial(_write_onnx, tiles=deepness) if fmt == "onnx" else _WRITERS[fmt]
+        writer(model, out)
+    except BaseException:  # a refused --tile, a missing exporter, a full disk: no empty folder is left for it
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     return out
 
 
@@ -212,7 +220,7 @@ def _onnx_graph(module: nn.Module, example: torch.Tensor, axes: dict, info: dict
 
 
 def _write_onnx(model: CrackSegModel, out: Path, tiles: DeepnessOptions = DeepnessOptions()) -> None:
-    write_atomic(out, _onnx_bytes(model, tiles))
+    write_atomic(out, _onnx_bytes(model, tiles), durable=True)
 
 
 def _write_openvino(model: CrackSegModel, out: Path) -> None:
@@ -225,14 +233,15 @@ def _write_openvino(model: CrackSegModel, out: Path) -> None:
     with PendingFile(out, suffix=".xml") as xml:
         weights = xml.companion(".bin")  # OpenVINO names the weights after the .xml
         try:
+            # The checksum is over the .bin and the .xml this save wrote, with its slot for the checksum, and goes into
+            # that slot: a second save writes the same files but for the checksum.
+            converted.set_rt_info(CHECKSUM_SLOT, ["crackseg", CHECKSUM])
             _saved(ov, converted, xml.temp, out)
-            # The checksum is over the .bin this save wrote, and goes into the .xml: a second save
-            # writes the same .bin beside an .xml that carries it.
-            digest = exported_digest(info, [weights.temp.read_bytes()])
+            digest = exported_digest(info, openvino_chunks(xml.temp, weights.temp, CHECKSUM_SLOT))
             converted.set_rt_info(digest, ["crackseg", CHECKSUM])
             _saved(ov, converted, xml.temp, out)
-            if exported_digest(info, [weights.temp.read_bytes()]) != digest:
-                raise RuntimeError(f"OpenVINO wrote other weights for {out} when saving it again")
+            if exported_digest(info, openvino_chunks(xml.temp, weights.temp, digest)) != digest:
+                raise RuntimeError(f"OpenVINO wrote another model for {out} when saving it again")
             weights.commit()  # the weights first: the .xml names them
         except BaseException:
             weights.abort()

@@ -13,7 +13,7 @@ Predictor's autocast. The runtimes are optional extras: ``pip install 'crackseg[
 
 An exported file is checked before it runs: its metadata values, and the checksum that
 :mod:`crackseg.model.export` stored with them (:func:`exported_digest`, over the metadata and the
-weights), so a damaged or edited file is refused instead of predicting.
+weights; for OpenVINO the .xml graph too), so a damaged or edited file is refused instead of predicting.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from crackseg.model.networks import CrackSegModel
 
 INPUT, OUTPUT = "images", "probabilities"  # the names of an exported graph's input and output
 CHECKSUM = "sha256"  # the metadata key of an exported file's checksum
+CHECKSUM_SLOT = "0" * 64  # the checksum's place in an OpenVINO .xml while the checksum over that .xml is taken
 
 
 class RuntimeModel:
@@ -66,7 +67,15 @@ class RuntimeModel:
             pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
             if not self._takes_uint8:
                 pixels = pixels.astype(np.float32) / np.float32(255)
-        return torch.from_numpy(np.asarray(self._run(pixels)))
+        try:
+            probabilities = self._run(pixels)
+        except Exception as error:  # ONNX Runtime's and OpenVINO's own types: an allocation that failed is the machine's limit
+            text = str(error)
+            sign = next((sign for sign in ("Failed to allocate", "bad_alloc", "bad allocation") if sign in text), None)
+            if sign is None:
+                raise
+            raise MemoryError(f"{self.backend}: {_first_line(text[text.index(sign):])}") from None
+        return torch.from_numpy(np.asarray(probabilities))
 
     def eval(self) -> RuntimeModel:
         return self
@@ -135,7 +144,8 @@ def load_runtime(choice: RuntimeChoice, device: torch.device | None = None) -> R
         raise InputError(f"{path}: no such model file")
     if choice.backend == "onnxruntime":
         if kind != ".onnx":
-            raise InputError(f"{path}: ONNX Runtime needs an .onnx file; make one with crackseg export {path} --format onnx --out model.onnx")
+            source = "CHECKPOINT" if kind in (".xml", ".bin") else str(path)  # an OpenVINO model: export its checkpoint
+            raise InputError(f"{path}: ONNX Runtime needs an .onnx file; make one with crackseg export {source} --format onnx --out model.onnx")
         return Runtime(_onnxruntime_model(path), device, None, "onnxruntime")
     if kind not in (".onnx", ".xml"):
         raise InputError(f"{path}: OpenVINO needs an .xml or .onnx file; make one with crackseg export {path} --format openvino --out model.xml")
@@ -150,6 +160,7 @@ def _onnxruntime_model(path: Path) -> RuntimeModel:
         options = ort.SessionOptions()
         # Idle threads spinning for the next call took the cores from reading, blending and writing.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 4  # its failures arrive as exceptions, said once in crackseg's own line
         session = ort.InferenceSession(content, options, providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime raises its own exception types for unreadable files
         raise InputError(f"{path}: not a readable ONNX model ({type(error).__name__}: {_first_line(error)})") from None
@@ -165,6 +176,8 @@ def _openvino_model(path: Path, precision: str) -> RuntimeModel:
     is_onnx, weights = path.suffix.lower() == ".onnx", path.with_suffix(".bin")  # where OpenVINO looks for an .xml's weights
     if is_onnx:
         info = _checked_onnx(path.read_bytes(), path, extra="openvino")
+    elif not _is_openvino_ir(path):
+        raise InputError(f"{path}: not an OpenVINO model (an OpenVINO .xml starts with <net>); give the .xml that crackseg export wrote")
     elif not weights.is_file():
         raise InputError(f"{path}: its weights file {weights.name} is missing; an OpenVINO model is the .xml and the .bin "
                          f"that crackseg export writes together: copy {weights.name} beside it, or export it again")
@@ -175,7 +188,10 @@ def _openvino_model(path: Path, precision: str) -> RuntimeModel:
     if not is_onnx:
         stored = model.get_rt_info(["crackseg"]).astype(dict) if model.has_rt_info(["crackseg"]) else {}
         info = {key: value.astype(str) for key, value in stored.items()}
-        _check_exported(info, path, "openvino", lambda: _file_chunks(weights))
+        if info.get(CHECKSUM) and exported_digest(info, _file_chunks(weights)) == info[CHECKSUM]:
+            raise InputError(f"{path}: exported by an earlier crackseg, whose checksum leaves out the model's graph; export it "
+                             f"again: crackseg export CHECKPOINT --format openvino --out {path} --overwrite")
+        _check_exported(info, path, "openvino", lambda: openvino_chunks(path, weights, info.get(CHECKSUM, "")))
     # OpenVINO picks bf16 by itself on some CPUs; f32 unless asked keeps predictions equal to torch's.
     compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision})
     output = compiled.output(0)
@@ -188,13 +204,31 @@ def _openvino_model(path: Path, precision: str) -> RuntimeModel:
 
 def exported_digest(info: dict[str, str], weights: Iterable[bytes]) -> str:
     """The checksum of an exported file: SHA-256 over its metadata but the checksum (canonical JSON,
-    sorted keys), then ``weights``: the serialized ONNX graph (nodes and initializers) or the OpenVINO ``.bin``."""
+    sorted keys), then ``weights``: the serialized ONNX graph (nodes and initializers), or :func:`openvino_chunks`."""
     digest = hashlib.sha256(b"crackseg exported v1\n")
     settings = {key: value for key, value in info.items() if key != CHECKSUM}
     digest.update(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode() + b"\n")
     for chunk in weights:
         digest.update(chunk)
     return digest.hexdigest()
+
+
+def openvino_chunks(xml: Path, weights: Path, checksum: str) -> Iterable[bytes]:
+    """What an OpenVINO model's checksum covers: its ``.bin``, then its ``.xml`` (operations, their attributes and
+    shapes) with :data:`CHECKSUM_SLOT` in the place of the ``checksum`` it carries."""
+    yield from _file_chunks(weights)
+    yield xml.read_bytes().replace(checksum.encode(), CHECKSUM_SLOT.encode()) if checksum else xml.read_bytes()
+
+
+def _is_openvino_ir(path: Path) -> bool:
+    """Whether ``path`` is OpenVINO IR: XML whose root element is ``<net>`` (a CVAT or VOC .xml is not)."""
+    with open(path, "rb") as file:
+        head = file.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if head.startswith(b"<?xml"):
+        head = head[head.find(b"?>") + 2:].lstrip()
+    while head.startswith(b"<!--"):
+        head = head[head.find(b"-->") + 3:].lstrip()
+    return head.startswith(b"<net") and head[4:5] in (b" ", b">", b"\t", b"\n", b"\r")
 
 
 def _checked_onnx(content: bytes, path: Path, extra: str = "onnx") -> dict[str, str]:
@@ -224,7 +258,8 @@ def _check_exported(info: dict[str, str], path: Path, fmt: str, weights: Callabl
     if not info.get(CHECKSUM):
         raise InputError(f"{path}: has no checksum over its weights and settings (exported by an older crackseg, or edited); {again}")
     if exported_digest(info, weights()) != info[CHECKSUM]:
-        raise InputError(f"{path}: its weights or settings do not match the checksum saved with them (the file is damaged or was edited); {again}")
+        raise InputError(f"{path}: its weights, graph or settings do not match the checksum saved with them (the file is damaged or "
+                         f"was edited); {again}")
 
 
 def _metadata_problem(info: dict[str, str]) -> str | None:
@@ -254,5 +289,5 @@ def _file_chunks(path: Path, size: int = 1 << 20) -> Iterable[bytes]:
             yield chunk
 
 
-def _first_line(error: Exception) -> str:
+def _first_line(error: Exception | str) -> str:
     return (str(error).splitlines() or [""])[0][:200]

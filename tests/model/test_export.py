@@ -280,7 +280,7 @@ def test_a_damaged_or_edited_onnx_file_is_refused(tmp_path, small):
     _flip_a_byte_inside(damaged, largest.raw_data[:4096])
     for backend in ("onnxruntime", "openvino"):
         err = _predict_error(tmp_path, damaged, "--backend", backend)
-        assert "damaged.onnx: its weights or settings do not match the checksum" in err and "export it again" in err
+        assert "damaged.onnx: its weights, graph or settings do not match the checksum" in err and "export it again" in err
     edits = {"threshold": ("0.05", "do not match the checksum"), "size_divisor": ("64", "do not match the checksum"),
              "sha256": (None, "has no checksum"), "encoder": ("resnet34", "do not match the checksum")}
     for key, (value, message) in edits.items():
@@ -439,3 +439,73 @@ def test_a_file_of_a_safetensors_folder_or_a_folder_for_a_file_says_what_to_give
         assert f"one file of a safetensors model folder; give the folder: {small / 'st'}" in err
     err = _one_line_error(["convert", small / "st", "--arch", "unet16", "--out", tmp_path / "m.pt"])
     assert f"{small / 'st'}: a folder, not a" in err
+
+
+def test_a_refused_or_failed_export_leaves_no_folder_it_made(tmp_path, small, monkeypatch):
+    err = _one_line_error(["export", small / "model.pt", "--format", "onnx", "--tile", "100", "--out", tmp_path / "new" / "sub" / "m.onnx"])
+    assert "--tile 100 px is not a multiple of 32" in err and not (tmp_path / "new").exists()
+    monkeypatch.setitem(sys.modules, "openvino", None)
+    err = _one_line_error(["export", small / "model.pt", "--format", "openvino", "--out", tmp_path / "new" / "m.xml"])
+    assert "pip install 'crackseg[openvino]'" in err and not (tmp_path / "new").exists()
+
+
+def _checksum_of(xml: Path) -> str:
+    import re
+
+    return re.search(r'<sha256 value="([0-9a-f]{64})" />', xml.read_text())[1]
+
+
+def test_an_edited_openvino_graph_or_an_earlier_checksum_over_the_weights_alone_is_refused(tmp_path, small):
+    import shutil
+
+    from crackseg.model.runtimes import exported_digest
+
+    xml = shutil.copy(small / "m.xml", tmp_path / "m.xml")
+    shutil.copy(small / "m.bin", tmp_path / "m.bin")
+    text = xml.read_text()
+    assert text.count('type="Sigmoid"') == 1
+    xml.write_text(text.replace('type="Sigmoid"', 'type="Relu"'))  # still a model OpenVINO runs, and a wrong one
+    assert "its weights, graph or settings do not match the checksum" in _predict_error(tmp_path, xml)
+    info = {key: value.astype(str) for key, value in load_runtime_info(small / "m.xml").items()}
+    earlier = exported_digest(info, [(tmp_path / "m.bin").read_bytes()])
+    xml.write_text(text.replace(_checksum_of(small / "m.xml"), earlier))
+    err = _predict_error(tmp_path, xml)
+    assert "m.xml: exported by an earlier crackseg, whose checksum leaves out the model's graph; export it again" in err
+
+
+def load_runtime_info(xml: Path) -> dict:
+    import openvino
+
+    return openvino.Core().read_model(str(xml)).get_rt_info(["crackseg"]).astype(dict)
+
+
+def test_an_xml_that_is_not_openvino_or_an_openvino_model_for_onnxruntime_says_what_to_give(tmp_path, small):
+    (tmp_path / "annotations.xml").write_text('<?xml version="1.0" encoding="utf-8"?>\n<annotations><version>1.1</version></annotations>\n')
+    err = _predict_error(tmp_path, tmp_path / "annotations.xml")
+    assert "annotations.xml: not an OpenVINO model" in err and "annotations.bin" not in err
+    err = _predict_error(tmp_path, small / "m.xml", "--backend", "onnxruntime")
+    assert "ONNX Runtime needs an .onnx file; make one with crackseg export CHECKPOINT --format onnx" in err
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_a_runtime_out_of_memory_is_a_memory_error(small, backend):
+    """Run in a process of its own whose address space ends 256 MiB past what it holds once the model is loaded: a 2048 px
+    image needs more inside the runtime."""
+    import subprocess
+
+    script = f"""
+import resource, sys, torch
+from crackseg.model.options import InferenceOptions
+from crackseg.model.runtimes import choose_runtime, load_runtime
+model = load_runtime(choose_runtime({str(small / 'm.onnx')!r}, InferenceOptions(backend={backend!r}))).model
+images = torch.zeros((1, 3, 2048, 2048), dtype=torch.uint8)
+size = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + (256 << 20), resource.RLIM_INFINITY))
+try:
+    model(images)
+except MemoryError as error:
+    print("MemoryError:", error)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.stdout.startswith(f"MemoryError: {backend}: "), (done.stdout, done.stderr[-2000:])
+    assert "allocat" in done.stdout.lower() and "Traceback" not in done.stderr, done.stderr[-2000:]
