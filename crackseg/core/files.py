@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -21,6 +22,9 @@ from typing import BinaryIO
 
 from crackseg.core.errors import InputError
 
+# How readable() writes a byte of a file name that is not UTF-8, and how write_csv() writes a backslash that would read so
+_ESCAPED_BYTE, _ESCAPE_LIKE = re.compile(r"\\x([89a-f][0-9a-f]|5c)"), re.compile(r"\\(?=x(?:[89a-f][0-9a-f]|5c))")
+_NAMES_ARE_BYTES = os.name != "nt"  # POSIX file names are bytes; Windows ones are text
 TEMP_MARK = ".crackseg-tmp"  # ends the name of every temp file crackseg writes (before a format's suffix)
 NAME_MAX = 255  # bytes in a file name on common file systems
 SIDE_FILE_ROOM = 16  # writers add files beside a temp (SQLite's "-journal" beside a GeoPackage)
@@ -164,7 +168,8 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) ->
     Text that a spreadsheet would run as a formula (a cell starting with = + - @, a tab or a
     carriage return, e.g. from a file name) is written behind a ``'``, so it shows as text (and so is text
     starting with ``'``, which a spreadsheet shows as it is);
-    numbers stay numbers. Bytes of a file name that are not UTF-8 are written as ``\\xNN``.
+    numbers stay numbers. Bytes of a file name that are not UTF-8 are written as ``\\xNN``, and :func:`read_csv` gives them
+    back as they were (:func:`restored`).
     """
     columns = list(columns or [])
     for row in rows:
@@ -187,7 +192,7 @@ def read_csv(path: Path, columns: tuple[str, ...] = ()) -> list[dict]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as file:  # a table saved again by Excel starts with a BOM
             reader = csv.DictReader(file)
-            rows = [{key: _unguarded(value) for key, value in row.items()} for row in reader]
+            rows = [{key: restored(_unguarded(value)) for key, value in row.items()} for row in reader]
             header = reader.fieldnames or []
     except (UnicodeDecodeError, csv.Error) as error:
         raise InputError(f"{path}: not a table crackseg wrote ({error})") from None
@@ -207,10 +212,22 @@ def readable(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+def restored(text: str) -> str:
+    """A CSV cell as it was before :func:`write_csv`: each ``\\xNN`` of a byte 0x80-0xff back as that byte of a file
+    name (as Python holds it), so that a name read from a table finds its file again, and ``\\x5c`` back as the
+    backslash it stands for."""
+    if not _NAMES_ARE_BYTES or not isinstance(text, str) or "\\x" not in text:  # a short row's missing cells are None
+        return text
+    return _ESCAPED_BYTE.sub(lambda match: "\\" if match[1] == "5c" else chr(0xDC00 + int(match[1], 16)), text)
+
+
 def _as_text(value):
     """A cell as written: behind a ``'`` when it starts a formula, or starts with ``'`` itself (so reading it back
-    takes off only the guard)."""
-    return "'" + value if isinstance(value, str) and value.startswith((*FORMULA_STARTS, "'")) else value
+    takes off only the guard); a backslash that :func:`restored` would read as an escape written as ``\\x5c``."""
+    if not isinstance(value, str):
+        return value
+    value = _ESCAPE_LIKE.sub(r"\\x5c", value) if _NAMES_ARE_BYTES else value
+    return "'" + value if value.startswith((*FORMULA_STARTS, "'")) else value
 
 
 def _unguarded(value):

@@ -16,6 +16,8 @@ import re
 import urllib.parse
 from pathlib import Path
 
+from crackseg.core.files import readable
+
 PAGE_ROWS = 50  # rows of a page's main table (images, pairs) per page: thousands stay usable
 VIEW_PX = 1600  # the longer side of the large pictures a page shows
 
@@ -27,9 +29,20 @@ def page(template: str, title: str, data: dict, placeholders: dict[str, str] | N
         "/*STYLE*/": _STYLE, "/*HELPERS*/": _HELPERS, "/*ROWS*/": str(PAGE_ROWS), **(placeholders or {}),
         "<!--TITLE-->": html.escape(title),
         # Every "<" escaped: "</script>" or "<!--" in a file name must not end or hide the script holding the data.
-        "/*DATA*/": json.dumps(data).replace("<", "\\u003c"),
+        "/*DATA*/": json.dumps(_shown(data)).replace("<", "\\u003c"),
     }
     return re.sub("|".join(map(re.escape, values)), lambda match: values[match.group(0)], template)
+
+
+def _shown(value):
+    """``value`` with its text as the tables write it: a file name's bytes that are not UTF-8 as ``\\xNN``."""
+    if isinstance(value, str):
+        return readable(value)
+    if isinstance(value, dict):
+        return {key: _shown(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_shown(item) for item in value]
+    return value
 
 
 def relative_url(relative: Path) -> str:

@@ -85,3 +85,15 @@ def test_csv_cells_that_begin_with_a_quote_come_back_as_they_were(tmp_path):
     assert [row["path"] for row in read_csv(tmp_path / "t.csv")] == names
     written = [row["path"] for row in csv.DictReader(open(tmp_path / "t.csv"))]
     assert all(cell.startswith("'") for cell in written[:5]) and written[5] == "ok.jpg"  # no cell starts a formula
+
+
+@pytest.mark.skipif(os.name == "nt", reason="Windows file names are text, never bytes that are not UTF-8")
+def test_a_file_name_that_is_not_utf8_is_written_as_escapes_and_read_back_as_the_name(tmp_path):
+    name = os.fsdecode(b"in/fissur\xe9 \xff.png")  # Latin-1 bytes, as a Windows share or an old archive leaves them
+    literal = "C:\\x86\\photos\\x5c.jpg"  # backslashes as text, which must not read back as escapes
+    write_csv(tmp_path / "t.csv", [{"path": name, "note": literal, "plain": "C:\\photos\\a.jpg"}])
+    line = (tmp_path / "t.csv").read_bytes().decode("utf-8").splitlines()[1]
+    assert line == "in/fissur\\xe9 \\xff.png,C:\\x5cx86\\photos\\x5cx5c.jpg,C:\\photos\\a.jpg"
+    (row,) = read_csv(tmp_path / "t.csv")
+    assert row == {"path": name, "note": literal, "plain": "C:\\photos\\a.jpg"}
+    assert os.fsencode(row["path"]) == b"in/fissur\xe9 \xff.png"

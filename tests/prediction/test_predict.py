@@ -246,6 +246,25 @@ def test_existing_outputs_need_overwrite_or_skip_existing(tmp_path, checkpoint, 
     assert first.stat().st_mtime != 1
 
 
+@pytest.mark.skipif(os.name == "nt", reason="Windows file names are text, never bytes that are not UTF-8")
+def test_a_photo_whose_name_is_not_utf8_is_found_again_by_skip_existing_overwrite_and_the_report(tmp_path, checkpoint):
+    """predictions.csv holds such a name's bytes as \\xNN; read back, the name finds its files again."""
+    photos = _photos(tmp_path / "in", [(32, 32), (32, 48)])
+    odd = photos[0].rename(photos[0].with_name(os.fsdecode(b"fissur\xe9.png")))
+    out = tmp_path / "out"
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", out) == 0
+    mask = out / "masks" / odd.name
+    os.utime(mask, (1, 1))
+    (out / "masks" / "img1.png").unlink()
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", out, "--skip-existing", "--report") == 0
+    assert mask.stat().st_mtime == 1
+    assert [row["status"] for row in csv_rows(out / "predictions.csv")] == ["skipped: exists", "ok"]
+    assert '"name": "fissur\\\\xe9"' in (out / "report.html").read_text()  # shown as the tables write it
+    odd.unlink()
+    assert predict_cli("--checkpoint", checkpoint, tmp_path / "in", "--out", out, "--overwrite") == 0
+    assert sorted(path.name for path in (out / "masks").iterdir()) == ["img1.png"]  # the earlier run's mask of it removed
+
+
 def test_skip_existing_refuses_tables_of_inputs_it_does_not_predict_and_clears_a_stale_cracks_csv(tmp_path, checkpoint, capsys):
     """The tables --skip-existing writes list this run's inputs: an earlier run's rows of other photos would be dropped."""
     photos = _photos(tmp_path / "in", [(32, 32), (32, 48)])
