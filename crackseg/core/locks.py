@@ -92,7 +92,8 @@ class FileLock(_Lock):
 
     def __init__(self, target: Path, work: str):
         self.target = Path(target)
-        super().__init__(self.target.with_name(f".{self.target.name}.lock"))
+        real = Path(os.path.realpath(self.target))  # reached through a link too, the file has one lock: beside itself
+        super().__init__(real.with_name(f".{real.name}.lock"))
         self.work = work
 
     def _refusal(self, holder: dict | None) -> str:

@@ -38,7 +38,7 @@ def locked(register: Path) -> Iterator[None]:
     """Hold ``.<name>.lock`` beside ``register`` while appending (taking over one that a dead process left), and remove
     the temporary registers a killed compare left (a new one being built, an older crackseg's working copy). Held
     already by this process (a compare holds it from its checks to its append), it is kept, not taken again."""
-    held = Path(os.path.abspath(register))
+    held = Path(os.path.realpath(register))
     if held in _HELD:
         yield
         return

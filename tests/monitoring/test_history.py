@@ -296,6 +296,18 @@ def test_a_register_another_compare_is_appending_to_is_refused_naming_its_lock(t
     assert not lock.exists()
 
 
+def test_a_register_reached_through_a_link_takes_the_same_lock(tmp_path):
+    register = tmp_path / "site.gpkg"
+    _compare(register, 0)
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "elsewhere" / "current.gpkg"
+    link.symlink_to(register)
+    _lock(tmp_path / ".site.gpkg.lock", os.getpid())
+    with pytest.raises(InputError, match=f"^{link}: another crackseg compare is appending to it"):
+        _compare(link, 1)
+    assert not (tmp_path / "elsewhere" / ".current.gpkg.lock").exists()
+
+
 def test_a_register_lock_left_by_a_dead_process_is_taken_over(tmp_path, capsys):
     register = tmp_path / "site.gpkg"
     _compare(register, 0)
