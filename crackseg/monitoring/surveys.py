@@ -94,37 +94,19 @@ def check_surveys(register: Path, registered: list[RegisteredSurvey], before: Su
     if not registered:
         return None
     latest = max(registered, key=lambda survey: survey.date)
-    if (before.date, before.source) == (latest.date, latest.source):
-        _check_scale(register, latest, before)
-        return latest.survey
-    if before.date > latest.date:
+    shared = (before.date, before.source) == (latest.date, latest.source)
+    if shared or before.date > latest.date:
         _check_standard(register, latest, before)
-        return None
+        return latest.survey if shared else None
     raise InputError(f"{register}: its latest survey is {latest.date} from {latest.source}; visits are appended in date order, "
                      f"so compare from that survey or a later one, not from {before.date} ({before.source})")
 
 
-def _check_scale(register: Path, registered: RegisteredSurvey, before: Survey) -> None:
-    """The survey both comparisons share is measured in one scale and graded by one standard: a register holds its site's
-    cracks in one of each (its mm, classes and QGIS style would mix them otherwise)."""
-    if registered.width_classes is None:
-        return  # recorded since the scale is: an older register's surveys say nothing
-    same_size = (registered.px_size_mm is None) == (before.px_size_mm is None) and (
-        before.px_size_mm is None or math.isclose(registered.px_size_mm, before.px_size_mm, rel_tol=1e-9))
-    if not same_size or registered.width_classes != before.width_classes:
-        def flags(px_size: float | None, classes: str) -> str:
-            return " ".join([f"--px-size {px_size:g}" if px_size is not None else "no --px-size",
-                             f"--width-classes {classes}" if classes else "no --width-classes"])
-
-        raise InputError(f"{register}: its survey of {registered.date} was measured with {flags(registered.px_size_mm, registered.width_classes)}, "
-                         f"this comparison with {flags(before.px_size_mm, before.width_classes)}; a register holds its site in one "
-                         "scale and standard: give the --px-size and --width-classes the register was made with")
-
-
 def _check_standard(register: Path, latest: RegisteredSurvey, before: Survey) -> None:
-    """A new, later survey may have another pixel size (another camera), but is measured in mm where the register's
-    latest survey is, in pixels where it is not, and graded by its standard: the register's mm columns, classes and
-    QGIS style would mix them otherwise."""
+    """A comparison from the register's latest survey, or from a new, later one, is measured in mm where that survey is,
+    in pixels where it is not, and graded by its standard: the register's mm columns, classes and QGIS style would mix
+    them otherwise. Its pixel size may differ: --px-size is the AFTER photos' (another camera), BEFORE's come through
+    the registration's scale."""
     if latest.width_classes is None:
         return
     if latest.width_classes != before.width_classes:

@@ -700,10 +700,11 @@ def test_a_register_older_than_the_mean_width_class_gets_the_column(tmp_path):
     assert len(history.width_history(register, dates[0], "wall", 1)) == 3
 
 
-@pytest.mark.parametrize("flags", [["--px-size", "0.5", "--width-classes", "bre251"], ["--px-size", "1", "--width-classes", "d6433-ac"],
-                                   ["--px-size", "1"], []])
-def test_a_register_refuses_another_pixel_size_or_standard_before_anything_is_written(tmp_path, capsys, flags):
-    """The survey both comparisons share would hold its cracks in one scale and standard, the next survey in another."""
+@pytest.mark.parametrize("flags", [["--px-size", "1", "--width-classes", "d6433-ac"], ["--px-size", "1"], [],
+                                   ["--px-size", "0.5", "--width-classes", "bre251"]])
+def test_a_register_refuses_another_unit_or_standard_before_anything_is_written_but_takes_another_camera(tmp_path, capsys, flags):
+    """The survey both comparisons share would hold its cracks in one unit and standard, the next survey in another; its
+    pixel size is not this comparison's (--px-size is the AFTER photos'): a new camera's is taken."""
     texture = _texture()
     visits = [_write_visit(tmp_path / f"v{number}", _photo(texture, _draw([A, B])), _draw([A, B])) for number in range(3)]
     register = tmp_path / "site.gpkg"
@@ -711,11 +712,17 @@ def test_a_register_refuses_another_pixel_size_or_standard_before_anything_is_wr
                  "--px-size", "1", "--width-classes", "bre251", "--before-date", "2023-01-01", "--after-date", "2024-01-01"]) == 0
     kept = register.read_bytes()
     capsys.readouterr()
+    chained = ["compare", str(visits[1]), str(visits[2]), "--out", str(tmp_path / "o2"), "--register", str(register), *flags,
+               "--before-date", "2024-01-01", "--after-date", "2025-01-01"]
+    if flags == ["--px-size", "0.5", "--width-classes", "bre251"]:
+        assert main(chained) == 0
+        surveys = sqlite3.connect(register).execute("SELECT date, px_size_mm FROM surveys ORDER BY date").fetchall()
+        assert surveys == [("2023-01-01", 1.0), ("2024-01-01", 1.0), ("2025-01-01", 0.5)]
+        return
     with pytest.raises(SystemExit) as exit:
-        main(["compare", str(visits[1]), str(visits[2]), "--out", str(tmp_path / "o2"), "--register", str(register), *flags,
-              "--before-date", "2024-01-01", "--after-date", "2025-01-01"])
+        main(chained)
     err = capsys.readouterr().err
-    assert exit.value.code == 2 and err.count("\n") == 1 and "give the --px-size and --width-classes the register was made with" in err
+    assert exit.value.code == 2 and err.count("\n") == 1 and "a register holds its site in one" in err, err
     assert register.read_bytes() == kept and not any((tmp_path / "o2").glob("*.csv"))
 
 

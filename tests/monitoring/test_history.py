@@ -515,5 +515,5 @@ def test_a_register_written_before_surveys_kept_their_scale_takes_any_and_record
     append_comparison(register, scaled[1], scaled[2], Compared((CRACKS[1], CRACKS[2]), LINKS[1]), None)
     assert _table(register, "SELECT survey, px_size_mm, width_classes FROM surveys ORDER BY survey") == [
         (1, None, None), (2, None, None), (3, 0.5, "bre251")]
-    with pytest.raises(InputError, match="was measured with --px-size 0.5 --width-classes bre251, this comparison with no --px-size"):
+    with pytest.raises(InputError, match=r"its surveys are graded with --width-classes bre251 \(the latest, 2025-04-01\), this comparison with no --width-classes"):
         check_append(register, VISITS[2], Survey("2026-04-01", "visits/2026"))
