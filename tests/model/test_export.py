@@ -150,7 +150,7 @@ def test_predict_through_every_runtime_writes_what_torch_writes(tmp_path, small)
             "onnx-openvino": [small / "m.onnx", "--backend", "openvino"], "safetensors": [small / "st"]}
     for name, model_args in runs.items():
         assert main(["predict", str(tmp_path / "in"), "--model", *map(str, model_args), "--out", str(tmp_path / name),
-                     "--save-prob", "16", "--tile", "128", "--overlap", "32", "--tta", "flip", "--device", "cpu"]) == 0
+                     "--save-prob", "16", "--tile", "128", "--overlap", "32", "--tta", "d4", "--batch-size", "3", "--device", "cpu"]) == 0
     for name in runs:
         for index in range(3):
             reference = np.asarray(Image.open(tmp_path / "torch" / "probs" / f"{index}.png"), dtype=np.float64) / 65535
@@ -158,6 +158,27 @@ def test_predict_through_every_runtime_writes_what_torch_writes(tmp_path, small)
             masks = [np.asarray(Image.open(tmp_path / run / "masks" / f"{index}.png")) for run in ("torch", name)]
             assert np.abs(probs - reference).max() < 1e-3 and (masks[0] == masks[1]).mean() >= 0.999, (name, index)
         assert len(csv_rows(tmp_path / name / "predictions.csv")) == 3
+
+
+@isolated
+def test_evaluate_scores_an_exported_model_as_its_checkpoint(tmp_path, small):
+    import json
+
+    from crackseg.data.synth import write_dataset
+
+    write_dataset(tmp_path / "data", count=3, size=(64, 96), seed=5)
+    reports = {}
+    for name, model in {"torch": small / "model.pt", "onnx": small / "m.onnx", "xml": small / "m.xml"}.items():
+        assert main(["evaluate", "--checkpoint", str(model), "--data", str(tmp_path / "data"), "--split", "all",
+                     "--out", str(tmp_path / name), "--tta", "flip", "--device", "cpu"]) == 0
+        reports[name] = json.loads((tmp_path / name / "report.json").read_text())
+    expected = reports["torch"]
+    for name in ("onnx", "xml"):
+        got = reports[name]
+        assert got["threshold"] == expected["threshold"] and got["images"] == 3, name  # the file's own threshold
+        for key in ("precision", "recall", "f1", "miou"):
+            assert abs(got["dataset"][key] - expected["dataset"][key]) < 0.005, (name, key)
+        assert abs(got["ap"] - expected["ap"]) < 0.005, name
 
 
 @isolated
