@@ -119,7 +119,8 @@ def components(pixels: Pixels) -> np.ndarray:
 
 
 def distances(pixels: Pixels) -> np.ndarray:
-    """ndimage.distance_transform_edt at each pixel: the distance to the nearest background pixel in the image.
+    """ndimage.distance_transform_edt at each pixel: the distance to the nearest background pixel in the image (in an
+    image without one, that is all crack, to the nearest pixel outside it, since no width within could be told).
 
     Separably, as exact distance transforms do (Meijster et al., 2000), but on the pixels alone: each pixel's
     distance along its column to the background, then, along its row, the least of (column offset)^2 + that
@@ -127,8 +128,8 @@ def distances(pixels: Pixels) -> np.ndarray:
     pixels lie a few pixels from the background, so this costs a few steps per pixel.
     """
     height, width = pixels.shape
-    if len(pixels.index) == height * width:  # the whole image is crack: scipy then measures to the pixel above the top-left corner
-        return ndimage.distance_transform_edt(np.ones(pixels.shape, bool)).ravel()
+    if len(pixels.index) == height * width:  # scipy would measure to the pixel above the top-left corner: widths past the image
+        return ndimage.distance_transform_edt(np.pad(np.ones(pixels.shape, bool), 1))[1:-1, 1:-1].ravel()
     rows, cols = pixels.points.T
     return _distances(pixels.neighbours, rows, cols, pixels.slots, pixels.stride, height, width)
 

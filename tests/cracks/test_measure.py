@@ -216,6 +216,13 @@ def test_degenerate_masks_equal_the_whole_image_computation(name):
         _assert_same_parts(crack_parts(mask, join_gap, slice(2, 5)), _whole_image_parts(mask, join_gap, slice(2, 5)))
 
 
+@pytest.mark.parametrize("shape", [(5, 40), (20, 30), (64, 64)])
+def test_a_mask_of_crack_alone_is_measured_within_the_image(shape):
+    """No background to measure a width to: the image's edge bounds it, never the distance to a pixel past a corner."""
+    (crack,) = find_cracks(np.ones(shape, bool))[1]
+    assert crack.max_width_px <= min(shape) and crack.mean_width_px <= min(shape) and crack.length_px <= max(shape)
+
+
 @pytest.mark.parametrize("flip", [(1, 1), (1, -1), (-1, 1), (-1, -1)])
 def test_a_gap_to_two_equally_near_targets_is_bridged_as_before(flip):
     """A crack ends in front of a bracket whose two arms are equally far: the bridge goes to the one the
@@ -304,10 +311,17 @@ def _whole_image_cracks(mask: np.ndarray, join_gap: float, min_length: float) ->
     return np.where(mask, renumber[parts.labels], 0).astype(np.int32), cracks
 
 
+def _whole_image_distance(mask: np.ndarray) -> np.ndarray:
+    """To the nearest background pixel; in a mask of crack alone, to the nearest pixel outside the image."""
+    if not mask.any():
+        return np.zeros(mask.shape)
+    return ndimage.distance_transform_edt(np.pad(mask, 1))[1:-1, 1:-1] if mask.all() else ndimage.distance_transform_edt(mask)
+
+
 def _whole_image_parts(mask: np.ndarray, join_gap: float = 0.0, counted: slice = slice(None)) -> CrackParts:
     mask = np.asarray(mask, bool)
     pieces, count = ndimage.label(mask, _EIGHT)
-    distance = ndimage.distance_transform_edt(mask) if count else np.zeros(mask.shape)
+    distance = _whole_image_distance(mask)
     rows = np.zeros(mask.shape[0], bool)
     rows[counted] = True
     joined, bridges = _whole_image_join(mask, pieces, distance, join_gap) if join_gap > 0 and count else (mask, [])
