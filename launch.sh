@@ -40,6 +40,14 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ $# -gt 0 ]] || { usage; exit 2; }
+whole() {  # FLAG VALUE LEAST: a whole number of at least LEAST, or one line and exit status 2
+  [[ $2 =~ ^[0-9]+$ ]] && (( 10#$2 >= $3 )) || { echo "launch.sh: error: $1 must be a whole number of at least $3, got '$2'" >&2; exit 2; }
+}
+whole --nnodes "$nnodes" 1
+whole --node-rank "$node_rank" 0
+(( 10#$node_rank < 10#$nnodes )) || { echo "launch.sh: error: --node-rank $node_rank must be below --nnodes $nnodes" >&2; exit 2; }
+[[ -z $nproc ]] || whole --nproc "$nproc" 1
+[[ -z $max_restarts ]] || whole --max-restarts "$max_restarts" 0
 if [[ -z $max_restarts ]]; then
   if [[ $1 == train ]]; then max_restarts=3; else max_restarts=0; fi
 fi

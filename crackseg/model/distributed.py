@@ -7,6 +7,7 @@ are no-ops. Collectives never assume CUDA: gloo on CPU runs the same code in tes
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -43,6 +44,9 @@ def setup(device: str = "auto") -> Environment:
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if world_size > 1 and re.fullmatch(r"cuda:\d+", device.strip()):
+        raise InputError(f"--device {device}: with {world_size} processes each takes the GPU of its local rank; give --device "
+                         "cuda (or auto), and choose the GPUs with CUDA_VISIBLE_DEVICES")
     chosen = select_device(device, local_rank)
     if world_size > 1 and not dist.is_initialized():
         backend = dist.get_default_backend_for_device(chosen)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from crackseg.core.errors import InputError
+from crackseg.core.errors import InputError, RunError
 from crackseg.data.datasets import decoding_threads
 from crackseg.data.images import DECODE_ERRORS, describe_error, displayed_size, load_image, load_mask, open_picture
 from crackseg.data.pairing import Sample
@@ -67,16 +67,16 @@ def decoded_samples(samples: list[Sample], env: distributed.Environment | None =
                  "machine: each process decodes and holds them")
         return _decoded_here(samples, workers)
     try:
-        with open(name, "r+b") as file:
-            buffer = mmap.mmap(file.fileno(), 0) if len(ends) else bytearray()
-        views = []
-        for (height, width), end, size in zip(shapes, ends, sizes):
-            flat = np.frombuffer(buffer, np.uint8, size, end - size)
-            views.append((torch.from_numpy(flat[: 3 * height * width].reshape(3, height, width)),
-                          torch.from_numpy(flat[3 * height * width :].reshape(1, height, width))))
-        mine = range(local_rank, len(samples), local_processes)
         error = None
         try:
+            with open(name, "r+b") as file:
+                buffer = mmap.mmap(file.fileno(), 0) if len(ends) else bytearray()
+            views = []
+            for (height, width), end, size in zip(shapes, ends, sizes):
+                flat = np.frombuffer(buffer, np.uint8, size, end - size)
+                views.append((torch.from_numpy(flat[: 3 * height * width].reshape(3, height, width)),
+                              torch.from_numpy(flat[3 * height * width :].reshape(1, height, width))))
+            mine = range(local_rank, len(samples), local_processes)
             with ThreadPoolExecutor(workers or decoding_threads()) as pool:
                 for index, (image, mask) in zip(mine, pool.map(decode_sample, [samples[i] for i in mine])):
                     if image.shape != views[index][0].shape or mask.shape != views[index][1].shape:
@@ -84,15 +84,16 @@ def decoded_samples(samples: list[Sample], env: distributed.Environment | None =
                                                        f"{tuple(views[index][0].shape[1:])}")
                     views[index][0].copy_(image)
                     views[index][1].copy_(mask)
-        except InputError as failed:
-            error = str(failed)
-        errors = [message for message in distributed.gather_objects(error, env) if message]
+        except Exception as failed:  # every process reaches the gather, whatever stopped it, so none waits in it alone
+            error = (str(failed), isinstance(failed, InputError))
+        errors = [found for found in distributed.gather_objects(error, env) if found]
     finally:
         distributed.barrier()
         if local_rank == 0:
             name.unlink(missing_ok=True)  # every process has it mapped: the memory stays until the last one ends
     if errors:
-        raise InputError(errors[0])
+        message, mistake = errors[0]
+        raise InputError(message) if mistake else RunError(f"--cache: the shared memory could not be filled ({message})")
     log.info(f"--cache: {_count(len(samples), 'image', 'images')} decoded once per machine into shared memory "
              f"({megabytes:.1f} MB), for its {_count(local_processes, 'process', 'processes')}")
     return views

@@ -168,9 +168,9 @@ class RunFolder:
         epoch_file = self.path / f"epoch_{epoch:04d}.pt"
         try:
             save_model(model, epoch_file, epoch=epoch, **state)
-            link_atomic(epoch_file, self.path / "last.pt")
-            if improved:
+            if improved:  # before last.pt, whose best-so-far would name this epoch while best.pt held an older one
                 link_atomic(epoch_file, self.path / "best.pt")
+            link_atomic(epoch_file, self.path / "last.pt")
         except OSError as error:
             raise RunError(
                 f"cannot write the checkpoint of epoch {epoch} in {self.path} ({error.strerror or error}); "

@@ -102,6 +102,28 @@ def test_a_user_mistake_under_launch_sh_is_said_once_and_ends_with_status_2(tmp_
         assert (result.returncode, result.stderr) == (2, f"crackseg: error: {said}\n")
 
 
+@pytest.mark.parametrize("launcher, said", [
+    (["--nproc", "two"], "--nproc must be a whole number of at least 1, got 'two'"),
+    (["--nproc", "0"], "--nproc must be a whole number of at least 1, got '0'"),
+    (["--nnodes", "2x"], "--nnodes must be a whole number of at least 1, got '2x'"),
+    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank 2 must be below --nnodes 2"),
+    (["--max-restarts", "-1"], "--max-restarts must be a whole number of at least 0, got '-1'"),
+])
+def test_a_bad_launcher_value_is_one_line_and_status_2(tmp_path, launcher, said):
+    result = subprocess.run(["bash", str(ROOT / "launch.sh"), *launcher, "train", "--data", str(tmp_path)], capture_output=True,
+                            text=True, env=_launch_env(), timeout=60)
+    assert (result.returncode, result.stderr) == (2, f"launch.sh: error: {said}\n")
+
+
+def test_a_gpu_index_for_several_processes_is_refused_before_any_work(monkeypatch):
+    from crackseg.core.errors import InputError
+    from crackseg.model.distributed import setup
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(InputError, match=r"^--device cuda:1: with 2 processes each takes the GPU of its local rank"):
+        setup("cuda:1")
+
+
 def test_inputs_that_fail_under_launch_sh_end_with_status_1_and_their_lines(tmp_path, checkpoint):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "broken.jpg").write_bytes(b"not a photo")
