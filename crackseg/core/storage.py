@@ -37,7 +37,6 @@ _BOTOCORE_CONFIG = {"retries": {"mode": "standard"}}  # max_attempts: AWS_MAX_AT
 _GLOB = re.compile(r"[*?\[]")
 _T = TypeVar("_T")
 _GDAL_READING = {  # GDAL's defaults otherwise: what a tiled raster read by windows from a store needs
-    "GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR",  # no listing of the whole prefix to find sidecar files
     "GDAL_HTTP_MAX_RETRY": str(HTTP_ATTEMPTS - 1),  # 429 and 5xx answers, as the http(s):// reads here
     "GDAL_HTTP_RETRY_DELAY": "1",  # seconds, doubled at each retry
     "GDAL_HTTP_CONNECTTIMEOUT": str(int(HTTP_TIMEOUTS_S["connect"])),

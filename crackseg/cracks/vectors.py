@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import struct
+import sys
 import warnings
 from pathlib import Path
 
@@ -97,6 +98,9 @@ def write_features(path: Path, rows: list[dict], geometries: list, crs: str | No
     """One (multi)line feature per row, its attributes the row's values, in the format of ``path``'s suffix, with ``style``
     (QML) as its default QGIS style; replaces ``path`` (and its .qml: see :func:`layer_files`) whole."""
     shapely = _require("shapely")
+    if crs and Path(path).suffix.lower() == ".geojson" and not crs.upper().startswith(("EPSG:", "OGC:")):
+        print(f"crackseg: warning: {path}: GeoJSON names a CRS only by its EPSG code and this one has none ({crs[:60]}), so GIS "
+              "tools will take its lines for WGS84 degrees; use --vectors gpkg, which keeps any CRS", file=sys.stderr)
     columns = list(rows[0]) if rows else ["crack"]
     data = [_field([row.get(column) for row in rows]) for column in columns]
     geometry = shapely.to_wkb([shapely.force_2d(line) for line in geometries]) if rows else np.array([], dtype=object)

@@ -25,6 +25,7 @@ Needs the geo extra: ``pip install 'crackseg[geo]'``.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,8 +107,10 @@ def open_raster(path: Path | RemoteFile):
     """``path`` open in rasterio; a remote file through GDAL's virtual file systems (read by windows, never whole), its
     tiles decoded by one thread: GDAL's multi-threaded decoding fetches a window's bytes again even where its blocks are
     cached (2.8 times the file over HTTP, measured on a 600 x 700 px GeoTIFF), one thread fetches each byte once."""
-    if isinstance(path, RemoteFile):
-        return rasterio().open(gdal_path(path.url), NUM_THREADS="1")
+    if isinstance(path, RemoteFile):  # no sidecar files looked for: a listing of the whole prefix, or a request for each
+        given = "GDAL_DISABLE_READDIR_ON_OPEN" in os.environ  # as every GDAL setting crackseg makes, one set is kept
+        with rasterio().Env(**({} if given else {"GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR"})):
+            return rasterio().open(gdal_path(path.url), NUM_THREADS="1")
     return rasterio().open(path)
 
 
@@ -238,7 +241,7 @@ class RasterSource:
             return None, f"{self.path}: a rotated or sheared geotransform"
         if not math.isclose(abs(a), abs(e), rel_tol=0.01):
             return None, f"{self.path}: pixels are not square ({abs(a):g} x {abs(e):g})"
-        on_map_mm = abs(a) * self.crs.linear_units_factor[1] * 1000.0
+        on_map_mm = math.sqrt(abs(a * e)) * self.crs.linear_units_factor[1] * 1000.0  # within 1% of square: their mean side
         if PX_SIZE.problem(on_map_mm):
             return None, f"{self.path}: its georeferenced pixel size {on_map_mm:g} mm is not {PX_SIZE.describe()} mm"
         mm, note = on_map_mm, None
@@ -298,7 +301,8 @@ class RasterSource:
         """The factor from the raster's values to 0..255: its bit depth, from GDAL's approximate statistics."""
         if self._dataset.dtypes[0] == "uint8":
             return 1.0
-        return eight_bit_factor(max(stats.max for stats in self._dataset.stats(indexes=self._indexes, approx=True)))
+        with rasterio().Env(GDAL_PAM_ENABLED="NO"), open_raster(self.path) as apart:  # statistics never written beside it
+            return eight_bit_factor(max(stats.max for stats in apart.stats(indexes=self._indexes, approx=True)))
 
 
 def _palette(dataset) -> np.ndarray | None:
@@ -332,13 +336,13 @@ def map_facts(path: Path, dataset, max_pixels: int = MAX_PIXELS) -> MapFacts:
 
 def gdal_settings():
     """GDAL as predict uses it: mask bands inside the GeoTIFF, a block cache of fixed size (GDAL's
-    default, 5% of RAM, would let memory grow with the raster up to that), no .aux.xml files
-    written beside the inputs (statistics stay in memory), tiles decoded by as many threads
+    default, 5% of RAM, would let memory grow with the raster up to that), tiles decoded by as many threads
     as torch computes with (reading and the model take turns, so the cores would idle otherwise),
-    and the store's endpoint, retries and cache (:func:`crackseg.core.storage.gdal_options`)."""
+    and the store's endpoint, retries and cache (:func:`crackseg.core.storage.gdal_options`). The files beside an
+    input are read (a world file, ``.aux.xml``, an external ``.msk``: many tools keep the map and nodata there)."""
     import torch
 
-    return rasterio().Env(GDAL_TIFF_INTERNAL_MASK=True, GDAL_CACHEMAX=64, GDAL_PAM_ENABLED="NO",
+    return rasterio().Env(GDAL_TIFF_INTERNAL_MASK=True, GDAL_CACHEMAX=64,
                           GDAL_NUM_THREADS=str(torch.get_num_threads()), **gdal_options())
 
 

@@ -38,6 +38,42 @@ def test_geotiff_outputs_keep_the_georeferencing_and_the_photo_path_keeps_png(tm
         assert float(crack["y_max"]) == pytest.approx(5000000.0 - 0.002 * int(crack["top"]))
 
 
+def test_a_plain_tiff_placed_by_a_world_file_and_aux_xml_is_predicted_on_the_map(tmp_path, dark_checkpoint):
+    """ArcGIS's and many survey tools' export: georeferencing, CRS and nodata in files beside the TIFF."""
+    (tmp_path / "in").mkdir()
+    pixels = pavement(600, 800)
+    pixels[:, :, :300] = 0  # nodata, as the .aux.xml says
+    Image.fromarray(pixels.transpose(1, 2, 0)).save(tmp_path / "in" / "ortho.tif")
+    transform = utm_transform()
+    (tmp_path / "in" / "ortho.tfw").write_text("\n".join(str(value) for value in (
+        transform.a, transform.d, transform.b, transform.e, transform.c + transform.a / 2, transform.f + transform.e / 2)) + "\n")
+    bands = "".join(f'<PAMRasterBand band="{band}"><NoDataValue>0</NoDataValue></PAMRasterBand>' for band in (1, 2, 3))
+    srs = rasterio.crs.CRS.from_epsg(32633).to_wkt().replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    (tmp_path / "in" / "ortho.tif.aux.xml").write_text(f"<PAMDataset><SRS>{srs}</SRS>{bands}</PAMDataset>\n")
+    sidecars = {path.name: path.read_bytes() for path in (tmp_path / "in").iterdir()}
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--no-measure") == 0
+    mask, valid, info = read_mask(tmp_path / "out" / "masks" / "ortho.tif")
+    assert info["crs"].to_epsg() == 32633 and info["transform"].almost_equals(transform)
+    assert not valid[:, :300].any() and valid[:, 300:].all() and not mask[:, :300].any()
+    assert {path.name: path.read_bytes() for path in (tmp_path / "in").iterdir()} == sidecars  # nothing written beside it
+
+
+def test_geojson_of_a_crs_without_an_epsg_code_is_said_to_lose_it_and_gpkg_keeps_it(tmp_path, dark_checkpoint, capsys):
+    """GDAL's GeoJSON writer names a CRS by its EPSG code alone: readers take a layer without one for WGS84."""
+    pyogrio = pytest.importorskip("pyogrio")
+    (tmp_path / "in").mkdir()
+    local = "+proj=tmerc +lat_0=0 +lon_0=10.5 +k=1 +x_0=0 +y_0=0 +ellps=GRS80 +units=m +no_defs"  # a site's own grid
+    write_geotiff(tmp_path / "in" / "site.tif", pavement(300, 400), crs=local)
+    capsys.readouterr()
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "json", "--vectors", "geojson") == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "GeoJSON" in line]
+    assert len(warned) == 1 and "site.geojson" in warned[0] and "use --vectors gpkg" in warned[0], warned
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "gpkg", "--vectors", "gpkg") == 0
+    assert "GeoJSON" not in capsys.readouterr().err
+    kept = rasterio.crs.CRS.from_user_input(pyogrio.read_info(tmp_path / "gpkg" / "vectors" / "site.gpkg")["crs"])
+    assert kept == rasterio.crs.CRS.from_user_input(local)
+
+
 def test_nodata_and_alpha_areas_are_neither_predicted_nor_counted(tmp_path, dark_checkpoint):
     (tmp_path / "in").mkdir()
     pixels = pavement(600, 800)
