@@ -38,7 +38,7 @@ def test_geotiff_outputs_keep_the_georeferencing_and_the_photo_path_keeps_png(tm
         assert float(crack["y_max"]) == pytest.approx(5000000.0 - 0.002 * int(crack["top"]))
 
 
-def test_a_plain_tiff_placed_by_a_world_file_and_aux_xml_is_predicted_on_the_map(tmp_path, dark_checkpoint):
+def test_a_tiff_placed_by_a_world_file_and_aux_xml_or_masked_by_a_msk_file_is_predicted_so(tmp_path, dark_checkpoint):
     """ArcGIS's and many survey tools' export: georeferencing, CRS and nodata in files beside the TIFF."""
     (tmp_path / "in").mkdir()
     pixels = pavement(600, 800)
@@ -50,11 +50,18 @@ def test_a_plain_tiff_placed_by_a_world_file_and_aux_xml_is_predicted_on_the_map
     bands = "".join(f'<PAMRasterBand band="{band}"><NoDataValue>0</NoDataValue></PAMRasterBand>' for band in (1, 2, 3))
     srs = rasterio.crs.CRS.from_epsg(32633).to_wkt().replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     (tmp_path / "in" / "ortho.tif.aux.xml").write_text(f"<PAMDataset><SRS>{srs}</SRS>{bands}</PAMDataset>\n")
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=False):  # gdal_translate's .msk beside the file, as some tools keep it
+        write_geotiff(tmp_path / "in" / "masked.tif", pavement(600, 800))
+        with rasterio.open(tmp_path / "in" / "masked.tif", "r+") as masked:
+            masked.write_mask(np.arange(800)[None, :].repeat(600, 0) >= 300)
+    assert (tmp_path / "in" / "masked.tif.msk").exists()
     sidecars = {path.name: path.read_bytes() for path in (tmp_path / "in").iterdir()}
     assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--no-measure") == 0
     mask, valid, info = read_mask(tmp_path / "out" / "masks" / "ortho.tif")
     assert info["crs"].to_epsg() == 32633 and info["transform"].almost_equals(transform)
     assert not valid[:, :300].any() and valid[:, 300:].all() and not mask[:, :300].any()
+    _, valid, _ = read_mask(tmp_path / "out" / "masks" / "masked.tif")
+    assert not valid[:, :300].any() and valid[:, 300:].all()
     assert {path.name: path.read_bytes() for path in (tmp_path / "in").iterdir()} == sidecars  # nothing written beside it
 
 
