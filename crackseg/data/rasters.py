@@ -203,7 +203,7 @@ class RasterSource:
         if dataset.dtypes[0] not in ("uint8", "uint16"):
             self.close()
             raise InputError(f"{path}: {dataset.dtypes[0]} pixels; crackseg reads 8- and 16-bit rasters (convert with gdal_translate -ot Byte -scale)")
-        self._indexes = [1] if dataset.count < 3 else [1, 2, 3]
+        self._indexes = [1] if dataset.count < 3 else _rgb_bands(dataset)
         self._order = [0, 0, 0] if dataset.count < 3 else [0, 1, 2]  # grey is repeated to RGB; a 4th band is not fed
         self._palette = _palette(dataset) if dataset.count < 3 else None  # (entries, 3) RGB of a palette band's values
         if self._palette is not None:
@@ -303,6 +303,15 @@ class RasterSource:
             return 1.0
         with rasterio().Env(GDAL_PAM_ENABLED="NO"), open_raster(self.path) as apart:  # statistics never written beside it
             return eight_bit_factor(max(stats.max for stats in apart.stats(indexes=self._indexes, approx=True)))
+
+
+def _rgb_bands(dataset) -> list[int]:
+    """The red, green and blue bands by their colour interpretation (a BGR export, a multispectral ortho whose bands
+    run blue, green, red, red edge, near infrared), else the first three, as GDAL's RGB readers take them."""
+    named = [interp.name for interp in dataset.colorinterp]
+    if all(colour in named for colour in ("red", "green", "blue")):
+        return [named.index(colour) + 1 for colour in ("red", "green", "blue")]
+    return [1, 2, 3]
 
 
 def _palette(dataset) -> np.ndarray | None:

@@ -81,6 +81,23 @@ def test_geojson_of_a_crs_without_an_epsg_code_is_said_to_lose_it_and_gpkg_keeps
     assert kept == rasterio.crs.CRS.from_user_input(local)
 
 
+def test_bands_are_read_as_red_green_blue_by_their_colour_interpretation(tmp_path):
+    from rasterio.enums import ColorInterp
+
+    from crackseg.data.rasters import RasterSource
+
+    rgb = pavement(64, 96)
+    rgb[0] += 20  # red unlike green and blue
+    rgb[2] -= 40
+    write_geotiff(tmp_path / "bgr.tif", rgb[::-1].copy())
+    with rasterio.open(tmp_path / "bgr.tif", "r+") as bgr:
+        bgr.colorinterp = [ColorInterp.blue, ColorInterp.green, ColorInterp.red]
+    write_geotiff(tmp_path / "rgb.tif", rgb)
+    for name in ("bgr.tif", "rgb.tif"):
+        with RasterSource(tmp_path / name) as source:
+            assert np.array_equal(source.read(0, 0, 64, 96)[0].numpy(), rgb), name
+
+
 def test_nodata_and_alpha_areas_are_neither_predicted_nor_counted(tmp_path, dark_checkpoint):
     (tmp_path / "in").mkdir()
     pixels = pavement(600, 800)
