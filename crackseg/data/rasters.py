@@ -48,9 +48,8 @@ if TYPE_CHECKING:
 READ_AHEAD = 4096  # px: columns read from a raster at once (a run of 1024 rows holds 16 MB)
 GEOTIFF_TAGS = frozenset({33550, 33922, 34264, 34735})  # ModelPixelScale, ModelTiepoint, ModelTransformation, GeoKeyDirectory
 _UNDECODABLE = ("not recognized as being in a supported file format", "TIFF header", "Not a TIFF")  # GDAL read the bytes
-
-
 _MAP_SCALE_KEPT = 0.01  # a map within 1% of the ground keeps its pixel size (UTM's 0.9996 stays 0.1 m, not 99.96 mm)
+_READDIR = "GDAL_DISABLE_READDIR_ON_OPEN"  # its EMPTY_DIR keeps GDAL from looking for sidecar files in a store
 
 
 def rasterio():
@@ -107,9 +106,8 @@ def open_raster(path: Path | RemoteFile):
     """``path`` open in rasterio; a remote file through GDAL's virtual file systems (read by windows, never whole), its
     tiles decoded by one thread: GDAL's multi-threaded decoding fetches a window's bytes again even where its blocks are
     cached (2.8 times the file over HTTP, measured on a 600 x 700 px GeoTIFF), one thread fetches each byte once."""
-    if isinstance(path, RemoteFile):  # no sidecar files looked for: a listing of the whole prefix, or a request for each
-        given = "GDAL_DISABLE_READDIR_ON_OPEN" in os.environ  # as every GDAL setting crackseg makes, one set is kept
-        with rasterio().Env(**({} if given else {"GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR"})):
+    if isinstance(path, RemoteFile):  # no sidecar files looked for (a listing of the prefix, or a request for each)
+        with rasterio().Env(**({} if _READDIR in os.environ else {_READDIR: "EMPTY_DIR"})):  # one set in the environment is kept
             return rasterio().open(gdal_path(path.url), NUM_THREADS="1")
     return rasterio().open(path)
 
@@ -306,8 +304,7 @@ class RasterSource:
 
 
 def _rgb_bands(dataset) -> list[int]:
-    """The red, green and blue bands by their colour interpretation (a BGR export, a multispectral ortho whose bands
-    run blue, green, red, red edge, near infrared), else the first three, as GDAL's RGB readers take them."""
+    """The red, green and blue bands by their colour interpretation (a BGR export, a multispectral ortho), else 1-3."""
     named = [interp.name for interp in dataset.colorinterp]
     if all(colour in named for colour in ("red", "green", "blue")):
         return [named.index(colour) + 1 for colour in ("red", "green", "blue")]
@@ -344,11 +341,10 @@ def map_facts(path: Path, dataset, max_pixels: int = MAX_PIXELS) -> MapFacts:
 
 
 def gdal_settings():
-    """GDAL as predict uses it: mask bands inside the GeoTIFF, a block cache of fixed size (GDAL's
-    default, 5% of RAM, would let memory grow with the raster up to that), tiles decoded by as many threads
-    as torch computes with (reading and the model take turns, so the cores would idle otherwise),
-    and the store's endpoint, retries and cache (:func:`crackseg.core.storage.gdal_options`). The files beside an
-    input are read (a world file, ``.aux.xml``, an external ``.msk``: many tools keep the map and nodata there)."""
+    """GDAL as predict uses it: mask bands inside the GeoTIFF, a block cache of fixed size (GDAL's default, 5% of RAM,
+    would let memory grow with the raster up to that), tiles decoded by as many threads as torch computes with (reading
+    and the model take turns, so the cores would idle otherwise), and the store's endpoint, retries and cache
+    (:func:`crackseg.core.storage.gdal_options`). Files beside an input are read (a world file, ``.aux.xml``, ``.msk``)."""
     import torch
 
     return rasterio().Env(GDAL_TIFF_INTERNAL_MASK=True, GDAL_CACHEMAX=64,

@@ -283,7 +283,7 @@ def test_gdal_reads_the_store_as_s3fs_does():
     options = gdal_options({"AWS_ENDPOINT_URL": "http://user:pw@127.0.0.1:9000"})
     assert {k: options[k] for k in ("AWS_S3_ENDPOINT", "AWS_HTTPS", "AWS_VIRTUAL_HOSTING")} == {
         "AWS_S3_ENDPOINT": "127.0.0.1:9000", "AWS_HTTPS": "NO", "AWS_VIRTUAL_HOSTING": "FALSE"}
-    assert options["GDAL_DISABLE_READDIR_ON_OPEN"] == "EMPTY_DIR" and options["VSI_CACHE"] == "TRUE"
+    assert "GDAL_DISABLE_READDIR_ON_OPEN" not in options and options["VSI_CACHE"] == "TRUE"  # a local raster's sidecars are read
     s3_only = gdal_options({"AWS_ENDPOINT_URL": "http://other:1", "AWS_ENDPOINT_URL_S3": "https://minio.example/",
                             "AWS_VIRTUAL_HOSTING": "TRUE", "GDAL_HTTP_MAX_RETRY": "9"})
     assert s3_only["AWS_S3_ENDPOINT"] == "minio.example" and s3_only["AWS_HTTPS"] == "YES"
