@@ -20,7 +20,8 @@ from skimage.morphology import skeletonize
 from crackseg.core.errors import InputError
 from crackseg.core.files import write_atomic
 from crackseg.data.images import crack_mask
-from crackseg.data.synth import EIGHT_CONNECTED, SYNTH_NAME, CrackPath, dataset_folder, rasterize_cracks, walk_crack
+from crackseg.data.synth import EIGHT_CONNECTED, CrackPath, rasterize_cracks, walk_crack
+from crackseg.data.synth_folder import SYNTH_NAME, dataset_folder
 
 # A later visit (write_later_visit): chances per crack region, and of a new crack per photo
 REPAIR_CHANCE, EXTEND_CHANCE, WIDEN_CHANCE, NEW_CRACK_CHANCE = 0.15, 0.35, 0.35, 0.3

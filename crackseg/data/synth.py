@@ -14,33 +14,26 @@ A later visit of the same spots is :mod:`crackseg.data.later_visit`.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
-import os
-import re
-import shutil
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
 from scipy import ndimage, special
 
 from crackseg.core.errors import InputError
-from crackseg.core.locks import FolderLock
-from crackseg.core.files import ensure_writable_folder, remove_orphan_temps, write_atomic
+from crackseg.core.files import write_atomic
 from crackseg.data.distractors import add_look_alikes
 from crackseg.data.options import CRACK_FREE_FRACTION, SynthOptions
 from crackseg.data.noise import smooth_noise
+from crackseg.data.synth_folder import dataset_folder
 
 LOOK_ALIKE_STREAM = 0x100CA  # third seed word of the look-alikes' own generator, apart from the sample's
-DATASET_PARTS = ("images", "masks", "truth", "truth.json")
-STAGING = ".synth-staging"  # below OUT, where a run writes before its dataset takes the earlier one's place
-SYNTH_NAME = re.compile(r"images/\d{5,}\.jpg|(masks|truth)/\d{5,}\.png|truth\.json")
 MAX_CRACK_WIDTH = 10.0
 EIGHT_CONNECTED = np.ones((3, 3), bool)
 
@@ -143,69 +136,6 @@ def write_dataset(
             table = {stem: [vars(c) for c in cracks] for stem, cracks in results}
             write_atomic(staging / "truth.json", json.dumps(table, indent=1, sort_keys=True) + "\n")
     return [stem for stem, _ in results]
-
-
-@contextlib.contextmanager
-def dataset_folder(out: Path, overwrite: bool) -> Iterator[Path]:
-    """A staging folder in ``out`` to write a whole dataset into, put in the place of what an earlier synth run left
-    there only once every file is written: a run stopped part way leaves the earlier dataset whole, never a mix of two.
-
-    ``out`` is locked meanwhile; a staging folder an interrupted run left is removed.
-    """
-    made = not out.exists()
-    ensure_writable_folder(out, "OUT")
-    lock = FolderLock(out, "crackseg synth", "OUT")
-    lock.acquire()
-    staging = out / STAGING
-    try:
-        _claim(out, overwrite)
-        shutil.rmtree(staging, ignore_errors=True)
-        for sub in ("images", "masks"):
-            (staging / sub).mkdir(parents=True)
-        yield staging
-        replaced = staging / "replaced"
-        replaced.mkdir()
-        for name in DATASET_PARTS:
-            if (out / name).exists():
-                os.replace(out / name, replaced / name)
-        for name in DATASET_PARTS:
-            if (staging / name).exists():
-                os.replace(staging / name, out / name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        lock.release()
-        if made and out.is_dir() and not any(out.iterdir()):  # a run that stopped (out of memory, Ctrl-C) leaves no empty folder
-            out.rmdir()
-
-
-def _claim(out: Path, overwrite: bool) -> None:
-    """Refuse an ``out`` where the dataset's folders cannot go, or that holds files synth did not write there, or (without
-    ``overwrite``) an earlier dataset."""
-    for name in DATASET_PARTS:
-        folder = not name.endswith(".json")
-        if os.path.lexists(out / name) and (out / name).is_dir() != folder:
-            what = "a broken link" if not (out / name).exists() else "a file" if folder else "a folder"
-            raise InputError(f"{out / name} is {what}, not a {'folder' if folder else 'file'}; synth writes its "
-                             f"{name if folder else 'truth table'} there: move it or choose another OUT")
-    previous = _previous_files(out)
-    if previous and not overwrite:
-        raise InputError(f"{previous[0].parent} already holds files; choose another folder or pass --overwrite")
-
-
-def _previous_files(out: Path) -> list[Path]:
-    """Files an earlier synth run left in ``out``; anything synth does not write there is an error.
-
-    ``--overwrite`` replaces a synthetic dataset, never a folder of other files. Temp files of
-    an interrupted run are removed first.
-    """
-    for folder in (out, out / "images", out / "masks", out / "truth"):
-        remove_orphan_temps(folder)
-    found = sorted(p for sub in ("images", "masks", "truth") if (out / sub).is_dir() for p in (out / sub).iterdir())
-    found += [out / "truth.json"] if (out / "truth.json").exists() else []
-    foreign = [p for p in found if not SYNTH_NAME.fullmatch(p.relative_to(out).as_posix())]
-    if foreign:
-        raise InputError(f"{foreign[0]}: not written by crackseg synth; write the synthetic dataset into another folder")
-    return found
 
 
 def _write_one(job: tuple[Path, int, int, tuple[int, int], SynthOptions]) -> tuple[str, list[Crack]]:

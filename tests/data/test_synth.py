@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from scipy import ndimage
 from crackseg.core.errors import InputError
 from crackseg.core.options import parse_size
 from crackseg.core.locks import FolderLock
-from crackseg.data import synth
+from crackseg.data import synth, synth_folder
 from crackseg.data.synth import SynthOptions, make_sample, write_dataset
 
 
@@ -129,10 +131,28 @@ def test_an_overwrite_stopped_part_way_leaves_the_earlier_dataset_whole(tmp_path
     assert sorted(path.name for path in tmp_path.iterdir()) == ["images", "masks", "truth", "truth.json"]
 
 
+def test_a_swap_that_fails_part_way_puts_the_earlier_dataset_back(tmp_path, monkeypatch):
+    """A part that cannot be moved (a mount point, a folder without write permission) stops the swap: undone, not a mix."""
+    write_dataset(tmp_path, count=3, size=(32, 32), seed=0, options=SynthOptions(truth=True))
+    before = _files(tmp_path)
+    real = os.replace
+
+    def failing_at_the_new_masks(source, target):
+        if Path(source) == tmp_path / synth_folder.STAGING / "masks":  # the earlier parts aside, the new images in place
+            assert (tmp_path / "images").is_dir() and not (tmp_path / "masks").exists()
+            raise OSError(16, "Device or resource busy", str(source))
+        return real(source, target)
+
+    monkeypatch.setattr(os, "replace", failing_at_the_new_masks)
+    with pytest.raises(OSError, match="busy"):
+        write_dataset(tmp_path, count=2, size=(32, 32), seed=1, overwrite=True)
+    assert _files(tmp_path) == before and not (tmp_path / synth_folder.STAGING).exists()
+
+
 def test_what_a_killed_run_left_is_cleared_and_a_running_one_is_not_disturbed(tmp_path):
     fresh, tmp_path = tmp_path / "fresh", tmp_path / "out"
     write_dataset(tmp_path, count=2, size=(32, 32), seed=0)
-    staging = tmp_path / synth.STAGING / "images"
+    staging = tmp_path / synth_folder.STAGING / "images"
     staging.mkdir(parents=True)
     (staging / "00000.jpg").write_bytes(b"half a run of another seed")
     (tmp_path / "lock").write_text(json.dumps({"pid": 2**22 + 1, "host": socket.gethostname(), "since": "then"}))
