@@ -188,10 +188,13 @@ def _openvino_model(path: Path, precision: str) -> RuntimeModel:
     if not is_onnx:
         stored = model.get_rt_info(["crackseg"]).astype(dict) if model.has_rt_info(["crackseg"]) else {}
         info = {key: value.astype(str) for key, value in stored.items()}
-        if info.get(CHECKSUM) and exported_digest(info, _file_chunks(weights)) == info[CHECKSUM]:
-            raise InputError(f"{path}: exported by an earlier crackseg, whose checksum leaves out the model's graph; export it "
-                             f"again: crackseg export CHECKPOINT --format openvino --out {path} --overwrite")
-        _check_exported(info, path, "openvino", lambda: openvino_chunks(path, weights, info.get(CHECKSUM, "")))
+        try:
+            _check_exported(info, path, "openvino", lambda: openvino_chunks(path, weights, info.get(CHECKSUM, "")))
+        except InputError:
+            if info.get(CHECKSUM) and exported_digest(info, _file_chunks(weights)) == info[CHECKSUM]:
+                raise InputError(f"{path}: exported by an earlier crackseg, whose checksum leaves out the model's graph; export "
+                                 f"it again: crackseg export CHECKPOINT --format openvino --out {path} --overwrite") from None
+            raise
     # OpenVINO picks bf16 by itself on some CPUs; f32 unless asked keeps predictions equal to torch's.
     compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision})
     output = compiled.output(0)
