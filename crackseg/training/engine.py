@@ -7,6 +7,7 @@ Nothing here knows about paths, files or TensorBoard: progress goes to the
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -107,7 +108,8 @@ def train_one_epoch(
 ) -> tuple[float, int]:
     """One pass over ``loader``; returns the exact epoch loss (all processes) and the global step.
 
-    Micro-batches are grouped by ``grad_accum`` into one optimizer step (:func:`_optimizer_step`). A non-finite loss is
+    Micro-batches are grouped by ``grad_accum`` into one optimizer step (:func:`_optimizer_step`); the last
+    ``len(loader) % grad_accum`` make no whole step and are not drawn. A non-finite loss is
     recorded on the device (no host sync per step) and raises at the next log point, naming its step. Every
     ``log_every`` steps rank 0 calls ``context.on_log(global_step, {"loss", "lr", "images_per_s"})``.
     ``epoch`` and ``global_step`` are where the run stands when the epoch starts.
@@ -120,7 +122,7 @@ def train_one_epoch(
     bar = tqdm(total=steps, desc=f"epoch {epoch}/{context.epochs}", disable=None if env.is_main else True, leave=False, dynamic_ncols=True)
     micro_batches = []
     step = 0
-    for images, masks in loader:
+    for images, masks in itertools.islice(loader, steps * context.grad_accum):  # a partial step's micro-batches: not loaded
         images, masks = context.to_device(images), masks.to(env.device, non_blocking=True)
         if context.geometry is not None:
             images, masks = context.geometry(images, masks)

@@ -59,6 +59,31 @@ def test_gradient_accumulation_equals_one_big_batch():
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
+class _CountedLoader:
+    """A loader that counts the micro-batches drawn from it."""
+
+    def __init__(self, batches: list):
+        self.batches, self.drawn = batches, 0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        for batch in self.batches:
+            self.drawn += 1
+            yield batch
+
+
+def test_micro_batches_that_make_no_whole_step_are_not_drawn():
+    torch.manual_seed(0)
+    model = build_model(arch="unet16")
+    optimizer, scheduler = _sgd(model)
+    loader = _CountedLoader(_batches(5))
+    context = StepContext(env=CPU, loss_fn=CrackLoss(20.0), grad_accum=2, log_every=1)
+    _, global_step = train_one_epoch(model, loader, optimizer, scheduler, context)
+    assert (global_step, loader.drawn) == (2, 4)
+
+
 class _PoisonedAt(nn.Module):
     """A 1x1 convolution whose output turns NaN at its ``bad_call``-th training forward."""
 
