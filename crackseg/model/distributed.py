@@ -18,6 +18,10 @@ import torch.distributed as dist
 from crackseg.core.errors import InputError, RunError
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
+# How long a process waits for the others in one collective. NCCL's own 10 minutes ended runs that were not stuck:
+# a prediction process whose share is done waits for the one still on a large ortho, the others for rank 0's samples
+# and checkpoints. A process that dies is caught sooner anyway: torchrun stops its group at once.
+COLLECTIVE_TIMEOUT = timedelta(hours=2)
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ def setup(device: str = "auto") -> Environment:
     if world_size > 1 and not dist.is_initialized():
         backend = dist.get_default_backend_for_device(chosen)
         dist.init_process_group(
-            backend, store=_restart_safe_store(), rank=rank, world_size=world_size,
+            backend, store=_restart_safe_store(), rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT,
             device_id=chosen if chosen.type == "cuda" else None,
         )
     return Environment(rank, local_rank, world_size, chosen)

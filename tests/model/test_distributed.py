@@ -115,6 +115,29 @@ def test_a_bad_launcher_value_is_one_line_and_status_2(tmp_path, launcher, said)
     assert (result.returncode, result.stderr) == (2, f"launch.sh: error: {said}\n")
 
 
+def test_processes_wait_for_each_other_longer_than_the_backends_default(tmp_path):
+    """A process whose share is done waits in a collective for the others (NCCL's default gives up after 10 minutes)."""
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(
+        """
+        import sys
+        from pathlib import Path
+
+        import torch
+        from crackseg.model import distributed
+
+        env = distributed.setup("cpu")
+        backend = torch.distributed.group.WORLD._get_backend(env.device)
+        Path(sys.argv[1], f"rank{env.rank}").write_text(str(backend.options._timeout.total_seconds()))
+        distributed.teardown()
+        """
+    ))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+                             str(tmp_path)], capture_output=True, text=True, env=_launch_env(), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [(tmp_path / f"rank{rank}").read_text() for rank in (0, 1)] == ["7200.0", "7200.0"]
+
+
 def test_a_gpu_index_for_several_processes_is_refused_before_any_work(monkeypatch):
     from crackseg.core.errors import InputError
     from crackseg.model.distributed import setup
