@@ -353,14 +353,13 @@ def gdal_settings():
 
 def open_if_streamed(path: Path | RemoteFile, max_pixels: int = MAX_PIXELS) -> tuple[RasterSource | None, str | None]:
     """The open source of ``path`` when it is predicted by windows: a TIFF that is georeferenced (a
-    CRS or a geotransform), has a nodata value (pixels outside the survey, which a photo would
-    predict) or is larger than STREAM_ABOVE; None for other images, which are decoded whole, as photos.
+    CRS or a geotransform), has pixels outside the survey (a nodata value, alpha or a mask band, which a photo would
+    predict and count) or is larger than STREAM_ABOVE; None for other images, which are decoded whole, as photos.
     A TIFF in object storage is told apart by GDAL reading its header there (run under ``gdal_settings``).
     With it, a note when the TIFF is placed on the map by ground control points alone, which no output carries.
 
-    Without the geo extra, such a TIFF is a one-line error naming it: read whole it would lose
-    its georeferencing, or its size. Too many pixels or an unsupported pixel type is a one-line
-    error too, before any work, as is a remote TIFF the store does not serve (a StorageError).
+    Without the geo extra, such a TIFF is a one-line error naming it: read whole it would lose its georeferencing, or
+    its size. Too many pixels or an unsupported pixel type is one too, as is a remote TIFF the store does not serve.
     """
     if path.suffix.lower() not in (".tif", ".tiff"):
         return None, None
@@ -385,7 +384,8 @@ def open_if_streamed(path: Path | RemoteFile, max_pixels: int = MAX_PIXELS) -> t
     if not placed and dataset.gcps[0]:
         note = (f"{path}: placed on the map by ground control points only, which crackseg does not carry: its outputs "
                 "are not on the map (gdalwarp it onto a geotransform first)")
-    if not (placed or dataset.nodata is not None or dataset.width * dataset.height > STREAM_ABOVE):
+    outside = any(flags != [rio.enums.MaskFlags.all_valid] for flags in dataset.mask_flag_enums)  # nodata, alpha or mask band
+    if not (placed or outside or dataset.width * dataset.height > STREAM_ABOVE):
         dataset.close()
         return None, note
     return RasterSource(path, max_pixels, dataset), note

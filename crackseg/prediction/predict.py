@@ -141,7 +141,7 @@ def _plan(inputs: list[str], options: PredictOptions, cleanup: contextlib.ExitSt
             sources[key] = source
     if sources and options.inference.resize is not None:  # before any photo is predicted, not at each raster's turn
         raise InputError(f"{listed[next(iter(sources))][0]}: --resize cannot be used with rasters predicted by windows (GeoTIFFs, "
-                         "TIFFs with nodata or too large to hold whole); leave it out, or predict the rasters in a run of their own")
+                         "TIFFs with nodata, transparency or too large to hold whole); leave it out, or predict the rasters in a run of their own")
     # a raster's own pixel size in mm, or None; why a georeferenced raster has none; which were measured on the ground
     scales, notes, on_ground = {}, {}, []
     for key, source in sources.items():

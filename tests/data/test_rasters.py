@@ -116,6 +116,23 @@ def test_nodata_and_alpha_areas_are_neither_predicted_nor_counted(tmp_path, dark
     assert int(rows["nodata.tif"]["area_px"]) == int((pavement(600, 800)[0, :, 300:] < 100).sum())
 
 
+def test_a_plain_tiff_with_transparent_pixels_is_masked_there_and_not_counted(tmp_path, dark_checkpoint):
+    """No map and no nodata value, only alpha: read as a photo, its transparent pixels were predicted and counted."""
+    (tmp_path / "in").mkdir()
+    rgba = np.concatenate([pavement(200, 300), np.full((1, 200, 300), 255, np.uint8)]).transpose(1, 2, 0)
+    rgba[:, :120, :3], rgba[:, :120, 3] = 0, 0  # black under the alpha, which the model would call crack
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "in" / "cutout.tif")
+    Image.fromarray(np.ascontiguousarray(rgba[..., :3])).save(tmp_path / "in" / "opaque.tif")
+    assert predict_tiled("--checkpoint", dark_checkpoint, tmp_path / "in", "--out", tmp_path / "out", "--no-measure") == 0
+    mask, valid, info = read_mask(tmp_path / "out" / "masks" / "cutout.tif")
+    assert info["crs"] is None and not valid[:, :120].any() and valid[:, 120:].all() and not mask[:, :120].any()
+    assert np.array_equal(mask[:, 120:] > 0, pavement(200, 300)[0, :, 120:] < 100)
+    assert (tmp_path / "out" / "masks" / "opaque.png").is_file()  # black where the other is transparent: a crack there
+    rows = {row["path"].rsplit("/", 1)[1]: row for row in csv.DictReader(open(tmp_path / "out" / "predictions.csv"))}
+    assert (int(rows["cutout.tif"]["valid_px"]), int(rows["cutout.tif"]["area_px"])) == (200 * 180, int((mask > 0).sum()))
+    assert float(rows["cutout.tif"]["crack_fraction"]) == pytest.approx((mask > 0).sum() / (200 * 180), abs=1e-6)
+
+
 def test_sixteen_bit_and_single_band_rasters_read_like_their_eight_bit_rgb(tmp_path, dark_checkpoint):
     (tmp_path / "in").mkdir()
     pixels = pavement(300, 500)
