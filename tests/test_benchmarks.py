@@ -203,3 +203,25 @@ def test_gpu_levers_without_a_cuda_device_says_so_in_one_line_with_status_2():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run([sys.executable, str(BENCH.with_name("gpu_levers.py"))], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 2 and result.stderr == "gpu_levers.py: no CUDA device\n" and result.stdout == ""
+
+
+def test_survey_edge_scores_only_the_surveyed_pixels(tmp_path, dark_checkpoint):
+    """A model that looks at each pixel alone predicts the survey the same whatever lies outside it: no fill differs."""
+    from PIL import Image
+
+    from conftest import pavement
+
+    for index, dataset in enumerate(("cfd", "crack500-subset", "walls-mixed")):
+        for part in ("images", "masks"):
+            (tmp_path / dataset / part).mkdir(parents=True)
+        pixels = pavement(96, 240, seed=index).transpose(1, 2, 0)
+        Image.fromarray(pixels).save(tmp_path / dataset / "images" / "a.png")
+        Image.fromarray(((pixels[..., 0] < 100) * 255).astype("uint8")).save(tmp_path / dataset / "masks" / "a.png")
+        (tmp_path / dataset / "test.txt").write_text("a\n")
+    printed = _script("survey_edge", ["--root", str(tmp_path), "--model", str(dark_checkpoint), "--per-dataset", "1"])
+    rows = [line.split(" | ") for line in printed.splitlines() if line.startswith("| ") and line[2:].split(" |")[0] in
+            ("black", "white", "grey", "nearest")]
+    assert printed.startswith("3 photos") and len(rows) == 4
+    assert {tuple(row[1:]) for row in rows} == {tuple(rows[0][1:])} and rows[0][-1] == "0 |"
+    assert rows[0][2] != "0"  # the dark lines inside the survey are found, and scored
+

@@ -1,19 +1,17 @@
 """Large rasters by windows: TIFF / GeoTIFF inputs of any size in (outputs: :mod:`crackseg.data.raster_sink`).
 
-Reading goes through rasterio (GDAL) a window at a time, so a gigapixel orthomosaic is
-never whole in memory. What predict needs from a raster:
+Reading goes through rasterio (GDAL) a window at a time, so a gigapixel orthomosaic is never whole in memory. What
+predict needs from a raster:
 
-- **pixels** as (3, rows, cols) uint8 RGB: grey rasters are repeated to three bands, a palette
-  band is looked up in its colour table, a fourth band (alpha) is not fed to the model, and
-  16-bit data is scaled from its bit depth (the smallest of 8 to 16 bits that holds the
-  raster's largest value, from GDAL's approximate statistics) to 8 bits, as photos are;
-- **valid pixels**: GDAL's dataset mask (nodata value, alpha band or mask band); invalid
-  pixels are neither predicted nor measured, and are masked in the outputs;
-- **georeferencing**: CRS and geotransform, copied to every raster output; in a projected
-  CRS the pixel size in millimetres comes from the geotransform, measured on the ground where the projection
-  stretches lengths by more than 1% (:mod:`crackseg.data.ground_scale`). Whether a TIFF lies on a map
-  at all is :func:`open_on_map`'s to say (rasterio decides; without the geo extra, the
-  GeoTIFF tags of its header), and :func:`map_facts` gives what a reader needs of one.
+- **pixels** as (3, rows, cols) uint8 RGB: grey rasters are repeated to three bands, a palette band is looked up in its
+  colour table, a fourth band (alpha) is not fed to the model, and 16-bit data is scaled from its bit depth (the
+  smallest of 8 to 16 bits that holds the raster's largest value, from GDAL's approximate statistics) to 8 bits;
+- **valid pixels**: GDAL's dataset mask (nodata value, alpha band or mask band); invalid pixels reach the model as
+  :data:`OUTSIDE_GREY`, whatever they hold, are not measured, and are masked in the outputs;
+- **georeferencing**: CRS and geotransform, copied to every raster output; in a projected CRS the pixel size in
+  millimetres comes from the geotransform, measured on the ground where the projection stretches lengths by more than
+  1% (:mod:`crackseg.data.ground_scale`). Whether a TIFF lies on a map at all is :func:`open_on_map`'s to say (rasterio
+  decides; without the geo extra, the GeoTIFF tags of its header), and :func:`map_facts` gives what a reader needs of one.
 
 A raster in object storage (:class:`crackseg.core.storage.RemoteFile`) is read the same way, by windows through
 GDAL's ``/vsis3/`` and ``/vsicurl/`` (:func:`open_raster`), never downloaded whole; :func:`gdal_settings` gives GDAL
@@ -45,6 +43,7 @@ from crackseg.data.options import MAX_PIXELS, STREAM_ABOVE
 if TYPE_CHECKING:
     import torch
 
+OUTSIDE_GREY = 128  # what the model sees outside the survey: black or white there drew cracks along its edge
 READ_AHEAD = 4096  # px: columns read from a raster at once (a run of 1024 rows holds 16 MB)
 GEOTIFF_TAGS = frozenset({33550, 33922, 34264, 34735})  # ModelPixelScale, ModelTiepoint, ModelTransformation, GeoKeyDirectory
 _UNDECODABLE = ("not recognized as being in a supported file format", "TIFF header", "Not a TIFF")  # GDAL read the bytes
@@ -290,6 +289,7 @@ class RasterSource:
             pixels = self._palette[pixels[0]].transpose(2, 0, 1)
         elif self._scale != 1:
             pixels = np.minimum(pixels.astype(np.float32) * self._scale + 0.5, 255).astype(np.uint8)
+        pixels = np.where(valid, pixels, np.uint8(OUTSIDE_GREY))
         if kept:
             pixels = np.concatenate([old.pixels[:, :, first - old.left :], pixels], axis=2)
             valid = np.concatenate([old.valid[:, first - old.left :], valid], axis=1)

@@ -45,6 +45,25 @@ def test_streamed_probabilities_are_the_in_memory_bits_and_hold_only_the_overlap
     assert predictor.floats_held == 2 * ((38 + 38) * 3000 + 256 * 256)
 
 
+def test_pixels_outside_the_survey_reach_the_model_as_grey_whatever_they_hold(tmp_path):
+    """Black under nodata drew cracks along the survey's edge (docs/predict.md): the model sees mid-grey there."""
+    predictor = Predictor(_context_model(), torch.device("cpu"), InferenceOptions(tile=128, overlap=16))
+    outside = np.zeros((1, 300, 400), np.uint8)
+    outside[0, :, :150] = 255
+    outputs = []
+    for hidden in (0, 255, 128):
+        pixels = pavement(300, 400)
+        pixels[:, :, :150] = hidden
+        alpha = np.where(outside[0] > 0, 0, 255).astype(np.uint8)[None]
+        write_geotiff(tmp_path / f"{hidden}.tif", np.concatenate([pixels, alpha]), photometric="RGB", alpha="YES")
+        with RasterSource(tmp_path / f"{hidden}.tif") as source:
+            read, valid = source.read(0, 0, 300, 400)
+            assert (read[:, :, :150] == 128).all() and np.array_equal(read[:, :, 150:].numpy(), pavement(300, 400)[:, :, 150:])
+            assert not valid[:, :150].any() and valid[:, 150:].all()
+            outputs.append({(top, left): prob for top, left, prob, _ in predictor.blocks(source.read, 300, 400)})
+    assert all(torch.equal(prob, outputs[2][key]) for other in outputs[:2] for key, prob in other.items())
+
+
 @pytest.mark.parametrize("overlap", [32, 160])  # 160: each row of pixels lies in up to three tile rows
 def test_parts_of_a_raster_are_the_bits_of_the_whole(tmp_path, overlap):
     pixels = pavement(1100, 700)
