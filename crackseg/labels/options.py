@@ -8,14 +8,16 @@ from pathlib import Path
 from crackseg.core.options import AT_LEAST_ONE, REQUIRED, Options, Range, group, option
 from crackseg.labels.formats.reading import LABEL_FORMATS
 
+LINE_WIDTH = Range(1, 10_000)  # px: no crack is wider, and PIL draws lines of some millions of px wrong
+
 
 @dataclass(frozen=True)
 class ImportOptions(Options):
     """How an annotation file's shapes become crack pixels, and whether an existing dataset is replaced."""
 
     line_width: int | None = option(None, "px: width to draw lines (CVAT polylines, labelme lines and linestrips) with; "
-                                          "required when the file has lines; a CVAT polyline's own 'width' attribute wins",
-                                    unit="px", valid=AT_LEAST_ONE)
+                                          "required when the file has crack lines without a 'width' attribute of their own "
+                                          "(a CVAT polyline's wins)", unit="px", valid=LINE_WIDTH)
     labels: tuple[str, ...] = option(("crack",), "a label name that is crack, compared case-insensitively; repeat for several "
                                                  "(default: crack); other labels are left out and counted",
                                      flags=("--label",), repeat=True, metavar="NAME")

@@ -33,7 +33,7 @@ def photos_below(folder: Path, out: Path) -> dict[str, Path]:
 
 
 class PhotoIndex:
-    """--images' photos by path relative to it, file name, the name Label Studio stores an upload under, and stem.
+    """--images' photos by path relative to it, each tail of that path, the name Label Studio stores an upload under, and stem.
 
     ``uploads``: names may be Label Studio uploads (``abcd1234-IMG_1.jpg``), found without their prefix; in other
     formats such a name (``20230514-IMG_1.jpg``) is the file's whole name, and finding ``IMG_1.jpg`` would draw one
@@ -46,32 +46,36 @@ class PhotoIndex:
                 raise InputError(f"{self.photos[_same_form(key)]} and {path} in --images: one name, written in two Unicode "
                                  "forms (composed and decomposed accents); rename one")
             self.photos[_same_form(key)] = path
-        self.by_name: dict[str, list[str]] = {}
+        self.by_tail: dict[str, list[str]] = {}  # every tail of each path: a/b/c.jpg under c.jpg, b/c.jpg and a/b/c.jpg
         self.by_upload: dict[str, list[str]] = {}
         self.by_stem: dict[str, list[str]] = {}
         for key in self.photos:
-            name = PurePosixPath(key).name
-            self.by_name.setdefault(name, []).append(key)
+            parts = PurePosixPath(key).parts
+            for start in range(len(parts)):
+                self.by_tail.setdefault("/".join(parts[start:]), []).append(key)
+            name = parts[-1]
             self.by_upload.setdefault(stored_upload_name(name), []).append(key)
             self.by_stem.setdefault(PurePosixPath(key).stem, []).append(key)
 
     def find(self, name: str, source: Path) -> Path | None:
-        """The photo ``name`` refers to: the longest tail of its path, else the one photo of its file name, else for a
-        Label Studio upload the one photo Label Studio stores under its name without the prefix (``IMG 1.jpg`` and
-        ``IMG_1.jpg`` both as ``IMG_1.jpg``), else the one so named, else, for a name without an image suffix (CVAT's
+        """The photo ``name`` refers to: the one whose path shares the longest tail with it (a path relative to
+        --images that is that tail first: ``site1/a.jpg`` is ``site1/a.jpg``, else ``new/site1/a.jpg`` before ``a.jpg``),
+        else for a Label Studio upload the one photo Label Studio stores under its name without the prefix (``IMG 1.jpg``
+        and ``IMG_1.jpg`` both as ``IMG_1.jpg``), else the one so named, else, for a name without an image suffix (CVAT's
         video frames: frame_000000), the one photo of that stem."""
         name = _same_form(name)
         parts = PurePosixPath(name.replace("\\", "/")).parts
         for start in range(len(parts)):
-            if "/".join(parts[start:]) in self.photos:
-                return self.photos["/".join(parts[start:])]
-        found = self._one(self.by_name, parts[-1] if parts else "", name, "give the folder the names are relative to", source)
-        if found is not None:
-            return found
+            tail = "/".join(parts[start:])
+            if tail in self.photos:
+                return self.photos[tail]
+            found = self._one(self.by_tail, tail, name, "give the folder the names are relative to", source)
+            if found is not None:
+                return found
         names = upload_names(name) if self.uploads else [name]
         if len(names) > 1:  # every photo Label Studio would store under that upload name, the one named so exactly too
             advice = f"Label Studio stores an upload of each as {names[1]}: rename all but one"
-            found = self._one(self.by_upload, names[1], name, advice, source) or self._one(self.by_name, names[1], name, advice, source)
+            found = self._one(self.by_upload, names[1], name, advice, source) or self._one(self.by_tail, names[1], name, advice, source)
             if found is not None:
                 return found
         base = PurePosixPath(name.replace("\\", "/")).name
@@ -123,9 +127,10 @@ def match_photos(listed: list[LabelledImage], index: PhotoIndex, source: Path, o
         raise InputError(f"{source} refers to {len(missing)} images that are not in --images (e.g. {missing[0]}); "
                          "give the folder holding them")
     stems = Counter(photo.stem for photo in matched)
-    twins = [photo for photo in matched if stems[photo.stem] > 1]
-    if twins:
-        raise InputError(f"{twins[0]} and {twins[1]} share the stem {twins[0].stem!r}; a dataset pairs masks by stem: rename one")
+    clash = next((stem for stem, count in stems.items() if count > 1), None)
+    if clash is not None:
+        first, second = [photo for photo in matched if photo.stem == clash][:2]
+        raise InputError(f"{first} and {second} share the stem {clash!r}; a dataset pairs masks by stem: rename one")
     return matched
 
 

@@ -144,6 +144,62 @@ def test_two_names_that_find_one_photo_are_refused_naming_both(tmp_path):
     assert _mask(tmp_path / "ds", "IMG_1")[:4, :4].all()
 
 
+def test_a_name_finds_the_photo_sharing_the_longest_tail_of_its_path(tmp_path):
+    """site1/a.png is new/site1/a.png, not the a.png at the top of --images that shares only its file name."""
+    _photo(tmp_path / "photos", colour=(10, 10, 10))
+    _photo(tmp_path / "photos" / "new" / "site1", "b.png")
+    _photo(tmp_path / "photos" / "new" / "site1", colour=(200, 200, 200))
+    square = [[0, 0, 4, 0, 4, 4, 0, 4]]
+    path = _coco(tmp_path, [(1, square), (2, square)], images=[("site1/a.png", W, H), ("b.png", W, H)])
+    import_labels(path, "coco", tmp_path / "photos", tmp_path / "ds")
+    assert Image.open(tmp_path / "ds" / "images" / "a.png").getpixel((0, 0)) == (200, 200, 200)
+    for tops in (("new", "old"), ("old", "new")):  # two photos that share that tail: a guess either way
+        for top in tops:
+            _photo(tmp_path / f"two{tops[0]}" / top / "site1")
+        _refused(path, "coco", tmp_path / f"two{tops[0]}", tmp_path / "out", "site1/a.png could be any of")
+
+
+def test_photos_that_share_a_stem_are_named_as_a_pair(tmp_path):
+    square = [[0, 0, 4, 0, 4, 4, 0, 4]]
+    names = ["x/a.png", "x/b.png", "y/a.png", "y/b.png"]
+    for name in names:
+        _photo(tmp_path / "photos" / name.split("/")[0], name.split("/")[1])
+    path = _coco(tmp_path, [(n, square) for n in range(1, 5)], images=[(name, W, H) for name in names])
+    err = _refused(path, "coco", tmp_path / "photos", tmp_path / "ds", "share the stem 'a'")
+    assert "x/a.png and " in err and "y/a.png share" in err
+
+
+@pytest.mark.parametrize("segmentation, message", [
+    ({"size": [H, W], "counts": [30.5, 49.5]}, "its RLE counts are not all whole numbers of pixels"),
+    ("0 0 4 0 4 4", "is neither polygons (a list of lists) nor an RLE"),
+    (7, "is neither polygons (a list of lists) nor an RLE"),
+])
+def test_a_coco_segmentation_of_no_known_form_is_one_line(tmp_path, segmentation, message):
+    _photo(tmp_path / "photos")
+    _refused(_coco(tmp_path, [(1, segmentation)]), "coco", tmp_path / "photos", tmp_path / "ds", message)
+
+
+def test_a_coco_rle_of_whole_numbers_written_as_floats_is_read(tmp_path):
+    _photo(tmp_path / "photos")
+    import_labels(_coco(tmp_path, [(1, {"size": [H, W], "counts": [8.0, 2.0, 70.0]})]), "coco", tmp_path / "photos", tmp_path / "ds")
+    assert _mask(tmp_path / "ds")[:2, 1].all() and _mask(tmp_path / "ds").sum() == 2  # column-major: column 1, rows 0 and 1
+
+
+def test_a_labelme_shape_type_that_is_not_a_name_is_one_line(tmp_path):
+    _photo(tmp_path / "photos")
+    (tmp_path / "photos" / "a.json").write_text(json.dumps({"imagePath": "a.png", "imageWidth": W, "imageHeight": H, "shapes": [
+        {"label": "crack", "shape_type": ["polygon"], "points": [[0, 0], [4, 0], [4, 4]]}]}))
+    _refused(tmp_path / "photos" / "a.json", "labelme", tmp_path / "photos", tmp_path / "ds", "its shape_type ['polygon'] is not a name")
+
+
+@pytest.mark.parametrize("width", ["0", "10001", "99999999999"])
+def test_a_line_width_out_of_range_is_one_line(tmp_path, width):
+    _photo(tmp_path / "photos")
+    path = _cvat(tmp_path, '<polyline label="crack" points="1,1;8,6" />')
+    code, err = _cli("import", path, "--format", "cvat", "--images", tmp_path / "photos", "--out", tmp_path / "ds", "--line-width", width)
+    assert code == 2 and err.count("\n") == 1 and "argument --line-width: must be in [1, 10000]" in err, err
+
+
 @pytest.mark.parametrize("fmt", ["coco", "labelstudio"])
 def test_an_image_listed_twice_at_two_sizes_is_one_line(tmp_path, fmt):
     _photo(tmp_path / "photos")

@@ -43,8 +43,10 @@ def read_coco(path: Path) -> Annotations:
                              for part, polygon in enumerate(segmentation)]
         elif isinstance(segmentation, dict):
             image.shapes.append(Shape(label, "mask", rle=_read_coco_rle(segmentation, image, where)))
-        else:  # a bounding box without an outline: no segmentation, or [] (Label Studio's export of a rectangle)
+        elif segmentation in (None, []):  # a bounding box without an outline (Label Studio's export of a rectangle)
             image.shapes.append(Shape(label, "box"))
+        else:
+            raise InputError(f"{where}: its segmentation {str(segmentation)[:40]!r} is neither polygons (a list of lists) nor an RLE")
     return Annotations(list(images.values()), set(categories.values()))
 
 
@@ -69,6 +71,10 @@ def _read_coco_rle(segmentation: dict, image: LabelledImage, where: str) -> dict
     compressed = not isinstance(counts, list)
     if compressed:
         counts = counts.encode() if isinstance(counts, str) else counts
+    if not compressed:  # pycocotools would cut 30.5 to 30
+        if not all(isinstance(run, (int, float)) and not isinstance(run, bool) and float(run).is_integer() for run in counts):
+            raise InputError(f"{where}: its RLE counts are not all whole numbers of pixels")
+        counts = [int(run) for run in counts]
     runs = _compressed_runs(counts) if compressed else counts
     if min(runs, default=0) < 0 or sum(runs) != width * height:  # pycocotools fails on these only when it decodes them
         raise InputError(f"{where}: its RLE counts cover {sum(runs)} pixels, not {width}x{height}")

@@ -57,6 +57,8 @@ def read_labelme(path: Path, skip: Path | None) -> Annotations:
                               embedded_in=file if document.get("imageData") else None)
         for number, item in enumerate(document["shapes"]):
             kind, label = item.get("shape_type") or "polygon", str(item["label"])
+            if not isinstance(kind, str):
+                raise InputError(f"{file}: shape {number} (label {label!r}): its shape_type {kind!r} is not a name")
             found.labels.add(label)
             where = f"{file}: shape {number} (label {label!r})"
             points = finite_points(item["points"], where)
