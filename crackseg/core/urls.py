@@ -8,6 +8,8 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 _URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]+)://[^\s'\"<>]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NOT_IN_HOSTS = re.compile(r"[\s<>\"'{}|\\^`%/?#@]")  # what no host name, IDNA or bracketed IPv6 address holds
 _CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
@@ -40,12 +42,19 @@ def display_url(url: str) -> str:
 
 
 def url_problem(url: str) -> str | None:
-    """Why ``url`` does not parse (a bracket left open, a port that is no number or out of range); None when it does."""
+    """Why ``url`` does not parse (a bracket left open, a port that is no number or out of range, a host with a space or
+    a character no host name holds, an http(s) URL with a control character); None when it does. An s3:// key may hold
+    any character."""
     try:
-        urlsplit(url).port
+        parts = urlsplit(url)
+        parts.port
     except ValueError as error:
         return str(error)
-    return None
+    control = _CONTROL.search(url) if parts.scheme in ("http", "https") else None
+    if control:
+        return f"control character {control.group()!r}"
+    odd = _NOT_IN_HOSTS.search(parts.hostname or "")
+    return f"host {parts.hostname!r} holds {odd.group()!r}" if odd else None
 
 
 def scrubbed(text: str) -> str:

@@ -27,6 +27,7 @@ import contextlib
 import hmac
 import io
 import json
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,7 +280,16 @@ def _document(body: bytes) -> dict:
         raise HttpError(400, f"the request body is not JSON: {error}") from None
     if not isinstance(document, dict):
         raise HttpError(400, f"the request body must be a JSON object, got {type(document).__name__}")
+    if _SURROGATE_ESCAPE.search(body):  # a pair is one character; only then is the whole document checked for a lone one
+        try:
+            json.dumps(document, ensure_ascii=False).encode()
+        except UnicodeEncodeError as error:
+            raise HttpError(400, f"the request body escapes a lone UTF-16 surrogate ({error.object[error.start]!r}), "
+                                 "which is no character") from None
     return document
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _nesting(body: bytes) -> int:

@@ -343,7 +343,9 @@ def test_the_fetch_deadline_covers_the_exchange_of_a_personal_access_token():
 
 
 @pytest.mark.parametrize("url, reason", [("http://[::1/x.png", "Invalid IPv6 URL"), ("http://127.0.0.1:99999/x.png", "out of range"),
-                                         ("http://127.0.0.1:80/x.png\x00", "Invalid non-printable"), ("http://host:8O/x.png", "")])
+                                         ("http://127.0.0.1:80/x.png\x00", "control character '\\x00'"), ("http://host:8O/x.png", ""),
+                                         ("http://exa\x00mple.com/a.png", "control character '\\x00'"),
+                                         ("http://a b/x.png", "host 'a b' holds ' '")])
 def test_a_url_that_does_not_parse_is_the_task_s_422(url, reason):
     fetcher = ImageFetcher(None, None, ("127.0.0.1", "host"), 1 << 20, 5.0)
     with pytest.raises(HttpError) as refused:

@@ -215,6 +215,9 @@ def _closed_port() -> int:
     (lambda c: c.post("/predict", content=('{"a": "\u2241", "b": ' + "[" * 2000 + "]" * 2000 + "}").encode("utf-16-le")),
      400, "the request body is not JSON"),
     (lambda c: c.post("/predict", content='{"tasks": "é"}'.encode("latin-1")), 400, "not UTF-8 JSON (invalid continuation byte"),
+    # a lone surrogate is no character: it reached the XML parser and the JSON answer as a 500
+    (lambda c: c.post("/setup", content=rb'{"schema": "<View>\ud800</View>"}'), 400, "escapes a lone UTF-16 surrogate ('\\ud800')"),
+    (lambda c: c.post("/webhook", content=rb'{"action": "\udc00"}'), 400, "escapes a lone UTF-16 surrogate ('\\udc00')"),
     (lambda c: c.post("/predict", json={"tasks": [], "label_config": BRUSH}), 400, "no tasks"),
     (lambda c: c.post("/predict", content=b"\xef\xbb\xbf" + json.dumps({"tasks": []}).encode()), 400, "no tasks"),  # a BOM is read
     (lambda c: c.post("/predict", json={"label_config": BRUSH}), 400, "no tasks"),
