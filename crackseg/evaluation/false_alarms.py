@@ -37,12 +37,14 @@ DEFINITION = (
     "threshold, not under scsegamba and deepsegmentor"
 )
 
+OPERATING_PROTOCOLS = ("crackseg", "omnicrack")  # those that score a mask at one threshold; the others sweep their own
+
 
 def image_alarms(prob: torch.Tensor, truth: torch.Tensor, threshold: float, protocol: str, distance: float,
                  tile: int) -> dict | None:
     """The false-alarm counts of one (H, W) probability map against its (H, W) bool ground truth, the mask taken
     as ``protocol`` takes it at ``threshold``; None for a protocol without an operating threshold."""
-    if protocol not in ("crackseg", "omnicrack"):
+    if protocol not in OPERATING_PROTOCOLS:
         return None
     mask, truth = operating_mask(prob, threshold, protocol).cpu().numpy(), truth.cpu().numpy().astype(bool)
     far = mask & (ndimage.distance_transform_edt(~truth) > distance) if truth.any() else mask

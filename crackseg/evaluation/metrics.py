@@ -176,9 +176,10 @@ def average_precision(histograms: torch.Tensor) -> float | None:
     return float(sum((curve[k].recall - curve[k + 1].recall) * curve[k].precision for k in range(BINS)))
 
 
-def optimal_image_scale(per_image: list[torch.Tensor]) -> float:
-    """OIS as crack benchmarks compute it: each image's best F1 over the thresholds, averaged."""
-    return float(np.mean([best_f1(histograms).f1 for histograms in per_image]))
+def optimal_image_scale(per_image: list[torch.Tensor]) -> float | None:
+    """OIS as crack benchmarks compute it: each image's best F1 over the thresholds, averaged; None for no image. A
+    crack-free image has no such F1 (any threshold above its largest probability scores it 1): leave it out."""
+    return float(np.mean([best_f1(histograms).f1 for histograms in per_image])) if per_image else None
 
 
 def improves(monitor: str, score: float, best: float | None) -> bool:

@@ -34,11 +34,11 @@ def _crackseg_table(report: dict) -> list[str]:
         f"  dataset   precision {d['precision']:.4f}  recall {d['recall']:.4f}  F1 {d['f1']:.4f}",
         f"            IoU crack {d['iou_crack']:.4f}  IoU background {d['iou_background']:.4f}  mIoU {d['miou']:.4f}  (strict pixels)",
         f"  per image mean F1 {report['per_image_mean']['f1']:.4f}  mean IoU {report['per_image_mean']['iou']:.4f}",
-        f"  ODS F1 {ods['f1']:.4f} @ {ods['threshold']:.4g}   OIS F1 {ois['f1']:.4f}   AP {_ap(report['ap'], 4)}",
+        f"  ODS F1 {ods['f1']:.4f} @ {ods['threshold']:.4g}   OIS F1 {_figure(ois['f1'], 4)}   AP {_figure(report['ap'], 4)}",
     ]
 
 
-def _ap(value: float | None, digits: int) -> str:
+def _figure(value: float | None, digits: int) -> str:
     return "n/a (no true crack pixel)" if value is None else f"{value:.{digits}f}"
 
 
@@ -131,7 +131,7 @@ def _plot_pr_curve(report: dict, path: Path, size: int = 480, margin: int = 48) 
         draw.text((x - 8, size - margin + 6), f"{tick:.2f}", fill="black")
         draw.text((4, y - 6), f"{tick:.2f}", fill="black")
     draw.text((size / 2 - 20, size - 18), "recall", fill="black")
-    scores = (f"AP {_ap(report['ap'], 3)}, " if "ap" in report else "") + f"ODS F1 {report['ods']['f1']:.3f}"
+    scores = (f"AP {_figure(report['ap'], 3)}, " if "ap" in report else "") + f"ODS F1 {report['ods']['f1']:.3f}"
     draw.text((4, 8), f"precision   ({scores})", fill="black")
     curve = [point(p["recall"], p["precision"]) for p in report["pr_curve"]]
     draw.line(curve, fill=(200, 30, 30), width=2)

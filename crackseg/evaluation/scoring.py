@@ -18,7 +18,7 @@ import torch
 
 from crackseg.core.errors import InputError
 from crackseg.cracks.measure import find_cracks
-from crackseg.evaluation.false_alarms import add_false_alarms, image_alarms
+from crackseg.evaluation.false_alarms import OPERATING_PROTOCOLS, add_false_alarms, image_alarms
 from crackseg.evaluation.metrics import (
     average_precision,
     background_iou,
@@ -42,9 +42,11 @@ DEFINITIONS = {
     "per_image_mean": "F1 (with tolerance) and strict crack IoU computed per image at the operating threshold, then "
     "averaged; an image with no true and no predicted crack pixels scores 1",
     "ods": "optimal dataset scale: the single threshold (of 499, evenly spaced in logit: 0.01 apart near 0.5, finer towards 0 and 1) with the best dataset-level F1",
-    "ois": "optimal image scale: each image's best F1 over the 499 thresholds, averaged over images, as crack papers' "
-    "Python evaluation code computes it (SCSegamba's, CrackFormer's); the BSDS edges toolbox (HED) instead sums each "
-    "image's counts at its own best threshold, which weighs images by their crack pixels",
+    "ois": "optimal image scale: each image's best F1 over the 499 thresholds, averaged over the images with true crack "
+    "pixels, as crack papers' Python evaluation code computes it (SCSegamba's, CrackFormer's; a crack-free image, which "
+    "any threshold above its largest probability scores 1, is left out: crack_free reports those); null (n/a) when no "
+    "image has a crack pixel; the BSDS edges toolbox (HED) instead sums each image's counts at its own best threshold, "
+    "which weighs images by their crack pixels",
     "ap": "average precision: area under the dataset-level precision-recall curve over the 499 thresholds; null "
     "(n/a) when the ground truth has no crack pixel, where recall is undefined",
 }
@@ -61,7 +63,7 @@ class ImageScore:
     name: str
     crack_pixels: int  # in its ground truth
     scores: object  # crackseg: (strict, tolerant) histograms; other protocols: crackseg.evaluation.protocols.image_counts
-    false_alarm: dict | None  # a crack-free image: the cracks and crack pixels predicted on it; else None
+    false_alarm: dict | None  # a crack-free image, under a protocol with an operating threshold: the cracks and crack pixels predicted on it
     far_alarms: dict | None = None  # crackseg.evaluation.false_alarms.image_alarms' counts; None under protocols without them
 
 
@@ -84,7 +86,8 @@ def score_one(name: str, prob: torch.Tensor, truth: torch.Tensor, tolerance: flo
         scores = image_counts(scoring.protocol, prob.cpu().numpy(), truth.cpu().numpy(), threshold)
     crack_pixels = int(truth.sum())
     far_alarms = image_alarms(prob, truth, threshold, scoring.protocol, scoring.alarm_distance, scoring.alarm_tile)
-    return ImageScore(name, crack_pixels, scores, None if crack_pixels else _false_alarm(prob, threshold, scoring), far_alarms)
+    alarm = None if crack_pixels or scoring.protocol not in OPERATING_PROTOCOLS else _false_alarm(prob, threshold, scoring)
+    return ImageScore(name, crack_pixels, scores, alarm, far_alarms)
 
 
 def _false_alarm(prob: torch.Tensor, threshold: float, scoring: Scoring) -> dict:
@@ -113,7 +116,7 @@ def _crackseg_report(results: list[ImageScore], tolerance: float, threshold: flo
     crack_iou = scores_at(strict, threshold).iou
     back_iou = background_iou(strict, threshold)
     ods = best_f1(tolerant)
-    ois = optimal_image_scale([r.scores[1] for r in results])
+    ois = optimal_image_scale([r.scores[1] for r in results if r.crack_pixels])
     rows = []
     for name, (image_strict, image_tolerant) in ((r.name, r.scores) for r in results):
         at = scores_at(image_tolerant, threshold)

@@ -200,7 +200,7 @@ function evaluation() {
   const box = document.getElementById("evaluation");
   box.append(el("h2", {}, "Scores against ground truth"), el("p", {},
     `F1 ${num(E.dataset.f1, 4)} (P ${num(E.dataset.precision, 4)}, R ${num(E.dataset.recall, 4)}) at tolerance ${E.tolerance_px} px; ` +
-    `IoU ${num(E.dataset.iou_crack, 4)}; ODS ${num(E.ods.f1, 4)}, OIS ${num(E.ois.f1, 4)}, AP ${E.ap === null ? "n/a" : num(E.ap, 4)}`));
+    `IoU ${num(E.dataset.iou_crack, 4)}; ODS ${num(E.ods.f1, 4)}, OIS ${E.ois.f1 === null ? "n/a" : num(E.ois.f1, 4)}, AP ${E.ap === null ? "n/a" : num(E.ap, 4)}`));
   if (E.pr_curve) box.append(el("img", {src: E.pr_curve, alt: "precision-recall curve", id: "pr-curve"}));
   if (E.worst.length) { const list = el("ol", {id: "worst"});
     for (const w of E.worst) list.append(el("li", {}, `${w.image}: F1 ${num(Number(w.f1), 3)}, IoU ${num(Number(w.iou), 3)}`));

@@ -43,16 +43,33 @@ def test_perfect_masks_score_one_and_report_files_are_written(tmp_path):
     assert "Definitions" in (tmp_path / "r" / "report.md").read_text()
 
 
-def test_a_crack_free_test_set_has_no_ap_rather_than_an_ap_of_0_for_every_model(tmp_path, capsys):
+def test_a_crack_free_test_set_has_no_ap_nor_ois_rather_than_figures_every_model_gets(tmp_path, capsys):
     """Without a true crack pixel recall is undefined: a perfect prediction's curve has no area either."""
     empty = {stem: np.zeros((20, 30)) for stem in ("a", "b")}
     save_maps(tmp_path / "gt", empty)
     save_maps(tmp_path / "pred", empty)
     report = evaluate_files(tmp_path / "pred", tmp_path / "gt")
-    assert report["ap"] is None and report["ods"]["f1"] == pytest.approx(1.0)
+    assert report["ap"] is None and report["ois"]["f1"] is None and report["ods"]["f1"] == pytest.approx(1.0)
     assert main(["evaluate", "--pred", str(tmp_path / "pred"), "--gt", str(tmp_path / "gt"), "--out", str(tmp_path / "r")]) == 0
-    assert "AP n/a (no true crack pixel)" in capsys.readouterr().out
-    assert json.loads((tmp_path / "r" / "report.json").read_text())["ap"] is None and (tmp_path / "r" / "pr_curve.png").exists()
+    printed = capsys.readouterr().out
+    assert "AP n/a (no true crack pixel)" in printed and "OIS F1 n/a (no true crack pixel)" in printed
+    saved = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert saved["ap"] is None and saved["ois"]["f1"] is None and (tmp_path / "r" / "pr_curve.png").exists()
+
+
+def test_ois_averages_the_photos_with_cracks_alone(tmp_path):
+    """A crack-free photo's best F1 is 1 at any threshold above its largest probability, whatever false cracks it
+    gets below: counted, it raised OIS with every crack-free photo added."""
+    truth = {"crack": np.zeros((20, 30)), "free": np.zeros((20, 30))}
+    truth["crack"][10, 2:28] = 1
+    pred = {"crack": np.zeros((20, 30)), "free": np.zeros((20, 30))}
+    pred["crack"][10, 2:15] = 0.9  # half the crack found: best F1 2/3
+    pred["free"][5:9, :] = 0.9  # a bar of false crack
+    save_maps(tmp_path / "gt", truth)
+    save_maps(tmp_path / "pred", pred, bits=16)
+    report = evaluate_files(tmp_path / "pred", tmp_path / "gt")
+    rows = {row["image"]: row for row in report["per_image"]}
+    assert report["ois"]["f1"] == pytest.approx(rows["crack"]["best_f1"]) == pytest.approx(2 / 3, abs=1e-6)
 
 
 def test_cli_report_matches_the_api_and_lists_worst_first(tmp_path):
@@ -309,6 +326,15 @@ def test_crack_free_photos_are_reported_apart_counting_cracks_as_predict_does(tm
     assert [row["false_cracks"] for row in sorted(apart["per_image"], key=lambda r: r["image"]) if row["crack_free"]] == [1, 1, 2]
 
 
+@pytest.mark.parametrize("protocol, reported", [("omnicrack", True), ("scsegamba", False), ("deepsegmentor", False)])
+def test_crack_free_photos_are_reported_apart_only_under_a_protocol_with_an_operating_threshold(tmp_path, protocol, reported):
+    """scsegamba and deepsegmentor sweep thresholds of their own: a mask at evaluate's threshold is none of theirs."""
+    _crack_free_case(tmp_path)
+    report = evaluate_files(tmp_path / "pred", tmp_path / "gt", scoring=Scoring(protocol=protocol))
+    assert ("crack_free" in report) == reported == ("crack_free" in report["definitions"])
+    assert all(("crack_free" in row) == reported for row in report["per_image"])
+
+
 @pytest.mark.parametrize("threshold, counted", [(0.4, False), (0.39, True)])
 def test_every_figure_of_a_report_marks_the_pixels_of_one_threshold(tmp_path, threshold, counted):
     """0.4 asked is scored at the grid's 0.4009, above an 8-bit level of 102 (0.4): no figure may count that line."""
@@ -353,7 +379,8 @@ def test_every_protocol_scores_a_checkpoint_and_saved_files_and_names_itself(syn
         report = evaluate_checkpoint(tmp_path / "m.pt", tmp_path / "data", "all", inference=InferenceOptions(device="cpu"),
                                      scoring=Scoring(protocol))
         assert report["protocol"] == protocol and report["images"] == 12 and report["source"]["split"] == "all"
-        assert report["crack_free"]["images"] == 1 and {row["image"] for row in report["per_image"] if row["crack_free"]} == {"00003"}
+        if protocol == "omnicrack":  # the one of them with an operating threshold
+            assert report["crack_free"]["images"] == 1 and {row["image"] for row in report["per_image"] if row["crack_free"]} == {"00003"}
         out = tmp_path / protocol
         assert main(["evaluate", "--pred", str(tmp_path / "data" / "masks"), "--gt", str(tmp_path / "data" / "masks"),
                      "--protocol", protocol, "--out", str(out)]) == 0
