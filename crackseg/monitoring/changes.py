@@ -37,7 +37,9 @@ What a measurement can tell apart, and so the thresholds below:
   segmentation that moves both edges by half a pixel still shifts it by up to 1 px; the
   maximum width is one place on the crack, two quantised edges on each date: up to 2 px.
   A crack is wider when its mean width grows by more than ``WIDER_MEAN_PX`` (1 px) or its
-  maximum width by more than ``WIDER_MAX_PX`` (2 px).
+  maximum width by more than ``WIDER_MAX_PX`` (2 px). A BEFORE photographed coarser places its
+  edges to within half of its own pixel: there these are BEFORE px (2 AFTER px each at half the
+  resolution), and so is ``LONGER_MIN_PX``.
 - **length**: the skeleton's ends lie within about half a width of the crack's real ends
   (both ends: one mean width per date), the corner-count estimator is within about 2% at any
   angle, so a crack seen at another angle may read up to 4% apart, and the mapping's scale
@@ -67,6 +69,7 @@ UNCHANGED, LONGER, WIDER, LONGER_WIDER, SHORTER = "unchanged", "longer", "wider"
 NEW, GONE, MERGED, SPLIT, NOT_SEEN = "new", "gone", "merged", "split", "not seen"
 STATUSES = (UNCHANGED, SHORTER, LONGER, WIDER, LONGER_WIDER, MERGED, SPLIT, NEW, GONE, NOT_SEEN)  # as tables and summaries list them
 
+# In AFTER px, and BEFORE px where BEFORE is the coarser date (these times its pixel's size in AFTER px):
 WIDER_MEAN_PX = 1.0  # mean width: two edges, each within half a pixel
 WIDER_MAX_PX = 2.0  # maximum width: one place, two quantised edges on each date
 LONGER_MIN_PX = 5.0  # below this no length change is told apart, however short the crack
@@ -339,9 +342,10 @@ def _growth_status(olds: list[CrackMeasure], news: list[CrackMeasure], scales: d
     before_lengths = [c.length_px * scales[c.id] * seen_share["before", c.id] for c in olds]
     larger_mean_width = np.average([c.mean_width_px * scales[c.id] for c in olds], weights=np.add(before_lengths, 1e-9)) \
         + max(mean_width, 0.0)
-    beyond = max(LONGER_MIN_PX, LONGER_SHARE * sum(before_lengths) + larger_mean_width + (cut_px or 0.0))
+    coarse = max(1.0, *(scales[c.id] for c in olds))  # AFTER px per BEFORE px: a coarser BEFORE's edges are that unsure
+    beyond = max(LONGER_MIN_PX * coarse, LONGER_SHARE * sum(before_lengths) + larger_mean_width + (cut_px or 0.0))
     longer, shorter = length > beyond, -length > beyond
-    wider = mean_width > WIDER_MEAN_PX or (max_width > WIDER_MAX_PX and cut_px is None)
+    wider = mean_width > WIDER_MEAN_PX * coarse or (max_width > WIDER_MAX_PX * coarse and cut_px is None)
     if counted[0] > 1 and longer:
         return MERGED
     if counted[1] > 1 and shorter:

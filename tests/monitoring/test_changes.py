@@ -344,3 +344,21 @@ def test_a_crack_at_the_frame_edge_seen_again_at_another_pixel_size_is_unchanged
     finally:
         SIZE = size
     assert [c.status for c in match(before, after, view)] == [UNCHANGED]
+
+
+@pytest.mark.parametrize("width, offset", [(w, o) for w in (3, 4, 5, 6, 7, 8) for o in (0, 1)])
+def test_a_crack_photographed_before_at_half_the_resolution_is_unchanged(width, offset):
+    """BEFORE is AFTER's mask seen by pixels twice as large: its edges are placed to within half of its own pixel,
+    1 AFTER px, so a width reads up to 2 AFTER px apart (6 px at 45 degrees read 1.0002 px wider, and was wider)."""
+    from scipy import ndimage
+    from skimage.draw import line
+
+    centre = np.zeros(SIZE, bool)
+    centre[line(40 + offset, 40, 280 + offset, 280)] = True
+    after = ndimage.distance_transform_edt(~centre) <= (width - 1) / 2
+    before = after.reshape(SIZE[0] // 2, 2, SIZE[1] // 2, 2).mean(axis=(1, 3)) >= 0.5
+    matrix = np.eye(3)
+    matrix[:2, :2] *= 1.9999  # a registration by features is a little off 2
+    matrix[:2, 2] = 0.5
+    assert [c.status for c in match(_measure(before), _measure(after), Alignment(matrix=matrix, method="orb-similarity"))] == [UNCHANGED]
+
