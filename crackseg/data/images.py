@@ -93,6 +93,12 @@ def open_picture(path: Path | RemoteFile | BinaryIO) -> Image.Image:
     """``Image.open`` of a file on disk, an open binary file, or a file in object storage (downloaded whole into memory,
     never to disk), so that every reader decodes a stored photo or mask exactly as the same file on disk. A stored file
     is first read for its header alone: one that is no picture is refused before the rest is downloaded."""
+    if isinstance(path, (str, Path)):
+        image = Image.open(path)
+        if image.format == "TIFF" and orientation(image) in _TRANSPOSED:  # Pillow 13 maps such a TIFF's stored pixels
+            image.close()  # from the file at its turned size (uncompressed grey, 16-bit, RGBA, palette): stripes
+            return Image.open(io.BytesIO(Path(path).read_bytes()))
+        return image
     if not isinstance(path, RemoteFile):
         return Image.open(path)
     return Image.open(io.BytesIO(picture_bytes(path)))

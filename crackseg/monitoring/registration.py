@@ -24,7 +24,7 @@ from skimage.feature import ORB, match_descriptors
 from skimage.measure import ransac
 
 from crackseg.core.errors import InputError
-from crackseg.data.images import DECODE_ERRORS, describe_error, orientation
+from crackseg.data.images import DECODE_ERRORS, describe_error, open_picture, orientation
 from crackseg.data.rasters import rasterio
 from crackseg.monitoring.options import TRANSFORMS
 
@@ -108,7 +108,7 @@ def read_grey(path: Path, max_side: int) -> tuple[np.ndarray, float]:
     ``size / factor`` px, leaving out less than one reduced pixel's width at the right and bottom.
     """
     try:
-        with Image.open(path) as image:
+        with open_picture(path) as image:
             turn = orientation(image)
             stored = np.array(image.size, np.float64)
             factor = min(1.0, max_side / stored.max())

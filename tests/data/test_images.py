@@ -51,6 +51,23 @@ def test_phone_jpeg_is_read_as_viewers_show_it(tmp_path, suffix):
     assert loaded[:, 10].float().mean() < 60 < loaded[:, 30].float().mean()  # the dark line where it is seen
 
 
+@pytest.mark.parametrize("mode", ["L", "I;16", "RGBA", "P"])
+def test_an_uncompressed_turned_tiff_of_any_mode_is_read_as_shown(tmp_path, mode):
+    """Pillow 13 maps such a TIFF's stored pixels from the file at its turned size: stripes, where an RGB one is right."""
+    from crackseg.data.images import image_pixels, mask_levels
+
+    stored = np.zeros((32, 64), np.uint8)
+    stored[:, :8] = 255  # a band at the stored left: the top once turned by orientation 6
+    picture = Image.fromarray(stored.astype(np.uint16) * 257 if mode == "I;16" else stored)
+    picture = picture if mode in ("L", "I;16") else picture.convert(mode)
+    exif = picture.getexif()
+    exif[0x0112] = 6
+    picture.save(tmp_path / "a.tif", exif=exif)
+    shown = np.rot90(stored, -1) > 127
+    assert np.array_equal(image_pixels(tmp_path / "a.tif")[..., 0] > 127, shown)
+    assert np.array_equal(mask_levels(tmp_path / "a.tif") > 127, shown)
+
+
 def test_a_mask_traced_on_the_shown_photo_lines_up_in_training(tmp_path):
     for sub in ("images", "masks"):
         (tmp_path / sub).mkdir()
