@@ -212,14 +212,13 @@ def _listed_pairs(before: list[Shot], after: list[Shot], path: Path) -> list[tup
 
 def _shot_finder(shots: list[Shot], side: str, csv_path: Path):
     """A function (cell text, where) -> the shot it names: the exact name; else the exact path, relative to the CSV's
-    folder or to the working folder; else the file name, when one shot alone has it."""
+    folder or to the working folder; else the one shot whose photo's or mask's path ends in the cell's (a file name, or
+    ``images/a.jpg`` inside the visit's folder: never another visit's ``v1/images/a.jpg`` by its file name alone)."""
     by_name = {shot.name: shot for shot in shots}
-    by_path, by_file = {}, {}
-    for shot in shots:
-        for file in (shot.photo, shot.mask):
-            if file is not None:
-                by_path.setdefault(file.resolve(), shot)
-        by_file.setdefault((shot.photo or shot.mask).name, []).append(shot)
+    files = [(file, shot) for shot in shots for file in (shot.photo, shot.mask) if file is not None]
+    by_path = {}
+    for file, shot in files:
+        by_path.setdefault(file.resolve(), shot)
 
     def find(text: str, where: str) -> Shot:
         if text in by_name:
@@ -227,7 +226,8 @@ def _shot_finder(shots: list[Shot], side: str, csv_path: Path):
         for candidate in ((csv_path.parent / text).resolve(), Path(text).resolve()):
             if candidate in by_path:
                 return by_path[candidate]
-        named = by_file.get(Path(text).name, [])
+        tail = [part for part in Path(text).parts if part != "."]
+        named = list({id(shot): shot for file, shot in files if tail and list(file.parts[-len(tail):]) == tail}.values())
         if len(named) > 1:
             raise InputError(f"{where}: {text!r} is ambiguous: {side} has {len(named)} images named {Path(text).name} "
                              f"({_names(named)}); give the name or the path")

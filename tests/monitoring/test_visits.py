@@ -30,6 +30,21 @@ def test_pairs_csv_cells_name_a_shot_by_name_then_path_then_a_file_name_only_one
     assert alone == []
 
 
+def test_a_pairs_csv_path_of_the_other_visit_is_refused_not_read_by_its_file_name(tmp_path, monkeypatch):
+    """Columns swapped: v2's a.png in the BEFORE column was read as BEFORE's a.png, and the wrong photos compared."""
+    before, after = _shots(tmp_path / "v1", ["a", "b"]), _shots(tmp_path / "v2", ["a", "b"])
+    for shot in before + after:
+        shot.photo.parent.mkdir(parents=True, exist_ok=True)
+        shot.photo.touch()
+    monkeypatch.chdir(tmp_path)
+    listed = tmp_path / "pairs.csv"
+    listed.write_text("before,after\nv2/images/a.png,v1/images/b.png\n")
+    with pytest.raises(InputError, match=r"line 2: 'v2/images/a.png' is not an image of BEFORE$"):
+        pair_shots(before, after, listed)
+    listed.write_text("before,after\nimages/a.png,./images/b.png\n")  # a path inside each visit's folder
+    assert [(b.name, a.name) for b, a in pair_shots(before, after, listed)[0]] == [("a", "b")]
+
+
 def test_images_a_pairs_csv_does_not_list_pair_by_name(tmp_path):
     before, after = _shots(tmp_path / "v1", ["wall", "kerb", "gone"]), _shots(tmp_path / "v2", ["wall-2026", "kerb", "wall", "new"])
     listed = tmp_path / "pairs.csv"
