@@ -76,6 +76,8 @@ def find_samples(
     problems = [Problem(paths[0], _twins_message(paths)) for paths in [*image_twins.values(), *mask_twins.values()]]
     problems += [Problem(path, _unread_message(path)) for path in unread]
     problems += _unread_subfolders(images, masks) + ([] if same else _unread_subfolders(masks, images))
+    problems += [Problem(link, f"a broken link (to {link.readlink()}): its file is missing")
+                 for folder in ([images] if same else [images, masks]) for link in _broken_links(folder)]
     ambiguous = image_twins.keys() | mask_twins.keys()
     crack_free = set(crack_free)
     for stem in sorted(image_files.keys() - mask_files.keys() - ambiguous - crack_free):
@@ -86,6 +88,13 @@ def find_samples(
     samples = [Sample(stem, image_files[stem], mask_files[stem]) for stem in sorted(paired)]
     samples += [Sample(stem, image_files[stem], mask_files.get(stem)) for stem in sorted(image_files.keys() & crack_free)]
     return samples, problems
+
+
+def _broken_links(folder: Folder) -> list[Path]:
+    """The links right in a local folder whose target is gone, which :func:`files_in` cannot list as files."""
+    if is_url(str(folder)):
+        return []
+    return sorted(path for path in Path(folder).iterdir() if path.is_symlink() and not path.exists())
 
 
 def _unread_subfolders(folder: Folder, other: Folder) -> list[Problem]:

@@ -64,6 +64,19 @@ def test_photos_and_masks_in_formats_crackseg_does_not_read_are_problems_not_lef
         f"{root / 'images' / 'b.png'}: no mask for this image in {root / 'masks'}"])
 
 
+def test_broken_links_are_problems_not_left_out_in_silence(tmp_path):
+    root = _dataset(tmp_path, ["a", "b"])
+    (root / "images" / "b.png").unlink()
+    (root / "images" / "b.png").symlink_to(tmp_path / "moved" / "b.png")  # its mask real: "no image for this mask" alone misleads
+    (root / "images" / "c.jpg").symlink_to(tmp_path / "moved" / "c.jpg")
+    (root / "masks" / "c.png").symlink_to(tmp_path / "moved" / "c.png")
+    samples, problems = find_samples(root / "images", root / "masks")
+    assert [sample.stem for sample in samples] == ["a"]
+    said = [str(problem) for problem in problems]
+    for folder, name in (("images", "b.png"), ("images", "c.jpg"), ("masks", "c.png")):
+        assert f"{root / folder / name}: a broken link (to {tmp_path / 'moved' / name}): its file is missing" in said, said
+
+
 def test_mask_pattern_pairs_public_layouts(tmp_path):
     root = _dataset(tmp_path, ["001", "002"], mask_pattern="{stem}_mask")
     samples, problems = find_samples(root / "images", root / "masks", "{stem}_mask")
