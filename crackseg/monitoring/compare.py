@@ -33,12 +33,13 @@ from crackseg.core.files import read_csv, write_csv
 from crackseg.core.staging import StagedFolder, StagedSources, inside
 from crackseg.core.urls import shown_location
 from crackseg.cracks.widths import WidthClasses
+from crackseg.data.rasters import MapFacts
 from crackseg.monitoring import changes, history
 from crackseg.monitoring.comparison_folder import ComparisonFolder, writes_at
 from crackseg.monitoring.options import CompareOptions
 from crackseg.monitoring.pair import FAILED, PAIR_FAILURES, PairOutcome, RegisterRecords, compare_pair, failed_pair, map_facts_of
 from crackseg.monitoring.register_file import locked
-from crackseg.monitoring.registration import UNREGISTERED
+from crackseg.monitoring.registration import UNREGISTERED, crs_problem
 from crackseg.monitoring.surveys import Survey
 from crackseg.monitoring.visits import Shot, Visit, pair_shots, read_visit, survey_dates
 
@@ -111,8 +112,11 @@ def _compare(before: Path, after: Path, outputs: ComparisonFolder, options: Comp
     classes = options.scale.classes()
     visits = read_visit(before, "BEFORE"), read_visit(after, "AFTER")
     paired, alone = pair_shots(visits[0].shots, visits[1].shots, options.pairs)
-    known = _require_pixel_sizes(paired) if classes is not None and options.scale.px_size is None else {}
-    surveys = _surveys(before, after, (visits[0].shots, visits[1].shots), options, _register_crs(paired, known), shown) if options.register else None
+    known, read = _read_map_facts(paired)
+    if classes is not None and options.scale.px_size is None:
+        _require_pixel_sizes(paired, read)
+    crs = _map_crs(paired, read, shown)
+    surveys = _surveys(before, after, (visits[0].shots, visits[1].shots), options, crs, shown) if options.register else None
     outputs.prepare(options.overwrite, [shot.name for _, shot in paired], len(paired), options.report)
     with locked(options.register) if options.register else nullcontext():  # no other compare appends meanwhile
         warnings = [shown(warning) for warning in (_same_inspection(options), *_left_out_alone(visits, alone)) if warning]
@@ -166,20 +170,27 @@ def _require_geo(options: CompareOptions) -> None:
             require(module, "geo", flag)
 
 
-def _require_pixel_sizes(paired: list[tuple[Shot, Shot]]) -> dict[Path, bool]:
-    """--width-classes classes widths in mm: without --px-size every image must be a raster with its own pixel size (as predict).
-    Returns which files lie on the map, so that reading the pairs tells it without opening them again."""
+def _read_map_facts(paired: list[tuple[Shot, Shot]]) -> tuple[dict[Path, bool], dict[int, MapFacts | None]]:
+    """Which files lie on the map, so that reading the pairs tells it without opening them again, and the map facts
+    of each shot (by id; None for a photo) that can be read: one that cannot fails its pair on its own, saying why."""
     known: dict[Path, bool] = {}
+    facts: dict[int, MapFacts | None] = {}
     for shot in (shot for pair in paired for shot in pair):
         try:
-            facts = map_facts_of(shot, known)
+            facts[id(shot)] = map_facts_of(shot, known)
         except PAIR_FAILURES:
-            continue  # its pair fails on its own, saying why
+            continue
+    return known, facts
+
+
+def _require_pixel_sizes(paired: list[tuple[Shot, Shot]], read: dict[int, MapFacts | None]) -> None:
+    """--width-classes classes widths in mm: without --px-size every image must be a raster with its own pixel size (as predict)."""
+    for shot in (shot for pair in paired for shot in pair if id(shot) in read):
+        facts = read[id(shot)]
         if facts is None or facts.px_size_mm is None:
             kind = "a photo" if facts is None else "a raster without a projected, square-pixel georeferencing"
             raise InputError(f"--width-classes needs the pixel size in mm: give --px-size ({shot.photo or shot.mask} is {kind}, "
                              "which carries none)")
-    return known
 
 
 def _surveys(before: Path, after: Path, visits: tuple[list[Shot], list[Shot]], options: CompareOptions,
@@ -194,16 +205,20 @@ def _surveys(before: Path, after: Path, visits: tuple[list[Shot], list[Shot]], o
     return surveys
 
 
-def _register_crs(paired: list[tuple[Shot, Shot]], known: dict[Path, bool]) -> set:
+def _map_crs(paired: list[tuple[Shot, Shot]], read: dict[int, MapFacts | None], shown: Callable[[str], str]) -> set:
     """The CRSs the register's cracks would lie in, from the headers of each pair's AFTER file (None for a photo: pixel
-    coordinates); a file that cannot be read fails its pair later, saying why."""
+    coordinates). Two rasters of a pair in two CRSs are refused here, before any work: every pair of the run would be
+    in the wrong place. A file that cannot be read fails its pair later, saying why. ``shown`` names the files."""
     found = set()
-    for _, shot in paired:
-        try:
-            facts = map_facts_of(shot, known)
-        except PAIR_FAILURES:
+    for pair in paired:
+        if not all(id(shot) in read for shot in pair):
             continue
-        found.add(None if facts is None else facts.crs)
+        before, after = (read[id(shot)] for shot in pair)
+        names = [shown(str(shot.mask or shot.photo)) for shot in pair]
+        problem = crs_problem(before.crs, after.crs, *names) if before is not None and after is not None else None
+        if problem:
+            raise InputError(problem)
+        found.add(None if after is None else after.crs)
     return found
 
 

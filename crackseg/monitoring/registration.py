@@ -318,9 +318,9 @@ def align_by_map(before: tuple[object, str | None], after: tuple[object, str | N
     Both must be in one CRS: reprojecting would resample one inspection, so it is left to the user.
     """
     (transform_before, crs_before), (transform_after, crs_after) = before, after
-    if not _same_crs(crs_before, crs_after):
-        raise InputError(f"BEFORE is in {_one_line(crs_before)} and AFTER in {_one_line(crs_after)}: reproject one "
-                         "to the other's CRS (gdalwarp -t_srs) to compare them")
+    problem = crs_problem(crs_before, crs_after, "BEFORE", "AFTER")
+    if problem:
+        raise InputError(problem)
     centre = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])  # pixel centre -> pixel edge coordinates
     matrix = np.linalg.inv(centre) @ np.linalg.inv(_affine(transform_after)) @ _affine(transform_before) @ centre
     return Alignment(matrix, "map")
@@ -330,6 +330,14 @@ def _affine(transform: object) -> np.ndarray:
     """3x3 from an affine transform (rasterio's Affine or its six numbers a, b, c, d, e, f)."""
     a, b, c, d, e, f = (float(v) for v in tuple(transform)[:6])
     return np.array([[a, b, c], [d, e, f], [0.0, 0.0, 1.0]])
+
+
+def crs_problem(crs_before: str | None, crs_after: str | None, before: str, after: str) -> str | None:
+    """Why rasters ``before`` and ``after`` (names) cannot be aligned by their map coordinates; None: they are in one CRS."""
+    if _same_crs(crs_before, crs_after):
+        return None
+    return (f"{before} is in {_one_line(crs_before)} and {after} in {_one_line(crs_after)}: reproject one to the other's "
+            "CRS (gdalwarp -t_srs) to compare them")
 
 
 def _same_crs(first: str | None, second: str | None) -> bool:

@@ -285,13 +285,20 @@ def test_geotiff_pairs_align_by_map_coordinates_with_other_origins_and_pixel_siz
     assert "32633" in json.dumps(layer.get("crs", {}))
 
 
-def test_geotiffs_in_different_crss_are_one_line(tmp_path, capsys):
+def test_geotiffs_in_different_crss_are_one_line_naming_them_before_any_work(tmp_path, capsys):
+    """The second of two pairs in two CRSs: it stopped the run once the first pair's outputs were written."""
     before = _geo_visit(tmp_path / "v1", [A], (500_000, 6_000_000), 0.01)
-    after = _geo_visit(tmp_path / "v2", [A], (500_000, 6_000_000), 0.01, crs="EPSG:32634")
+    after = _geo_visit(tmp_path / "v2", [A], (500_000, 6_000_000), 0.01)
+    for visit, crs in ((before, "EPSG:32634"), (after, "EPSG:32633")):
+        _geo_visit(tmp_path / "other", [A], (500_000, 6_000_000), 0.01, crs=crs)
+        for folder in ("images", "masks"):
+            (tmp_path / "other" / folder / "ortho.tif").rename(visit / folder / "zone.tif")
     with pytest.raises(SystemExit) as stop:
-        main(["compare", str(before), str(after), "--out", str(tmp_path / "out")])
+        main(["compare", str(before), str(after), "--out", str(tmp_path / "out"), "--vectors", "gpkg"])
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and "EPSG:32633" in err and "EPSG:32634" in err and err.count("\n") == 1
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert f"{before / 'masks' / 'zone.tif'} is in EPSG:32634 and {after / 'masks' / 'zone.tif'} in EPSG:32633" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_register_accumulates_three_visits(tmp_path):
@@ -481,8 +488,8 @@ def test_a_photo_predict_failed_on_fails_its_pair_naming_errors_csv(tmp_path, tw
 
 
 def test_a_georeferenced_shot_is_opened_at_most_twice(tmp_path, monkeypatch):
-    """Whether a file lies on the map, its facts and its pixels come from one open; the pixel-size check before any
-    work (--width-classes without --px-size) adds the second."""
+    """Whether a file lies on the map, its facts and its pixels come from one open; the checks before any work (the
+    pairs' CRSs, and their pixel sizes for --width-classes without --px-size) read the facts in a second."""
     import rasterio
 
     before = _geo_visit(tmp_path / "v1", [A, B], (500_000, 6_000_000), 0.01)
@@ -491,11 +498,11 @@ def test_a_georeferenced_shot_is_opened_at_most_twice(tmp_path, monkeypatch):
     rasterio_open, pillow_open = rasterio.open, Image.open
     monkeypatch.setattr(rasterio, "open", lambda path, *a, **k: opened.append(str(path)) or rasterio_open(path, *a, **k))
     monkeypatch.setattr(Image, "open", lambda path, *a, **k: opened.append(str(path)) or pillow_open(path, *a, **k))
-    for flags, most in (([], 1), (["--width-classes", "bre251"], 2)):
+    for run, flags in enumerate(([], ["--width-classes", "bre251"])):
         opened.clear()
-        assert main(["compare", str(before), str(after), "--out", str(tmp_path / f"out{most}"), *flags]) == 0
+        assert main(["compare", str(before), str(after), "--out", str(tmp_path / f"out{run}"), *flags]) == 0
         masks = [str(visit / "masks" / "ortho.tif") for visit in (before, after)]
-        assert [opened.count(mask) for mask in masks] == [most, most]
+        assert [opened.count(mask) for mask in masks] == [2, 2]
         assert not any("images" in path for path in opened)  # a raster's image is not opened when its mask is on the map
 
 
